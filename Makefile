@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh Linux machine with Python 3.10+:
+#   make demo   install if needed, then train DiffNet on Burgers with mpiexec -n 2
+#   make test   install if needed, then the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+# The CPU build of torch only: "+cpu" never matches PyPI's CUDA build, so a missing wheel
+# fails loudly instead of downloading several GB. Local wheels (pip's find-links) come first,
+# then the PyTorch CPU index.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# Set USE_SITE_MPI=1 to build mpi4py against the cluster's MPI instead of the PyPI runtime.
+USE_SITE_MPI ?= 0
+STAMP  := $(VENV)/.installed
+NP     ?= 2
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$(TORCH_VERSION)' else 1)" 2>/dev/null \
+	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+ifeq ($(USE_SITE_MPI),1)
+	$(PIP) install -q --no-binary mpi4py mpi4py
+	$(PIP) install -q -e ".[test]"
+else
+	$(PIP) install -q -e ".[mpi,test]"
+endif
+	@$(PY) -c "import torch, mpi4py, h5py, scipy; print('installed: torch', torch.__version__, '| mpi4py', mpi4py.__version__)"
+	@touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/deepfusion demo --np $(NP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q tests -m "not mpi and not slow"
+
+bench: install
+	$(PY) -m bench.run --out bench/out
+
+clean:
+	rm -rf $(VENV) *.egg-info build
