@@ -1,0 +1,188 @@
+"""The communicator: the one place that talks MPI.
+
+Small on purpose: rank, size, in-place allreduce (blocking and not), broadcast, gather,
+barrier, abort, and ``split`` so sub-communicators (domain parallelism, node-local groups) are
+the same abstraction. ``MPIComm`` wraps an mpi4py communicator; ``SerialComm`` is the P=1
+stand-in used when mpi4py is missing or ``DEEPFUSION_NO_MPI=1``.
+
+Buffers are numpy arrays or CPU torch tensors; a tensor is passed to MPI as a numpy *view*
+(``tensor.numpy()`` shares memory), so no bytes are copied between torch and MPI.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import numpy as np
+
+
+def as_buffer(buf) -> np.ndarray:
+    """A zero-copy numpy view of a contiguous CPU tensor or array (asserted, never copied)."""
+    if hasattr(buf, "detach") and hasattr(buf, "numpy"):
+        if not buf.is_contiguous():
+            raise ValueError("communication buffers must be contiguous tensors")
+        view = buf.detach().numpy()
+    else:
+        view = buf
+    if not (isinstance(view, np.ndarray) and view.flags.c_contiguous):
+        raise ValueError("communication buffers must be C-contiguous numpy arrays or tensors")
+    return view
+
+
+class _DoneRequest:
+    """A completed request (the serial communicator's non-blocking calls finish at once)."""
+
+    def wait(self):
+        return None
+
+
+class Communicator:
+    """Interface shared by the MPI and serial communicators."""
+
+    rank: int = 0
+    size: int = 1
+
+    def allreduce_(self, buf, op: str = "sum"):
+        """Reduce ``buf`` over all ranks in place (every rank gets the result)."""
+        raise NotImplementedError
+
+    def iallreduce_(self, buf, op: str = "sum"):
+        """Start an in-place allreduce; returns a request whose ``wait()`` completes it."""
+        raise NotImplementedError
+
+    def bcast_(self, buf, root: int = 0):
+        """Broadcast ``buf`` from ``root`` in place."""
+        raise NotImplementedError
+
+    def bcast_obj(self, obj, root: int = 0):
+        raise NotImplementedError
+
+    def allgather_obj(self, obj) -> list:
+        raise NotImplementedError
+
+    def barrier(self):
+        raise NotImplementedError
+
+    def abort(self, code: int = 1):
+        raise NotImplementedError
+
+    def split(self, color: int, key: int | None = None) -> "Communicator":
+        raise NotImplementedError
+
+    def split_node(self) -> "Communicator":
+        """The ranks sharing this rank's node (shared-memory domain)."""
+        raise NotImplementedError
+
+    def library_version(self) -> str:
+        raise NotImplementedError
+
+
+class SerialComm(Communicator):
+    """One process, no MPI: every collective is the identity."""
+
+    rank, size = 0, 1
+
+    def allreduce_(self, buf, op="sum"):
+        as_buffer(buf)
+        return buf
+
+    def iallreduce_(self, buf, op="sum"):
+        as_buffer(buf)
+        return _DoneRequest()
+
+    def bcast_(self, buf, root=0):
+        return buf
+
+    def bcast_obj(self, obj, root=0):
+        return obj
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def barrier(self):
+        return None
+
+    def abort(self, code=1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def split(self, color, key=None):
+        return self
+
+    def split_node(self):
+        return self
+
+    def library_version(self):
+        return "serial (no MPI)"
+
+
+class MPIComm(Communicator):
+    """mpi4py-backed communicator."""
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+    def _op(self, op):
+        try:
+            return self._ops[op]
+        except KeyError:
+            raise ValueError(f"unknown reduction op {op!r}; valid: {sorted(self._ops)}") from None
+
+    def allreduce_(self, buf, op="sum"):
+        self._comm.Allreduce(self._MPI.IN_PLACE, as_buffer(buf), op=self._op(op))
+        return buf
+
+    def iallreduce_(self, buf, op="sum"):
+        return self._comm.Iallreduce(self._MPI.IN_PLACE, as_buffer(buf), op=self._op(op))
+
+    def bcast_(self, buf, root=0):
+        self._comm.Bcast(as_buffer(buf), root=root)
+        return buf
+
+    def bcast_obj(self, obj, root=0):
+        return self._comm.bcast(obj, root=root)
+
+    def allgather_obj(self, obj):
+        return self._comm.allgather(obj)
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def abort(self, code=1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._comm.Abort(code)
+
+    def split(self, color, key=None):
+        return MPIComm(self._comm.Split(color, self.rank if key is None else key))
+
+    def split_node(self):
+        MPI = self._MPI
+        return MPIComm(self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
+
+    def library_version(self):
+        return self._MPI.Get_library_version().strip().splitlines()[0]
+
+
+def world() -> Communicator:
+    """COMM_WORLD if mpi4py is importable (a lone process becomes a singleton MPI job, so no
+    launcher is needed at P=1), else the serial communicator."""
+    if os.environ.get("DEEPFUSION_NO_MPI", "") == "1":
+        return SerialComm()
+    try:
+        from mpi4py import MPI  # noqa: F401
+    except ImportError:
+        return SerialComm()
+    return MPIComm()
+
+
+def hostname() -> str:
+    return socket.gethostname()

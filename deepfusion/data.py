@@ -1,0 +1,78 @@
+"""The sample pool and its deterministic split over ranks.
+
+The pool holds N_s parameter draws; sample i depends only on (seed, i). Every epoch orders the
+pool by a permutation that depends only on (seed, epoch), and global step s takes the next b_s
+samples of that order; rank r takes the r-th contiguous block of b_s / P of them. So each global
+step sees the same set of samples whatever P is ("same problem is solved for any p").
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_divisible(global_batch: int, size: int) -> int:
+    """Local batch b_s / P, or a ValueError naming both numbers and the nearest valid choices."""
+    if global_batch % size == 0:
+        return global_batch // size
+    lo = (global_batch // size) * size
+    hi = lo + size
+    choices = " or ".join(str(c) for c in (lo, hi) if c > 0)
+    raise ValueError(
+        f"data.global_batch = {global_batch} is not divisible by the number of ranks P = {size}; "
+        f"every rank needs an equal local batch. Use data.global_batch = {choices} "
+        f"(or run on a number of ranks that divides {global_batch}).")
+
+
+class ShardedPool:
+    """Which pool indices rank ``rank`` of ``size`` processes at each (epoch, step)."""
+
+    def __init__(self, n_samples: int, global_batch: int, rank: int, size: int, *, seed: int,
+                 shuffle: bool = True):
+        if not 1 <= global_batch <= n_samples:
+            raise ValueError(f"data.global_batch = {global_batch} must be in [1, data.n_samples = "
+                             f"{n_samples}]")
+        self.local_batch = check_divisible(global_batch, size)
+        self.n_samples, self.global_batch = n_samples, global_batch
+        self.rank, self.size, self.seed, self.shuffle = rank, size, seed, shuffle
+        # Drop the last incomplete global batch: equal batches on all ranks and every step alike.
+        self.steps_per_epoch = n_samples // global_batch
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n_samples)
+        return np.random.default_rng([self.seed, 7919, epoch]).permutation(self.n_samples)
+
+    def global_indices(self, epoch: int, step_in_epoch: int) -> np.ndarray:
+        start = step_in_epoch * self.global_batch
+        return self.order(epoch)[start:start + self.global_batch]
+
+    def local_indices(self, epoch: int, step_in_epoch: int) -> np.ndarray:
+        g = self.global_indices(epoch, step_in_epoch)
+        lo = self.rank * self.local_batch
+        out = g[lo:lo + self.local_batch]
+        assert len(out) == self.local_batch
+        return out
+
+
+class InputCache:
+    """Builds network inputs for pool indices, caching them while the pool fits a memory cap."""
+
+    def __init__(self, task, seed: int, dtype, cap_bytes: float = 2 * 2**30):
+        self.task, self.seed, self.dtype = task, seed, dtype
+        self.cap_bytes, self.used, self.cache = cap_bytes, 0, {}
+
+    def __call__(self, indices):
+        import torch
+
+        missing = [int(i) for i in indices if int(i) not in self.cache]
+        if missing:
+            built = self.task.build_input(self.task.sample_params(self.seed, missing), dtype=self.dtype)
+            for i, x in zip(missing, built):
+                if self.used + x.numel() * x.element_size() <= self.cap_bytes:
+                    self.cache[i] = x
+                    self.used += x.numel() * x.element_size()
+            fresh = dict(zip(missing, built))
+        else:
+            fresh = {}
+        return torch.stack([self.cache[int(i)] if int(i) in self.cache else fresh[int(i)]
+                            for i in indices])

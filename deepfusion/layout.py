@@ -1,0 +1,88 @@
+"""Hybrid MPI + threads: how many oneDNN/OpenMP threads each rank runs, and the layout report.
+
+Must run before the first torch operation: OpenMP reads OMP_NUM_THREADS once, when its pool
+starts. Launchers such as MPICH's hydra do not bind by default, so every rank sees every core
+in its affinity mask; the default therefore divides the host's cores by the number of ranks on
+that host (found with a shared-memory split of the communicator) and never exceeds the rank's
+own affinity.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .comm import Communicator, hostname
+
+
+@dataclass
+class RankLayout:
+    rank: int
+    local_rank: int
+    local_size: int
+    host: str
+    host_cores: int
+    affinity: list[int]
+    threads: int
+
+
+def affinity() -> list[int]:
+    """CPUs this process may run on (all CPUs where the OS has no affinity call)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return list(range(os.cpu_count() or 1))
+
+
+def default_threads(host_cores: int, local_size: int, n_affinity: int) -> int:
+    """Cores of the host shared out among its ranks, capped by the rank's affinity mask."""
+    return max(1, min(n_affinity, host_cores // max(1, local_size)))
+
+
+def setup_threads(comm: Communicator, requested: int = 0) -> tuple[RankLayout, Communicator]:
+    """Decide threads per rank, set OMP_NUM_THREADS and torch's pools; return the layout."""
+    node = comm.split_node()
+    aff = affinity()
+    host_cores = os.cpu_count() or len(aff)
+    threads = requested if requested > 0 else default_threads(host_cores, node.size, len(aff))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("MKL_NUM_THREADS", str(threads))
+    import torch  # first import after OMP_NUM_THREADS is set
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)  # one model per rank: inter-op parallelism only oversubscribes
+    except RuntimeError:
+        pass  # already set (a second run in the same process, e.g. tests)
+    layout = RankLayout(comm.rank, node.rank, node.size, hostname(), host_cores, aff, threads)
+    return layout, node
+
+
+def _ranges(cpus: list[int]) -> str:
+    """Compact CPU list: [0,1,2,5] -> '0-2,5'."""
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def report(layouts: list[RankLayout], mpi_version: str) -> tuple[str, list[str]]:
+    """The start-up layout table and warnings (oversubscribed hosts, overlapping unbound ranks)."""
+    hosts = sorted({l.host for l in layouts})
+    lines = [f"layout: {len(layouts)} rank(s) on {len(hosts)} host(s), "
+             f"threads per rank {sorted({l.threads for l in layouts})}; MPI: {mpi_version}"]
+    for l in layouts:
+        lines.append(f"  rank {l.rank:>4} local_rank {l.local_rank:>3} host {l.host} "
+                     f"threads {l.threads} affinity {_ranges(l.affinity)}")
+    warnings = []
+    for h in hosts:
+        on = [l for l in layouts if l.host == h]
+        used = sum(l.threads for l in on)
+        if used > on[0].host_cores:
+            warnings.append(f"host {h}: {len(on)} ranks x threads = {used} threads on "
+                            f"{on[0].host_cores} cores (oversubscribed: expect slow steps; set "
+                            f"parallel.threads_per_rank = {max(1, on[0].host_cores // len(on))})")
+    return "\n".join(lines), warnings

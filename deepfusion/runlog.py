@@ -1,0 +1,116 @@
+"""What a run leaves behind: metrics.jsonl, the log line, the progress bar, the loss curve.
+
+Only rank 0 writes shared files. One log line per N steps with fixed fields
+(``step loss pde bc grad_norm lr s/step samples/s``) so batch-job logs can be grepped and
+diffed; a tqdm bar instead when rank 0 is attached to a terminal.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+
+class RunLog:
+    """Rank-0 writer of metrics.jsonl and the console; a no-op elsewhere."""
+
+    def __init__(self, run_dir: str, *, rank: int, log_every: int, progress: str,
+                 total_steps: int, term_names=("pde", "bc")):
+        self.run_dir, self.rank, self.log_every = run_dir, rank, max(1, log_every)
+        self.term_names = tuple(term_names)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        use_bar = progress == "bar" or (progress == "auto" and sys.stdout.isatty())
+        self.bar = None
+        if rank == 0 and use_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        self._header_done = False
+
+    def truncate_after(self, step: int):
+        """On resume: drop records past the checkpoint, so the file reads as one run."""
+        if self.rank != 0 or not os.path.exists(self.path):
+            return
+        keep = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by the kill that interrupted the run
+                if rec.get("kind") == "step" and rec["step"] > step:
+                    break
+                if rec.get("kind") == "epoch" and rec.get("step", 0) > step:
+                    break
+                keep.append(line if line.endswith("\n") else line + "\n")
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
+
+    def record(self, rec: dict):
+        if self.rank != 0:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def step(self, rec: dict):
+        self.record(rec)
+        if self.rank != 0:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{rec['loss']:.3e}", gn=f"{rec['grad_norm']:.2e}")
+            return
+        if rec["step"] % self.log_every == 0 or rec["step"] == 1:
+            if not self._header_done:
+                names = " ".join(f"{n:>10}" for n in self.term_names)
+                print(f"{'step':>7} {'loss':>11} {names} {'grad_norm':>10} {'lr':>9} "
+                      f"{'s/step':>8} {'samples/s':>9}", flush=True)
+                self._header_done = True
+            terms = " ".join(f"{rec[n]:10.3e}" for n in self.term_names)
+            print(f"{rec['step']:7d} {rec['loss']:11.4e} {terms} {rec['grad_norm']:10.3e} "
+                  f"{rec['lr']:9.2e} {rec['time_step']:8.3f} {rec['samples_per_s']:9.1f}", flush=True)
+
+    def info(self, msg: str):
+        if self.rank == 0:
+            (self.bar.write if self.bar is not None else print)(msg)
+            sys.stdout.flush()
+
+    def warn(self, msg: str):
+        """Warnings are printed by whichever rank meets them."""
+        print(f"[rank {self.rank}] warning: {msg}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def plot_loss_curve(metrics_path: str, out_png: str):
+    """Loss and its terms against step, log scale (rank 0, end of run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, series = [], {}
+    with open(metrics_path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") != "step":
+                continue
+            steps.append(rec["step"])
+            for k in ("loss",) + tuple(k for k in rec.get("terms", {})):
+                v = rec["loss"] if k == "loss" else rec["terms"][k]
+                series.setdefault(k, []).append(v if v > 0 and math.isfinite(v) else float("nan"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k, v in series.items():
+        ax.semilogy(steps[:len(v)], v, label=k)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,136 @@
+"""One global loss-and-gradient evaluation, data-parallel.
+
+``LossAndGrad.__call__(x)`` is what both Adam's step and L-BFGS's closure call:
+  1. zero the flat gradient buckets;
+  2. for each micro-batch of the local batch: forward, per-sample loss terms, backward of
+     (local sum / global batch) -- so gradients accumulate the local share of the global mean;
+  3. reduce the gradient buckets (SUM over ranks -> the global-mean gradient on every rank);
+  4. one fused allreduce of [loss-term sums..., non-finite counts..., flags...], so every rank
+     sees the global loss and takes the same branch on "is it finite?" and "stop requested?".
+
+The task is any object with ``impose(u, x)`` and ``loss_terms(u, x) -> {name: (B,)}``; the
+engine knows nothing of the PDE behind it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .comm import Communicator
+from .gradsync import GradSync
+
+FLAGS = ("stop", "fail")  # per-rank flags reduced with the loss (SIGTERM/SIGUSR1, local errors)
+
+
+@dataclass
+class StepResult:
+    """The global quantities of one evaluation (identical on every rank)."""
+
+    loss: float
+    terms: dict[str, float]
+    nonfinite_terms: list[str]
+    grad_norm: float
+    flags: dict[str, float]
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def finite(self) -> bool:
+        return not self.nonfinite_terms and self.grad_norm == self.grad_norm \
+            and self.grad_norm != float("inf")
+
+
+class LossAndGrad:
+    """Global mean loss and gradient over the global batch for a data-parallel model."""
+
+    def __init__(self, model, task, comm: Communicator, gradsync: GradSync, *, global_batch: int,
+                 term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True):
+        self.model, self.task, self.comm, self.gs = model, task, comm, gradsync
+        self.global_batch, self.term_names = global_batch, tuple(term_names)
+        self.micro_batch, self.channels_last = micro_batch, channels_last
+        self.flags = {k: 0.0 for k in FLAGS}
+        dtype = next(model.parameters()).dtype
+        # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
+        self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
+        self.dtype = dtype
+
+    def forward_terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-sample loss terms of the model's prediction for inputs x (B, C, H, W)."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        u = self.task.impose(self.model(x), x)
+        terms = self.task.loss_terms(u, x)
+        assert set(terms) == set(self.term_names), \
+            f"task returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"
+        return terms
+
+    def __call__(self, x: torch.Tensor) -> StepResult:
+        t_fwd = t_bwd = 0.0
+        self.gs.zero_()
+        sums = torch.zeros(len(self.term_names), dtype=torch.float64)
+        chunks = self._chunks(x)
+        for k, xb in enumerate(chunks):
+            self.gs.accumulate_only(k < len(chunks) - 1)  # overlap launches on the last one only
+            t0 = time.perf_counter()
+            terms = self.forward_terms(xb)
+            per_sample = [terms[n] for n in self.term_names]
+            local = torch.stack([t.sum() for t in per_sample])
+            total = local.sum() / self.global_batch
+            t1 = time.perf_counter()
+            total.backward()
+            t2 = time.perf_counter()
+            sums += local.detach().double()
+            t_fwd, t_bwd = t_fwd + (t1 - t0), t_bwd + (t2 - t1)
+        self.gs.accumulate_only(False)
+        self.gs.reduce()
+        t_ar = self.gs.seconds
+        t3 = time.perf_counter()
+        result = self._fused_reduce(sums)
+        t_ar += time.perf_counter() - t3
+        result.times = {"forward": t_fwd, "backward": t_bwd, "allreduce": t_ar}
+        return result
+
+    def _chunks(self, x):
+        if self.micro_batch <= 0 or self.micro_batch >= x.shape[0]:
+            return [x]
+        return list(torch.split(x, self.micro_batch))
+
+    def _fused_reduce(self, sums: torch.Tensor) -> StepResult:
+        n = len(self.term_names)
+        buf = self._buf
+        nonfinite = ~torch.isfinite(sums)
+        buf[:n] = torch.where(nonfinite, torch.zeros_like(sums), sums)
+        buf[n:2 * n] = nonfinite.double()
+        buf[2 * n:] = torch.tensor([self.flags[k] for k in FLAGS], dtype=torch.float64)
+        self.comm.allreduce_(buf)
+        terms = {name: float(buf[i]) / self.global_batch for i, name in enumerate(self.term_names)}
+        bad = [name for i, name in enumerate(self.term_names) if buf[n + i] > 0]
+        flags = {k: float(buf[2 * n + i]) for i, k in enumerate(FLAGS)}
+        loss = float("nan") if bad else sum(terms.values())
+        # The reduced gradient is bit-identical on all ranks, so its norm (and finiteness) is too.
+        return StepResult(loss, terms, bad, self.gs.grad_norm(), flags)
+
+
+def broadcast_module(module: torch.nn.Module, comm: Communicator, root: int = 0):
+    """Make every rank's parameters and buffers equal to ``root``'s (in place)."""
+    if comm.size == 1:
+        return
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.is_contiguous():
+                comm.bcast_(t.data, root)
+            else:  # e.g. channels_last weights: broadcast a contiguous copy, then copy back
+                tmp = t.data.contiguous()
+                comm.bcast_(tmp, root)
+                t.data.copy_(tmp)
+
+
+def parameter_checksum(module: torch.nn.Module, comm: Communicator) -> tuple[float, float]:
+    """(max, min) over ranks of a float64 checksum of the parameters: equal iff in sync."""
+    with torch.no_grad():
+        c = sum(float(p.double().sum()) + 1e-3 * float(p.double().abs().sum())
+                for p in module.parameters())
+    buf = torch.tensor([c, -c], dtype=torch.float64)
+    comm.allreduce_(buf, op="max")
+    return float(buf[0]), float(-buf[1])

@@ -1,0 +1,219 @@
+"""The data-parallel training loop. Read ``Trainer.fit`` top to bottom: it is the table of
+contents; every other method is one of its lines.
+
+Invariants: parameters are equal on every rank (broadcast at start, identical reduced
+gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps);
+every branch (non-finite loss, stop on signal) is decided on all-reduced values, so all ranks
+take it together and none is left waiting in a collective.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .data import InputCache, ShardedPool
+from .gradsync import GradSync
+from .optim import build_optimizer, lr_at, set_lr
+from .runlog import RunLog, plot_loss_curve
+from .step import LossAndGrad, broadcast_module, parameter_checksum
+
+PREEMPTED_EXIT = 99  # checkpoint written on SIGTERM/SIGUSR1: requeue and --resume
+
+
+class NonFiniteLoss(RuntimeError):
+    """Raised on every rank together when the global loss or gradient is not finite."""
+
+
+class ParametersDiverged(RuntimeError):
+    """Raised on every rank together when ranks' parameters differ."""
+
+
+class Preempted(Exception):
+    """Raised on every rank together after the checkpoint written on a stop signal."""
+
+
+class InjectedFailure(RuntimeError):
+    """The test hook train.fail_at_step: an exception on one rank only."""
+
+
+class Trainer:
+    def __init__(self, cfg, comm, task, model, *, specs: dict, log_every=None):
+        self.cfg, self.comm, self.task, self.model = cfg, comm, task, model
+        self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
+        self.run_dir = cfg.run.dir
+        self.dtype = torch.float64 if cfg.train.dtype == "float64" else torch.float32
+        self.pool = ShardedPool(cfg.data.n_samples, cfg.data.global_batch, comm.rank, comm.size,
+                                seed=cfg.data.seed, shuffle=True)
+        self.total_steps = cfg.train.epochs * self.pool.steps_per_epoch
+        if cfg.train.max_steps > 0:
+            self.total_steps = min(self.total_steps, cfg.train.max_steps)
+        self.inputs = InputCache(task, cfg.data.seed, self.dtype)
+        self.term_names = ("pde", "bc")
+        broadcast_module(model, comm)
+        self.gs = GradSync(model, comm, bucket_mb=cfg.parallel.bucket_mb, overlap=cfg.parallel.overlap)
+        self.optimizer = build_optimizer(model.parameters(), cfg.optim)
+        self.loss_and_grad = LossAndGrad(model, task, comm, self.gs, global_batch=cfg.data.global_batch,
+                                         term_names=self.term_names, micro_batch=cfg.train.micro_batch,
+                                         channels_last=cfg.model.channels_last)
+        self.step, self.lr_scale = 0, 1.0
+        self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
+                          progress=cfg.run.progress, total_steps=self.total_steps,
+                          term_names=self.term_names)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> dict:
+        if resume:
+            self.resume()
+        self.install_signal_handlers()
+        spe = self.pool.steps_per_epoch
+        while self.step < self.total_steps:
+            epoch, s = divmod(self.step, spe)
+            t_epoch = time.perf_counter() if s == 0 else None
+            res = self.train_step(epoch, s)
+            self.handle_nonfinite(res)
+            self.log_step(epoch, res)
+            self.check_in_sync()
+            self.maybe_checkpoint(res)
+            if s == spe - 1:
+                self.log_epoch(epoch, t_epoch)
+        self.save_checkpoint()
+        self.log.close()
+        if self.comm.rank == 0:
+            plot_loss_curve(os.path.join(self.run_dir, "metrics.jsonl"),
+                            os.path.join(self.run_dir, "loss.png"))
+        return {"step": self.step}
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self, epoch: int, s: int):
+        t0 = time.perf_counter()
+        if self.step == self.cfg.train.fail_at_step and self.comm.rank == self.cfg.train.fail_rank:
+            raise InjectedFailure(f"injected failure at step {self.step} on rank {self.comm.rank} "
+                                  f"(train.fail_at_step)")
+        x = self.inputs(self.pool.local_indices(epoch, s))
+        t1 = time.perf_counter()
+        self.lr = lr_at(self.step, self.total_steps, self.cfg.optim) * self.lr_scale
+        set_lr(self.optimizer, self.lr)
+        res = self.loss_and_grad(x)
+        t2 = time.perf_counter()
+        if res.finite:
+            self.gs.clip_(self.cfg.optim.grad_clip, res.grad_norm)
+            self.optimizer.step()
+        res.times.update(data=t1 - t0, optimizer=time.perf_counter() - t2)
+        res.times["step"] = time.perf_counter() - t0
+        return res
+
+    def handle_nonfinite(self, res):
+        """All ranks see the same reduced loss and gradient, so all take this branch together."""
+        if res.finite:
+            return
+        what = ", ".join(res.nonfinite_terms) if res.nonfinite_terms else "the gradient (grad_norm)"
+        where = f"non-finite loss at step {self.step + 1}: term(s) {what}"
+        if self.cfg.train.on_nonfinite == "rollback":
+            path = ckpt.latest_checkpoint(self.run_dir)
+            if path is not None and self.lr_scale > 1e-6:
+                self.restore(path)
+                self.lr_scale *= self.cfg.train.rollback_lr_factor
+                self.log.warn(f"{where}; rolled back to {os.path.basename(path)} with the "
+                              f"learning rate scaled by {self.lr_scale:g}")
+                return
+        raise NonFiniteLoss(f"{where}. Lower optim.lr, set optim.grad_clip, or set "
+                            f"train.on_nonfinite = \"rollback\" to restart from the last checkpoint.")
+
+    def log_step(self, epoch: int, res):
+        self.step += 1
+        t = res.times
+        bs = self.cfg.data.global_batch
+        self.log.step({"kind": "step", "step": self.step, "epoch": epoch, "loss": res.loss,
+                       **res.terms, "terms": res.terms, "grad_norm": res.grad_norm, "lr": self.lr,
+                       **{f"time_{k}": v for k, v in t.items()},
+                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0})
+
+    def log_epoch(self, epoch: int, t_epoch):
+        if t_epoch is None:  # resumed mid-epoch: no whole-epoch time to report
+            return
+        dt = time.perf_counter() - t_epoch
+        n = self.pool.steps_per_epoch * self.cfg.data.global_batch
+        self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
+                         "samples_per_s": n / dt})
+
+    def check_in_sync(self):
+        every = self.cfg.train.checksum_every
+        if every <= 0 or self.step % every:
+            return
+        hi, lo = parameter_checksum(self.model, self.comm)
+        if hi != lo:
+            raise ParametersDiverged(f"parameters differ across ranks at step {self.step} "
+                                     f"(checksums {lo!r} .. {hi!r}); this is a bug, please report it")
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def maybe_checkpoint(self, res):
+        every = self.cfg.train.checkpoint_every
+        if res.flags["stop"] > 0:
+            self.save_checkpoint()
+            raise Preempted(f"stop signal received: checkpoint written at step {self.step}; "
+                            f"resume with --resume {self.run_dir}")
+        if every > 0 and self.step % every == 0 and self.step < self.total_steps:
+            self.save_checkpoint()
+
+    def save_checkpoint(self):
+        if self.comm.rank == 0:
+            path = ckpt.checkpoint_path(self.run_dir, self.step)
+            ckpt.save_checkpoint(path, model_state=self.model.state_dict(),
+                                 optim_state=self.optimizer.state_dict(), rng_state=capture_rng(),
+                                 meta=self.meta())
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
+        self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
+
+    def meta(self) -> dict:
+        from .config import config_to_dict
+
+        return {"step": self.step, "lr_scale": self.lr_scale, "world_size": self.comm.size,
+                "config": config_to_dict(self.cfg), **self.specs}
+
+    def restore(self, path: str):
+        state = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optim_state"])
+        self.gs.check_views()
+        restore_rng(state["rng_state"])
+        self.step = int(state["meta"]["step"])
+        self.lr_scale = float(state["meta"].get("lr_scale", 1.0))
+
+    def resume(self):
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint in "
+                                    f"{os.path.join(self.run_dir, 'checkpoints')}; start without --resume")
+        self.restore(path)
+        self.log.truncate_after(self.step)
+        self.log.info(f"resumed from {path} at step {self.step}")
+
+    # -- signals --------------------------------------------------------------------------------
+    def install_signal_handlers(self):
+        """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
+        current step; the request travels in the fused allreduce so all ranks stop together."""
+        def handler(signum, frame):
+            self.loss_and_grad.flags["stop"] = 1.0
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, handler)
+
+
+def capture_rng() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate()}
+
+
+def restore_rng(state: dict):
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "python" in state:
+        random.setstate(state["python"])

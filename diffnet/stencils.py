@@ -1,0 +1,195 @@
+"""Finite differences on the node grid as fixed (never trained) 3x3 convolution kernels.
+
+Grid convention (see ``diffnet/problems/base.py``): a field is (B, 1, H, W), rows run along
+``axes[0]`` and columns along ``axes[1]``, nodes include the boundary and the spacing of each
+axis is its own, ``h = (hi - lo) / (n - 1)`` (domains are rarely square).
+
+Derivative names: ``"r"`` = d/d(row axis), ``"c"`` = d/d(column axis), ``"rr"``, ``"cc"`` the
+second derivatives and ``"rc"`` the mixed one.
+
+Stencils (``kind``), along the derivative axis with spacing h, with transverse weights s:
+
+* ``"central"``:   first  (u[i+1] - u[i-1]) / (2h),         s = [0, 1, 0]
+                   second (u[i+1] - 2u[i] + u[i-1]) / h^2,   s = [0, 1, 0]
+* ``"sobel"``:     the same along the axis, smoothed across it with s = [1, 2, 1] / 4
+* ``"sobel3103"``: the same, with the Scharr-like s = [3, 10, 3] / 16; un-normalised the row
+                   kernel is S = [[-3, -10, -3], [0, 0, 0], [3, 10, 3]] (times 1 / (32 h)) and the
+                   column kernel its transpose.
+* ``"rc"`` (every kind): (u[i+1,j+1] - u[i+1,j-1] - u[i-1,j+1] + u[i-1,j-1]) / (4 h_r h_c);
+  a 3x3 kernel leaves no room for transverse smoothing.
+
+Every stencil is second-order accurate: the central differences have error h^2/6 u''' and
+h^2/12 u'''' and the transverse smoothing adds h^2/4 (sobel) or 3h^2/16 (sobel3103) times the
+second transverse derivative. Hence ``r``, ``c`` are exact on polynomials of total degree <= 2,
+``rr``, ``cc``, ``rc`` on total degree <= 3 (``"central"`` also on products p(along) q(across)
+with deg p <= 2 for first, <= 3 for second derivatives, and deg q <= 3).
+
+Boundary: residuals exist on the whole grid. The field is padded by one ghost node per side by
+CUBIC extrapolation, ``u[-1] = 4u[0] - 6u[1] + 4u[2] - u[3]`` (rows first, then columns of the
+row-padded field, so the corners are extrapolated in both directions), then the stencil conv
+runs with no padding. The ghost is exact on cubics (error O(h^4)), so at boundary node 0 the
+central stencils become the one-sided, second-order
+
+    first:  (-4u[0] + 7u[1] - 4u[2] + u[3]) / (2h)
+    second: ( 2u[0] - 5u[1] + 4u[2] - u[3]) / h^2
+
+and the exactness statements above hold on boundary nodes too. This needs at least 4 nodes per
+axis. All requested derivatives come from ONE ``conv2d`` call with the kernels stacked along
+the output channels (one pass over the field instead of one per derivative).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+KINDS = ("sobel", "sobel3103", "central")
+DERIVATIVES = ("r", "c", "rr", "cc", "rc")
+
+# Transverse smoothing weights of each kind (they sum to 1, so constants are untouched).
+_SMOOTH = {
+    "central": (0.0, 1.0, 0.0),
+    "sobel": (0.25, 0.5, 0.25),
+    "sobel3103": (3 / 16, 10 / 16, 3 / 16),
+}
+_FIRST = (-0.5, 0.0, 0.5)    # times 1/h:   central first difference
+_SECOND = (1.0, -2.0, 1.0)   # times 1/h^2: central second difference
+# Cubic extrapolation weights of the ghost node from nodes 0..3 (exact on cubics).
+_GHOST = (4.0, -6.0, 4.0, -1.0)
+
+
+def _check_spacing(spacing) -> tuple[float, float]:
+    """Validate spacing = (h_row, h_col), two positive finite numbers."""
+    try:
+        h_r, h_c = (float(v) for v in spacing)
+    except (TypeError, ValueError):
+        raise ValueError(f"spacing must be a pair (h_row, h_col) of numbers, got {spacing!r}") from None
+    if not all(math.isfinite(h) and h > 0 for h in (h_r, h_c)):
+        raise ValueError(f"spacing must be two positive finite numbers, got {spacing!r}")
+    return h_r, h_c
+
+
+def _check_kind(kind) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kind
+
+
+def _check_derivatives(derivatives) -> tuple[str, ...]:
+    """Validate a non-empty sequence of distinct names from DERIVATIVES."""
+    # A bare string would silently iterate over its characters ("rr" -> "r", "r").
+    if isinstance(derivatives, str):
+        raise ValueError(f"derivatives must be a sequence of names such as ('r', 'rr'), "
+                         f"not the string {derivatives!r}")
+    try:
+        names = tuple(derivatives)
+    except TypeError:
+        raise ValueError(f"derivatives must be a sequence of names from {DERIVATIVES}, "
+                         f"got {derivatives!r}") from None
+    bad = [d for d in names if d not in DERIVATIVES]
+    if not names or bad:
+        raise ValueError(f"derivatives must be a non-empty sequence of names from {DERIVATIVES}, "
+                         f"got {derivatives!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"derivatives must not repeat a name, got {derivatives!r}")
+    return names
+
+
+def stencil_kernel(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
+    """The (3, 3) float64 kernel of derivative ``name``; index [a, b] multiplies u[i+a-1, j+b-1].
+
+    conv2d is a cross-correlation, so the kernel is written in the field's own orientation.
+    """
+    h_r, h_c = _check_spacing(spacing)
+    smooth = torch.tensor(_SMOOTH[_check_kind(kind)], dtype=torch.float64)
+    first = torch.tensor(_FIRST, dtype=torch.float64)
+    second = torch.tensor(_SECOND, dtype=torch.float64)
+    if name == "r":
+        return torch.outer(first / h_r, smooth)
+    if name == "c":
+        return torch.outer(smooth, first / h_c)
+    if name == "rr":
+        return torch.outer(second / h_r**2, smooth)
+    if name == "cc":
+        return torch.outer(smooth, second / h_c**2)
+    if name == "rc":
+        return torch.outer(first / h_r, first / h_c)
+    raise ValueError(f"derivative name must be one of {DERIVATIVES}, got {name!r}")
+
+
+def pad_cubic(u: torch.Tensor) -> torch.Tensor:
+    """Pad (B, C, H, W) by one ghost node per side by cubic extrapolation -> (B, C, H+2, W+2).
+
+    Rows first, then the columns of the row-padded field, so corner ghosts are extrapolated in
+    both directions (exact on polynomials of degree <= 3 in each variable, error O(h^4)).
+    One allocation; the slice writes are tracked by autograd.
+    """
+    b, c, h, w = u.shape
+    p = u.new_empty((b, c, h + 2, w + 2))
+    a0, a1, a2, a3 = _GHOST
+    p[:, :, 1:-1, 1:-1] = u
+    p[:, :, 0, 1:-1] = a0 * u[:, :, 0] + a1 * u[:, :, 1] + a2 * u[:, :, 2] + a3 * u[:, :, 3]
+    p[:, :, -1, 1:-1] = a0 * u[:, :, -1] + a1 * u[:, :, -2] + a2 * u[:, :, -3] + a3 * u[:, :, -4]
+    # The columns read the just-written ghost rows: that is what fills the corners.
+    q = p[:, :, :, 1:-1]
+    p[:, :, :, 0] = a0 * q[..., 0] + a1 * q[..., 1] + a2 * q[..., 2] + a3 * q[..., 3]
+    p[:, :, :, -1] = a0 * q[..., -1] + a1 * q[..., -2] + a2 * q[..., -3] + a3 * q[..., -4]
+    return p
+
+
+class FiniteDifference(torch.nn.Module):
+    """Derivatives of a (B, 1, H, W) field on the node grid, in one conv2d pass.
+
+    Args:
+        spacing: (h_row, h_col) node spacing, each axis its own (positive).
+        kind: one of ``KINDS`` (see the module docstring for the stencils); second order.
+        derivatives: names from ("r", "c", "rr", "cc", "rc"); output channel k is
+            ``derivatives[k]``.
+
+    forward(u): (B, 1, H, W) with H, W >= 4 -> (B, len(derivatives), H, W), values on every
+    node including the boundary (cubic ghost nodes, see the module docstring).
+
+    The kernels are a float64 buffer (accurate 1/h, 1/h^2 factors; it follows ``.to(dtype)``)
+    and are cast to the input's dtype/device in forward: a no-op when they already match.
+    """
+
+    def __init__(self, spacing: tuple[float, float], kind: str = "sobel",
+                 derivatives=("r", "c", "rr", "cc")):
+        super().__init__()
+        self.spacing = _check_spacing(spacing)
+        self.kind = _check_kind(kind)
+        self.derivatives = _check_derivatives(derivatives)
+        weight = torch.stack([stencil_kernel(d, self.spacing, self.kind) for d in self.derivatives])
+        # (K, 1, 3, 3): one output channel per derivative, one conv for all of them.
+        self.register_buffer("weight", weight.unsqueeze(1), persistent=False)
+
+    def index(self, name: str) -> int:
+        """Output channel of derivative ``name``."""
+        if name not in self.derivatives:
+            raise ValueError(f"name must be one of the computed derivatives {self.derivatives}, "
+                             f"got {name!r}")
+        return self.derivatives.index(name)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        if u.dim() != 4 or u.shape[1] != 1:
+            raise ValueError(f"u must have shape (B, 1, H, W), got {tuple(u.shape)}")
+        if u.shape[2] < 4 or u.shape[3] < 4:
+            raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
+                             f"stencils), got grid {tuple(u.shape[2:])}")
+        if not u.is_floating_point():
+            raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
+        weight = self.weight.to(device=u.device, dtype=u.dtype)
+        return F.conv2d(pad_cubic(u), weight)
+
+    def extra_repr(self) -> str:
+        return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"
+
+
+def gradient(u: torch.Tensor, spacing, kind: str = "sobel") -> tuple[torch.Tensor, torch.Tensor]:
+    """(du/drow, du/dcol), each (B, 1, H, W): a one-off FiniteDifference(("r", "c")).
+
+    Build a FiniteDifference once instead when calling this in a training loop.
+    """
+    d = FiniteDifference(spacing, kind, derivatives=("r", "c"))(u)
+    return d[:, 0:1], d[:, 1:2]

@@ -1,0 +1,364 @@
+"""Render batch/job scripts for DiffNet training on CPU clusters.
+
+    python -m jobs.render --cluster stampede2 --nodes 4 [--ranks-per-node 8] [--threads-per-rank 6]
+                          [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
+                          [--profiles my_clusters.toml] [--allow-smt]
+
+Cluster profiles live in jobs/clusters.toml (see the comments there); ``--profiles FILE`` merges a
+user file over them. One template per launcher is in jobs/templates/<launcher>.sh.in
+(string.Template with the delimiter ``@@`` so bash's own ``$VAR`` needs no escaping).
+
+Public API (also used by jobs.sweep and jobs.model):
+    load_profiles(extra=None) -> {name: profile}
+    get_profile(name, profiles=None) -> profile
+    check_layout(profile, nodes, ranks_per_node, threads_per_rank, allow_smt=False)
+    launch_argv(profile, nodes, ranks_per_node, threads_per_rank, allow_smt=False) -> [str]
+    render(cluster, nodes, ranks_per_node=None, threads_per_rank=None, ...) -> str
+    main(argv=None) -> int
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import string
+import sys
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PROFILES = HERE / "clusters.toml"
+TEMPLATES = HERE / "templates"
+LAUNCHERS = ("ibrun", "srun", "mpirun", "mpiexec")
+MPI_IMPLS = ("intel", "openmpi", "mpich", "any")
+
+_INT = (int,)
+_NUM = (int, float)
+# field -> (allowed python types, may be "auto", description)
+REQUIRED_FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
+    "launcher": ((str,), False, f"one of {', '.join(LAUNCHERS)}"),
+    "cores_per_node": (_INT, True, "physical cores per node (integer > 0 or \"auto\")"),
+    "sockets": (_INT, True, "sockets per node (integer > 0 or \"auto\")"),
+    "numa_domains": (_INT, True, "NUMA domains per node (integer > 0 or \"auto\")"),
+    "memory_gb": (_NUM, True, "memory per node in GB (number > 0 or \"auto\")"),
+    "link_bandwidth_GBps": (_NUM, False, "inter-node link bandwidth in GB/s (number > 0)"),
+    "link_latency_us": (_NUM, False, "inter-node MPI latency in microseconds (number > 0)"),
+    "ranks_per_node": (_INT, False, "default MPI ranks per node (integer > 0)"),
+    "threads_per_rank": (_INT, True, "default threads per rank (integer > 0 or \"auto\")"),
+    "partition": ((str,), False, "SLURM partition (string, may be empty)"),
+    "account": ((str,), False, "SLURM account (string, may be empty)"),
+    "modules": ((list,), False, "list of shell lines such as \"module load ...\""),
+}
+OPTIONAL_FIELDS: dict[str, tuple[tuple[type, ...], object]] = {
+    "description": ((str,), ""),
+    "mpi_impl": ((str,), "any"),
+    "hw_threads_per_core": (_INT, 1),
+    "shm_bandwidth_GBps": (_NUM, 10.0),
+    "shm_latency_us": (_NUM, 0.5),
+    "max_nodes": (_INT, 0),  # 0 = no limit
+}
+_POSITIVE = {"cores_per_node", "sockets", "numa_domains", "memory_gb", "link_bandwidth_GBps",
+             "link_latency_us", "ranks_per_node", "threads_per_rank", "hw_threads_per_core",
+             "shm_bandwidth_GBps", "shm_latency_us"}
+
+
+class ProfileError(ValueError):
+    """A cluster profile is missing a field or has a field of the wrong type/value."""
+
+
+# ------------------------------------------------------------------------------------ profiles
+def _read_toml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"profile file {path} is not valid TOML: {exc}") from None
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    return "/".join("number" if t is float else t.__name__ for t in types)
+
+
+def validate_profile(name: str, prof: dict, source: str = "") -> dict:
+    """Check every field; return a copy with optional defaults filled in. Raises ProfileError."""
+    where = f" in {source}" if source else ""
+    if not isinstance(prof, dict):
+        raise ProfileError(f"cluster profile '{name}'{where} must be a TOML table [{name}]")
+    out = dict(prof)
+    for field, (types, auto_ok, desc) in REQUIRED_FIELDS.items():
+        if field not in prof:
+            raise ProfileError(f"cluster profile '{name}'{where} is missing field '{field}' ({desc})")
+        val = prof[field]
+        if auto_ok and val == "auto":
+            continue
+        if isinstance(val, bool) or not isinstance(val, types):
+            raise ProfileError(
+                f"cluster profile '{name}'{where}: field '{field}' must be {_type_name(types)} "
+                f"({desc}), got {type(val).__name__} {val!r}")
+        if field in _POSITIVE and val <= 0:
+            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be > 0, got {val!r}")
+    if prof["launcher"] not in LAUNCHERS:
+        raise ProfileError(f"cluster profile '{name}'{where}: field 'launcher' must be one of "
+                           f"{', '.join(LAUNCHERS)}, got {prof['launcher']!r}")
+    if not all(isinstance(m, str) for m in prof["modules"]):
+        raise ProfileError(f"cluster profile '{name}'{where}: field 'modules' must be a list of strings")
+    for field, (types, default) in OPTIONAL_FIELDS.items():
+        if field not in prof:
+            out[field] = default
+            continue
+        val = prof[field]
+        if isinstance(val, bool) or not isinstance(val, types):
+            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be "
+                               f"{_type_name(types)}, got {type(val).__name__} {val!r}")
+        if field in _POSITIVE and val <= 0:
+            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be > 0, got {val!r}")
+    if out["mpi_impl"] not in MPI_IMPLS:
+        raise ProfileError(f"cluster profile '{name}'{where}: field 'mpi_impl' must be one of "
+                           f"{', '.join(MPI_IMPLS)}, got {out['mpi_impl']!r}")
+    unknown = set(prof) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS)
+    if unknown:
+        raise ProfileError(f"cluster profile '{name}'{where} has unknown field(s) "
+                           f"{', '.join(sorted(unknown))} (typo?)")
+    return out
+
+
+def _numa_nodes() -> int:
+    try:
+        return max(1, len([d for d in os.listdir("/sys/devices/system/node") if re.fullmatch(r"node\d+", d)]))
+    except OSError:
+        return 1
+
+
+def _memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return 1.0
+
+
+def _resolve_auto(prof: dict) -> dict:
+    p = dict(prof)
+    cpus = os.cpu_count() or 1
+    if p["cores_per_node"] == "auto":
+        p["cores_per_node"] = max(1, cpus // p.get("hw_threads_per_core", 1))
+    if p["numa_domains"] == "auto":
+        p["numa_domains"] = _numa_nodes()
+    if p["sockets"] == "auto":
+        p["sockets"] = min(p["numa_domains"], p["cores_per_node"])
+    if p["memory_gb"] == "auto":
+        p["memory_gb"] = _memory_gb()
+    if p["threads_per_rank"] == "auto":
+        p["threads_per_rank"] = max(1, p["cores_per_node"] // p["ranks_per_node"])
+    return p
+
+
+def load_profiles(extra: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> dict:
+    """All profiles: jobs/clusters.toml, then ``extra`` merged over it (field by field per profile).
+
+    Every profile is validated; "auto" fields are resolved for this machine.
+    """
+    base = base or DEFAULT_PROFILES
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in _read_toml(base).items()}
+    sources = {k: str(base) for k in raw}
+    if extra:
+        for name, prof in _read_toml(extra).items():
+            if isinstance(prof, dict) and isinstance(raw.get(name), dict):
+                raw[name].update(prof)
+            else:
+                raw[name] = prof
+            sources[name] = str(extra)
+    return {name: _resolve_auto(validate_profile(name, prof, sources[name])) for name, prof in raw.items()}
+
+
+def get_profile(name: str, profiles: dict | None = None) -> dict:
+    profiles = load_profiles() if profiles is None else profiles
+    if name not in profiles:
+        raise ValueError(f"unknown cluster '{name}'; valid clusters: {', '.join(sorted(profiles))}")
+    return dict(profiles[name], name=name)
+
+
+# ------------------------------------------------------------------------------------ layout
+def check_layout(prof: dict, nodes: int, ranks_per_node: int, threads_per_rank: int,
+                 allow_smt: bool = False) -> None:
+    """Raise ValueError when the layout does not fit the node."""
+    name = prof.get("name", "?")
+    for what, v in (("nodes", nodes), ("ranks per node", ranks_per_node), ("threads per rank", threads_per_rank)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    if prof.get("max_nodes") and nodes > prof["max_nodes"]:
+        raise ValueError(f"cluster '{name}' has at most {prof['max_nodes']} node(s), asked for {nodes}")
+    used = ranks_per_node * threads_per_rank
+    cores = prof["cores_per_node"]
+    hw = prof.get("hw_threads_per_core", 1)
+    if used > cores:
+        if allow_smt and hw > 1 and used <= cores * hw:
+            return
+        hint = (f"; with --allow-smt up to {cores * hw} hardware threads may be used" if hw > 1 and not allow_smt
+                else "")
+        raise ValueError(
+            f"oversubscribed: {ranks_per_node} ranks/node x {threads_per_rank} threads/rank = {used} "
+            f"threads > {cores if not allow_smt else cores * hw} "
+            f"{'cores' if not allow_smt else 'hardware threads'} per node on cluster '{name}'{hint}")
+
+
+def _smt(prof: dict, ranks_per_node: int, threads_per_rank: int, allow_smt: bool) -> bool:
+    """True when the layout needs more than one thread per physical core."""
+    return bool(allow_smt and ranks_per_node * threads_per_rank > prof["cores_per_node"])
+
+
+def _cpus_per_task(prof: dict, threads: int, smt: bool) -> int:
+    # Slurm counts hardware threads as CPUs: reserve whole cores unless SMT is used on purpose.
+    return threads if smt else threads * prof.get("hw_threads_per_core", 1)
+
+
+def launch_argv(prof: dict, nodes: int, ranks_per_node: int, threads_per_rank: int,
+                allow_smt: bool = False) -> list[str]:
+    """The launcher prefix (before ``deepfusion train ...``) with rank/thread binding."""
+    smt = _smt(prof, ranks_per_node, threads_per_rank, allow_smt)
+    np_ = nodes * ranks_per_node
+    t = threads_per_rank
+    launcher = prof["launcher"]
+    if launcher == "srun":
+        return ["srun", f"--nodes={nodes}", f"--ntasks={np_}", f"--ntasks-per-node={ranks_per_node}",
+                f"--cpus-per-task={_cpus_per_task(prof, t, smt)}",
+                f"--cpu-bind={'threads' if smt else 'cores'}", "--kill-on-bad-exit=1"]
+    if launcher == "mpirun":
+        rpp, unit = _ranks_per_package(prof, ranks_per_node)
+        argv = ["mpirun", "-np", str(np_), "--map-by", f"ppr:{rpp}:{unit}:PE={t}",
+                "--bind-to", "hwthread" if smt else "core", "--report-bindings"]
+        if smt:
+            argv.append("--use-hwthread-cpus")
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES"):
+            argv += ["-x", var]
+        return argv
+    if launcher == "mpiexec":
+        argv = ["mpiexec", "-n", str(np_), "-ppn", str(ranks_per_node)]
+        if prof.get("mpi_impl") != "intel":  # MPICH Hydra; Intel MPI pins via I_MPI_PIN_DOMAIN=omp
+            argv += ["-bind-to", f"{'hwthread' if smt else 'core'}:{t}"]
+        return argv
+    if launcher == "ibrun":
+        return ["ibrun"]
+    raise ValueError(f"unknown launcher {launcher!r}")
+
+
+def _ranks_per_package(prof: dict, ranks_per_node: int) -> tuple[int, str]:
+    sockets = prof["sockets"]
+    if ranks_per_node % sockets == 0:
+        return ranks_per_node // sockets, "package"
+    return ranks_per_node, "node"
+
+
+# ------------------------------------------------------------------------------------ render
+class _Tpl(string.Template):
+    delimiter = "@@"
+
+
+def _template(name: str) -> _Tpl:
+    return _Tpl((TEMPLATES / name).read_text())
+
+
+_TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+
+
+def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_per_rank: int | None = None,
+           time: str = "02:00:00", config: str = "configs/burgers.toml", run_dir: str | None = None,
+           job_name: str = "deepfusion", profiles: str | os.PathLike | dict | None = None,
+           allow_smt: bool = False, deepfusion: str = "deepfusion", extra_sets: tuple[str, ...] = ()) -> str:
+    """Return the job script text for ``cluster``. Raises ValueError for a bad cluster/layout/profile."""
+    profs = profiles if isinstance(profiles, dict) else load_profiles(profiles)
+    prof = get_profile(cluster, profs)
+    r = prof["ranks_per_node"] if ranks_per_node is None else ranks_per_node
+    t = prof["threads_per_rank"] if threads_per_rank is None else threads_per_rank
+    check_layout(prof, nodes, r, t, allow_smt)
+    if not _TIME_RE.match(time):
+        raise ValueError(f"time limit must look like HH:MM:SS or D-HH:MM:SS, got {time!r}")
+    smt = _smt(prof, r, t, allow_smt)
+    launcher = prof["launcher"]
+    run_dir = run_dir or f"runs/{job_name}-${{SLURM_JOB_ID:-local}}"
+    for kv in extra_sets:
+        if "=" not in kv:
+            raise ValueError(f"--set expects key=value, got {kv!r}")
+
+    if launcher == "ibrun":
+        # ibrun is a shell wrapper that may not forward signals: signal the job steps through Slurm
+        forward = ('{ [ -n "${SLURM_JOB_ID:-}" ] && scancel --signal="$1" "$SLURM_JOB_ID" 2>/dev/null; } || '
+                   'kill -s "$1" "$STEP_PID" 2>/dev/null || true')
+    else:
+        forward = 'kill -s "$1" "$STEP_PID" 2>/dev/null || true'
+    rpp, unit = _ranks_per_package(prof, r)
+    values = dict(
+        cluster=cluster, description=prof.get("description", ""), job_name=job_name, nodes=nodes,
+        ranks_per_node=r, threads_per_rank=t, total_ranks=nodes * r, used_cores=r * t,
+        cores_per_node=prof["cores_per_node"], cpus_per_task=_cpus_per_task(prof, t, smt),
+        smt_note=" (SMT: several threads per physical core)" if smt else "",
+        time=time, omp_places="threads" if smt else "cores",
+        ntasks_line=f"#SBATCH -n {nodes * r}\n" if launcher == "ibrun" else "",
+        partition_line=f"#SBATCH -p {prof['partition']}\n" if prof["partition"] else "",
+        account_line=f"#SBATCH -A {prof['account']}\n" if prof["account"] else "",
+        module_lines="".join(line + "\n" for line in prof["modules"]),
+        mpi_impl=prof.get("mpi_impl", "any"), ranks_per_package=rpp, ppr_unit=unit,
+        pin_cell="unit" if smt else "core",
+    )
+    values["header"] = _template("_header.sh.in").substitute(values)
+    if launcher == "mpiexec":
+        if prof.get("mpi_impl") == "intel":
+            values["mpiexec_env"] = ("# Intel MPI: one pinning domain of OMP_NUM_THREADS cores per rank.\n"
+                                     "export I_MPI_PIN=1\nexport I_MPI_PIN_DOMAIN=omp\n"
+                                     f"export I_MPI_PIN_CELL={values['pin_cell']}\n")
+        else:
+            values["mpiexec_env"] = (f"# MPICH Hydra: -bind-to core:{t} binds each rank to {t} cores, "
+                                     "-ppn places ranks per node.\n")
+    values["train_block"] = _template("_train_requeue.sh.in").substitute(
+        values, config=config, run_dir=run_dir, forward_cmd=forward, deepfusion=deepfusion,
+        launch=" ".join(shlex.quote(a) for a in launch_argv(prof, nodes, r, t, allow_smt)),
+        extra_sets="".join(f" --set {shlex.quote(kv)}" for kv in extra_sets))
+    return _template(f"{launcher}.sh.in").substitute(values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jobs.render", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster", required=True, help="profile name (see --list)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--ranks-per-node", type=int, default=None, help="default: the profile's ranks_per_node")
+    p.add_argument("--threads-per-rank", type=int, default=None, help="default: the profile's threads_per_rank")
+    p.add_argument("--time", default="02:00:00", help="time limit HH:MM:SS (default 02:00:00)")
+    p.add_argument("--config", default="configs/burgers.toml", help="training config passed to deepfusion train")
+    p.add_argument("--run-dir", default=None, help="default runs/JOBNAME-$SLURM_JOB_ID (stable across requeues)")
+    p.add_argument("--job-name", default="deepfusion")
+    p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra --set passed to deepfusion train (repeatable)")
+    p.add_argument("--deepfusion", default="deepfusion", help="training command (default: deepfusion)")
+    p.add_argument("--allow-smt", action="store_true",
+                   help="allow ranks x threads up to cores x hw_threads_per_core (hyper-threads)")
+    p.add_argument("--out", default=None, help="write the script here (default: stdout)")
+    p.add_argument("--profiles", default=None, help="extra TOML profile file merged over jobs/clusters.toml")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        text = render(args.cluster, args.nodes, args.ranks_per_node, args.threads_per_rank, time=args.time,
+                      config=args.config, run_dir=args.run_dir, job_name=args.job_name, profiles=args.profiles,
+                      allow_smt=args.allow_smt, deepfusion=args.deepfusion, extra_sets=tuple(args.extra_sets))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).write_text(text)
+        os.chmod(args.out, 0o755)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
