@@ -88,6 +88,8 @@ def cmd_train(args, comm) -> int:
     from .layout import report, setup_threads
 
     if args.resume:
+        if args.config is None:  # requeued jobs: the run directory holds its resolved config
+            args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
     cfg = _collective_check(comm, _load, args)
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before any torch op

@@ -12,7 +12,6 @@ and ``build_generator(name, **model.config())`` rebuilds a model (checkpoints st
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 

@@ -64,7 +64,8 @@ def _check_spacing(spacing) -> tuple[float, float]:
     try:
         h_r, h_c = (float(v) for v in spacing)
     except (TypeError, ValueError):
-        raise ValueError(f"spacing must be a pair (h_row, h_col) of numbers, got {spacing!r}") from None
+        raise ValueError(
+            f"spacing must be a pair (h_row, h_col) of numbers, got {spacing!r}") from None
     if not all(math.isfinite(h) and h > 0 for h in (h_r, h_c)):
         raise ValueError(f"spacing must be two positive finite numbers, got {spacing!r}")
     return h_r, h_c

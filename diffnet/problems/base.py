@@ -55,6 +55,35 @@ def check_grid(grid) -> tuple[int, int]:
     return h, w
 
 
+def check_choice(name: str, value, allowed) -> str:
+    """Validate that ``value`` is one of ``allowed``; raise ValueError naming the argument."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def check_number(name: str, value, *, lo: float = -np.inf, hi: float = np.inf,
+                 lo_open: bool = False, what: str = "") -> float:
+    """Validate a finite real number in [lo, hi] (or (lo, hi] with lo_open); ValueError otherwise."""
+    desc = what or f"a finite number {'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if np.isfinite(hi) else "")
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be {desc}, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {desc}, got {value!r}") from None
+    if not np.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
+        raise ValueError(f"{name} must be {desc}, got {value!r}")
+    return v
+
+
+def check_bool(name: str, value) -> bool:
+    """Validate a real bool (not a truthy number or string)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 class Problem(abc.ABC):
     """A parametric PDE family. Subclasses state their equation in the class docstring.
 

@@ -1,0 +1,647 @@
+"""The run configuration: a TOML file parsed into typed, validated dataclasses.
+
+One ``@dataclass(kw_only=True)`` per TOML section (``[problem]``, ``[model]``, ``[data]``,
+``[optim]``, ``[train]``, ``[parallel]``, ``[run]``), gathered in :class:`Config`. Every field
+carries its help text in ``field(metadata={"help": ...})``; :func:`describe` prints them all.
+Every check lives in ``__post_init__`` so a config built in Python is validated exactly like one
+read from a file, and every error is a :class:`ConfigError` whose message names the dotted key
+(``optim.lr``) and says how to fix it.
+
+    cfg = load_config("configs/burgers.toml", ["optim.lr=3e-4", "train.epochs=5"])
+    text = dump_toml(cfg)            # the resolved config, loadable again
+
+Pure Python: this module imports no PDE, no model and no MPI.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import math
+import re
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def _import_toml(version_info=sys.version_info):
+    """The TOML reader: ``tomllib`` on Python 3.11+, the ``tomli`` backport on 3.10."""
+    if tuple(version_info[:2]) >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError as exc:  # pragma: no cover - depends on the interpreter
+        raise ImportError(
+            "reading TOML configs on Python < 3.11 needs the 'tomli' package: pip install tomli"
+        ) from exc
+    return tomli
+
+
+tomllib = _import_toml()
+
+
+class ConfigError(ValueError):
+    """A bad configuration. ``key`` is the dotted key at fault (``None`` for file errors)."""
+
+    def __init__(self, message: str, *, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+# ---------------------------------------------------------------------------------------------
+# field helper: default + help + declarative constraints (used by validation and describe())
+# ---------------------------------------------------------------------------------------------
+
+def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None,
+       item_ge=None, item_gt=None, min_len=None, max_len=None):
+    meta = {"help": help}
+    for name, value in (("choices", choices), ("ge", ge), ("gt", gt), ("le", le), ("lt", lt),
+                        ("item_ge", item_ge), ("item_gt", item_gt), ("min_len", min_len),
+                        ("max_len", max_len)):
+        if value is not None:
+            meta[name] = value
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "string"}
+
+
+def _type_str(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return f"list[{_TYPE_NAMES[item]}]"
+    if origin is dict or tp is dict:
+        return "table"
+    return _TYPE_NAMES[tp]
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _got(value) -> str:
+    return f"got {value!r} ({type(value).__name__})"
+
+
+_TOML_PLAIN = (str, int, float, bool)
+
+
+def _check_table(key: str, value) -> dict:
+    """A free-form options table: string keys, TOML-representable values (no None)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a table (e.g. {key.split('.')[-1]} = {{a = 1}}), "
+                          f"{_got(value)}", key=key)
+
+    def walk(path, v):
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise ConfigError(f"{path} keys must be strings, got {k!r}", key=path)
+                walk(f"{path}.{k}", item)
+        elif isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                walk(f"{path}[{i}]", item)
+        elif not isinstance(v, _TOML_PLAIN) or (isinstance(v, float) and not math.isfinite(v)):
+            raise ConfigError(f"{path} must hold only strings, finite numbers, booleans, arrays "
+                              f"and tables, {_got(v)}", key=path)
+
+    walk(key, value)
+    return {k: copy.deepcopy(list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
+
+
+def _coerce_scalar(key: str, value, tp):
+    """Check ``value`` against ``tp``; ints are accepted for floats, integral floats for ints."""
+    name = _TYPE_NAMES[tp]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be a bool (true or false), {_got(value)}", key=key)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key} must be an int, {_got(value)}", key=key)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a float, {_got(value)}", key=key)
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite float, got {value!r}", key=key)
+        return value
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string (quote it in TOML), {_got(value)}", key=key)
+    raise TypeError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
+
+
+def _check_bounds(key: str, value, meta: dict, prefix: str = "") -> None:
+    for op, test, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                           ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+        bound = meta.get(prefix + op)
+        if bound is not None and not test(value, bound):
+            raise ConfigError(f"{key} must be {word} {bound}, got {value!r}", key=key)
+
+
+def _bounds_text(meta: dict, prefix: str = "") -> str:
+    parts = [f"{word} {meta[prefix + op]}" for op, word in
+             (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if prefix + op in meta]
+    return " and ".join(parts)
+
+
+class _Section:
+    """Base of every section: type coercion and declarative checks in ``__post_init__``."""
+
+    _section: ClassVar[str] = ""
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            key = f"{self._section}.{f.name}"
+            value = getattr(self, f.name)
+            tp = hints[f.name]
+            meta = f.metadata
+            origin = typing.get_origin(tp)
+            if origin is list:
+                (item_tp,) = typing.get_args(tp)
+                if not isinstance(value, (list, tuple)):
+                    raise ConfigError(f"{key} must be a list of {_TYPE_NAMES[item_tp]} "
+                                      f"(e.g. [1, 2]), {_got(value)}", key=key)
+                try:
+                    value = [_coerce_scalar(f"{key}[{i}]", v, item_tp)
+                             for i, v in enumerate(value)]
+                    for i, v in enumerate(value):
+                        _check_bounds(f"{key}[{i}]", v, meta, prefix="item_")
+                except ConfigError as exc:  # report the field itself as the key
+                    raise ConfigError(str(exc), key=key) from None
+                n = len(value)
+                lo, hi = meta.get("min_len"), meta.get("max_len")
+                if (lo is not None and n < lo) or (hi is not None and n > hi):
+                    want = f"exactly {lo}" if lo == hi else f"{lo} to {hi}"
+                    raise ConfigError(f"{key} must have {want} entries, got {n}: {value!r}",
+                                      key=key)
+            elif origin is dict or tp is dict:
+                value = _check_table(key, value)
+            else:
+                value = _coerce_scalar(key, value, tp)
+                if "choices" in meta and value not in meta["choices"]:
+                    valid = ", ".join(repr(c) for c in meta["choices"])
+                    hint = difflib.get_close_matches(str(value), meta["choices"], n=1)
+                    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                    raise ConfigError(f"{key} must be one of {valid}; got {value!r}{extra}",
+                                      key=key)
+                _check_bounds(key, value, meta)
+            setattr(self, f.name, value)
+        self._validate()
+
+    def _validate(self) -> None:
+        """Checks that involve several fields of the section."""
+
+    def _err(self, name: str, message: str) -> ConfigError:
+        key = f"{self._section}.{name}"
+        return ConfigError(f"{key} {message}", key=key)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sections
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class ProblemConfig(_Section):
+    """[problem]: which parametric PDE family to solve, on which node grid."""
+
+    _section: ClassVar[str] = "problem"
+
+    name: str = _f("burgers", "registered PDE family (e.g. burgers, poisson, reaction_diffusion)")
+    grid: list[int] = _f([64, 64], "node grid [H, W], boundary nodes included; >= 4 per axis",
+                         item_ge=4, min_len=1, max_len=3)
+    options: dict[str, Any] = _f({}, "problem-specific keyword arguments passed to the problem "
+                                     "constructor (validated there), e.g. {c_range = [3, 6]}")
+
+    def _validate(self):
+        if not self.name.strip():
+            raise self._err("name", "must be a non-empty problem name, e.g. \"burgers\"")
+        if "grid" in self.options:
+            raise ConfigError("problem.options.grid is not allowed: set problem.grid instead",
+                              key="problem.options.grid")
+
+
+@dataclass(kw_only=True)
+class ModelConfig(_Section):
+    """[model]: the generator network."""
+
+    _section: ClassVar[str] = "model"
+
+    name: str = _f("unet", "registered generator architecture")
+    options: dict[str, Any] = _f({}, "generator keyword arguments, e.g. {depth = 4, base_width = 32}")
+    channels_last: bool = _f(True, "use the channels_last (NHWC) memory format (faster oneDNN convs)")
+
+    def _validate(self):
+        if not self.name.strip():
+            raise self._err("name", "must be a non-empty model name, e.g. \"unet\"")
+
+
+@dataclass(kw_only=True)
+class DataConfig(_Section):
+    """[data]: the parameter-sample pool (DiffNet is data-free: samples are PDE parameters)."""
+
+    _section: ClassVar[str] = "data"
+
+    n_samples: int = _f(256, "size N_s of the training pool of parameter samples", ge=1)
+    seed: int = _f(0, "seed of the training pool draw", ge=0)
+    global_batch: int = _f(32, "samples per optimiser step over ALL ranks (split across ranks)",
+                           ge=1)
+    eval_samples: int = _f(16, "held-out parameter draws used for evaluation", ge=0)
+    eval_seed: int = _f(12345, "seed of the held-out draw; must differ from data.seed", ge=0)
+
+    def _validate(self):
+        if self.n_samples < self.global_batch:
+            raise self._err("n_samples", f"must be >= data.global_batch ({self.global_batch}), "
+                                         f"got {self.n_samples}; enlarge the pool or shrink "
+                                         f"the batch")
+        if self.eval_seed == self.seed:
+            raise self._err("eval_seed", f"must differ from data.seed (both are {self.seed}), "
+                                         f"otherwise the held-out set repeats training samples")
+
+
+@dataclass(kw_only=True)
+class OptimConfig(_Section):
+    """[optim]: optimiser and learning-rate schedule."""
+
+    _section: ClassVar[str] = "optim"
+
+    name: str = _f("adam", "optimiser", choices=("adam", "sgd", "lbfgs"))
+    lr: float = _f(1e-3, "peak learning rate", gt=0.0)
+    weight_decay: float = _f(0.0, "L2 weight decay", ge=0.0)
+    betas: list[float] = _f([0.9, 0.999], "Adam (beta1, beta2), each in [0, 1)",
+                            min_len=2, max_len=2, item_ge=0.0)
+    momentum: float = _f(0.9, "SGD momentum, in [0, 1)", ge=0.0, lt=1.0)
+    schedule: str = _f("cosine", "learning-rate schedule after warm-up",
+                       choices=("constant", "cosine", "step", "exponential"))
+    warmup_steps: int = _f(0, "linear warm-up steps from 0 to optim.lr", ge=0)
+    min_lr: float = _f(0.0, "floor of the learning rate (cosine end value)", ge=0.0)
+    step_size: int = _f(1000, "steps between decays (schedule = \"step\")", ge=1)
+    gamma: float = _f(0.5, "decay factor (step: per step_size; exponential: per step), in (0, 1]",
+                      gt=0.0, le=1.0)
+    grad_clip: float = _f(0.0, "clip the global gradient norm to this value; 0 = off", ge=0.0)
+    lbfgs_history: int = _f(20, "L-BFGS history size", ge=1)
+    lbfgs_max_iter: int = _f(20, "L-BFGS iterations per optimiser step", ge=1)
+    lbfgs_tolerance_grad: float = _f(1e-9, "L-BFGS first-order optimality tolerance", ge=0.0)
+    lbfgs_tolerance_change: float = _f(1e-12, "L-BFGS function/parameter change tolerance",
+                                       ge=0.0)
+    lbfgs_line_search: str = _f("strong_wolfe", "L-BFGS line search",
+                                choices=("strong_wolfe", "none"))
+    switch_to_lbfgs_epoch: int = _f(-1, "switch from adam/sgd to L-BFGS at this epoch; -1 = never",
+                                    ge=-1)
+
+    def _validate(self):
+        for i, b in enumerate(self.betas):
+            if not b < 1.0:
+                raise ConfigError(f"optim.betas[{i}] must be in [0, 1), got {b!r}",
+                                  key="optim.betas")
+        if self.min_lr > self.lr:
+            raise self._err("min_lr", f"must be <= optim.lr ({self.lr}), got {self.min_lr}")
+        if self.switch_to_lbfgs_epoch >= 0 and self.name == "lbfgs":
+            raise self._err("switch_to_lbfgs_epoch",
+                            "only applies when optim.name is 'adam' or 'sgd' (it is already "
+                            "'lbfgs'); set it to -1")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(_Section):
+    """[train]: the training loop."""
+
+    _section: ClassVar[str] = "train"
+
+    epochs: int = _f(10, "passes over the sample pool", ge=1)
+    max_steps: int = _f(0, "stop after this many optimiser steps; 0 = no limit", ge=0)
+    dtype: str = _f("float32", "floating-point precision", choices=("float32", "float64"))
+    init_seed: int = _f(0, "seed of the network initialisation (identical on every rank)", ge=0)
+    micro_batch: int = _f(0, "samples per forward/backward (gradient accumulation); "
+                             "0 = the whole local batch at once", ge=0)
+    log_every: int = _f(10, "log every this many steps", ge=1)
+    eval_every_epochs: int = _f(0, "evaluate every this many epochs; 0 = only at the end", ge=0)
+    checkpoint_every: int = _f(0, "checkpoint every this many steps; 0 = only at the end", ge=0)
+    keep_checkpoints: int = _f(2, "keep only the newest N checkpoints", ge=1)
+    on_nonfinite: str = _f("stop", "what to do on a NaN/inf loss or gradient",
+                           choices=("stop", "rollback"))
+    rollback_lr_factor: float = _f(0.5, "multiply the learning rate by this after a rollback, "
+                                        "in (0, 1]", gt=0.0, le=1.0)
+    checksum_every: int = _f(50, "all-reduce a parameter checksum every N steps to detect rank "
+                                 "divergence; 0 = off", ge=0)
+    fail_at_step: int = _f(-1, "test hook: raise on rank train.fail_rank at this step; -1 = off",
+                           ge=-1)
+    fail_rank: int = _f(0, "test hook: the rank that fails at train.fail_at_step", ge=0)
+
+
+@dataclass(kw_only=True)
+class ParallelConfig(_Section):
+    """[parallel]: threads and gradient communication."""
+
+    _section: ClassVar[str] = "parallel"
+
+    threads_per_rank: int = _f(0, "torch intra-op threads per rank; 0 = auto (cores / ranks "
+                                  "on the node)", ge=0)
+    overlap: bool = _f(False, "overlap the gradient allreduce with backward (bucketed, "
+                              "non-blocking)")
+    bucket_mb: float = _f(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
+
+
+@dataclass(kw_only=True)
+class RunConfig(_Section):
+    """[run]: where outputs go and how progress is shown."""
+
+    _section: ClassVar[str] = "run"
+
+    dir: str = _f("runs/default", "run directory (checkpoints/, logs, metrics)")
+    progress: str = _f("auto", "progress display: a bar on a terminal, log lines otherwise",
+                       choices=("auto", "bar", "log"))
+
+    def _validate(self):
+        if not self.dir.strip():
+            raise self._err("dir", "must be a non-empty directory path, e.g. \"runs/burgers\"")
+
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "problem": ProblemConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "parallel": ParallelConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole run configuration, one attribute per TOML section."""
+
+    problem: ProblemConfig = field(default_factory=ProblemConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        for name, cls in _SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, _build_section(name, value))
+            elif not isinstance(value, cls):
+                raise ConfigError(f"{name} must be a {cls.__name__} (or a [{name}] table), "
+                                  f"{_got(value)}", key=name)
+        if self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
+            raise ConfigError(
+                f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "
+                f"take effect, got {self.optim.switch_to_lbfgs_epoch}; use -1 for never",
+                key="optim.switch_to_lbfgs_epoch")
+
+
+# ---------------------------------------------------------------------------------------------
+# building from raw dicts
+# ---------------------------------------------------------------------------------------------
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _unknown_key(dotted: str) -> ConfigError:
+    """'unknown key ...; did you mean ...?' with the closest valid key."""
+    section, _, leaf = dotted.partition(".")
+    candidates = _all_keys()
+    guess = None
+    if not leaf:  # a bare top-level name: a misspelt section, or a key without its section
+        same_leaf = [k for k in candidates if k.split(".")[1] == section]
+        if same_leaf:
+            guess = same_leaf[0]
+        else:
+            m = difflib.get_close_matches(section, list(_SECTIONS), n=1, cutoff=0.6)
+            guess = m[0] if m else None
+        what = "section"
+        valid = ", ".join(_SECTIONS)
+    else:
+        if section in _SECTIONS:
+            fields = [f.name for f in dataclasses.fields(_SECTIONS[section])]
+            m = difflib.get_close_matches(leaf, fields, n=1, cutoff=0.6)
+            if m:
+                guess = f"{section}.{m[0]}"
+            valid = ", ".join(fields)
+        else:
+            valid = ", ".join(_SECTIONS)
+        if guess is None:
+            same_leaf = [k for k in candidates if k.split(".")[1] == leaf]
+            if same_leaf:
+                guess = same_leaf[0]
+            else:
+                m = difflib.get_close_matches(dotted, candidates, n=1, cutoff=0.6)
+                guess = m[0] if m else None
+        what = "key"
+        if section in _SECTIONS:
+            valid = f"valid keys in [{section}]: {valid}"
+        else:
+            valid = f"valid sections: {valid}"
+    msg = f"unknown {what} {dotted!r}"
+    if guess:
+        msg += f"; did you mean {guess!r}?"
+    else:
+        msg += f"; {valid}" if what == "key" else f"; valid sections: {valid}"
+    return ConfigError(msg, key=dotted)
+
+
+def _build_section(name: str, table) -> _Section:
+    cls = _SECTIONS[name]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{name} must be a table (a [{name}] section), {_got(table)}", key=name)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in names:
+            raise _unknown_key(f"{name}.{key}")
+    return cls(**table)
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Validate a raw nested dict (as read from TOML) and build a :class:`Config`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a table of sections, {_got(raw)}")
+    sections = {}
+    for name, table in raw.items():
+        if name not in _SECTIONS:
+            raise _unknown_key(str(name))
+        sections[name] = _build_section(name, table)
+    return Config(**sections)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """A plain nested dict (JSON- and TOML-able) of the config."""
+    return dataclasses.asdict(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides and files
+# ---------------------------------------------------------------------------------------------
+
+def _parse_value(text: str):
+    """A TOML value (number, bool, string, array, inline table), else the bare string."""
+    text = text.strip()
+    try:
+        parsed = tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    if set(parsed) != {"v"}:  # e.g. a newline smuggling in a second key: keep it literal
+        return text
+    return parsed["v"]
+
+
+def _split_override(item: str) -> tuple[list[str], str]:
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"malformed override {item!r}: use the form key=value, "
+                          f"e.g. optim.lr=3e-4")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p.strip() for p in parts):
+        raise ConfigError(f"malformed override {item!r}: the key must be a dotted path like "
+                          f"optim.lr (form key=value)")
+    return [p.strip() for p in parts], text
+
+
+def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
+    """Return a copy of ``raw`` with each ``"a.b=value"`` applied (value parsed as TOML)."""
+    out = copy.deepcopy(raw)
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    for item in overrides:
+        parts, text = _split_override(item)
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"cannot set {'.'.join(parts)!r}: {where!r} is a value, "
+                                  f"not a table", key=where)
+            node = child
+        node[parts[-1]] = _parse_value(text)
+    return out
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in {path}: {exc}") from None
+
+
+def load_config(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Config:
+    """Read ``path`` (``None``: all defaults), apply ``overrides`` and validate."""
+    raw = {} if path is None else _read_toml(str(path))
+    overrides = [overrides] if isinstance(overrides, str) else list(overrides)
+    raw = apply_overrides(raw, overrides)
+    try:
+        return config_from_dict(raw)
+    except ConfigError as exc:
+        overridden = {".".join(_split_override(o)[0]) for o in overrides}
+        if path is not None and exc.key not in overridden:
+            raise ConfigError(f"{exc} (in {path})", key=exc.key) from None
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# writing and describing
+# ---------------------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(value, key: str = "") -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON escapes are valid TOML escapes
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v, f'{key}.{k}')}"
+                               for k, v in value.items()) + "}"
+    raise ConfigError(f"{key} cannot be written to TOML: {_got(value)}", key=key or None)
+
+
+def dump_toml(cfg: Config) -> str:
+    """The resolved config as TOML text (round-trips through :func:`load_config`)."""
+    lines = ["# DeepFusion resolved configuration (written by deepfusion.config.dump_toml)"]
+    for name, table in config_to_dict(cfg).items():
+        lines.append("")
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            lines.append(f"{_toml_key(key)} = {_toml_value(value, f'{name}.{key}')}")
+    return "\n".join(lines) + "\n"
+
+
+def describe() -> str:
+    """Every key with its type, default, allowed values and help text."""
+    out = []
+    hints_cache = {}
+    for name, cls in _SECTIONS.items():
+        hints = hints_cache.setdefault(cls, typing.get_type_hints(cls))
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        out.append(f"{doc}" if doc.startswith("[") else f"[{name}]")
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            meta = f.metadata
+            line = f"  {name}.{f.name}: {_type_str(hints[f.name])} = {_toml_value(default)}"
+            out.append(line)
+            text = meta.get("help", "")
+            extras = []
+            if "choices" in meta:
+                extras.append("one of " + ", ".join(repr(c) for c in meta["choices"]))
+            rng = _bounds_text(meta)
+            if rng:
+                extras.append(rng)
+            item_rng = _bounds_text(meta, "item_")
+            if item_rng:
+                extras.append(f"each entry {item_rng}")
+            if extras:
+                text += f" [{'; '.join(extras)}]"
+            out.append(f"      {text}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = [
+    "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
+    "ProblemConfig", "RunConfig", "TrainConfig", "apply_overrides", "config_from_dict",
+    "config_to_dict", "describe", "dump_toml", "load_config",
+]

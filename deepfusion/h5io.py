@@ -1,0 +1,241 @@
+"""HDF5 files of fields written by ``deepfusion infer`` and ``deepfusion solve`` (read by
+``deepfusion compare`` and by other tools).
+
+File layout (one file per command, samples along the first axis)::
+
+    /u                float32 (N, H, W)     the solution (prediction or reference)
+    /inputs           float32 (N, C, H, W)  the network's input fields
+        attr channels                       names of the C channels, e.g. ["nu", "log_nu"]
+                                            (Poisson: "nu" is the diffusivity at the grid nodes)
+    /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
+        attr names                          names of the k parameters, e.g. ["omega_1", ...]
+    /coords/<axis>    float64 (n_axis,)     one 1-D node coordinate array per grid axis
+    root attributes:
+        format              "deepfusion-fields", format_version 1
+        axes                names of the axes of /u's last two dimensions, in order
+                            (e.g. ["t", "x"] for Burgers, ["y", "x"] for Poisson)
+        problem             problem name (e.g. "poisson")
+        problem_kwargs      JSON of the problem's constructor options (incl. "grid")
+        source              the checkpoint path (infer) or "reference:<method>" (solve)
+        kind                "prediction" or "reference"
+        seconds_per_sample  compute seconds per sample (network forward, or solver call),
+                            summed over ranks and divided by N; I/O and gathers excluded
+        wall_seconds, ranks, batch   the whole command's wall time, MPI ranks, batch size
+        complete            True, written last
+
+Writing is atomic: the data go to ``<out>.tmp.<pid>``, which is flushed, fsync'ed, closed and
+``os.replace``'d onto ``<out>`` (then the directory is fsync'ed). An interrupted command leaves
+no half-written file under the output name (at most a ``.tmp.<pid>`` file next to it).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+FORMAT = "deepfusion-fields"
+FORMAT_VERSION = 1
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_output_path(path) -> str:
+    """Raise OSError naming the problem if ``path`` cannot be written; return it absolute."""
+    path = os.path.abspath(os.fspath(path))
+    d = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise OSError(f"--out {path} is a directory; give a file name such as {path}/preds.h5")
+    if not os.path.isdir(d):
+        raise OSError(f"cannot write --out {path}: directory {d} does not exist (create it first)")
+    if not os.access(d, os.W_OK):
+        raise OSError(f"cannot write --out {path}: directory {d} is not writable")
+    return path
+
+
+class FieldWriter:
+    """Streams blocks of samples into a new fields file, then publishes it atomically.
+
+    Usage: ``w = FieldWriter(path, n, ...); w.write(lo, u, inputs); w.close(attrs)``; on any
+    error call ``w.discard()`` (the temp file is removed, ``path`` untouched).
+    """
+
+    def __init__(self, path, *, n: int, grid, channels, params, param_names, coords: dict,
+                 axes):
+        self.path = check_output_path(path)
+        self.tmp = f"{self.path}.tmp.{os.getpid()}"
+        h, w = (int(v) for v in grid)
+        try:
+            self.f = h5py.File(self.tmp, "w")
+        except OSError as e:
+            raise OSError(f"cannot write --out {self.path}: {e}") from None
+        f = self.f
+        f.create_dataset("u", shape=(n, h, w), dtype="float32")
+        x = f.create_dataset("inputs", shape=(n, len(channels), h, w), dtype="float32")
+        x.attrs["channels"] = list(channels)
+        p = f.create_dataset("params", data=np.asarray(params, dtype=np.float64).reshape(n, -1))
+        p.attrs["names"] = list(param_names)
+        g = f.create_group("coords")
+        for name in axes:
+            g.create_dataset(name, data=np.asarray(coords[name], dtype=np.float64))
+        f.attrs["axes"] = list(axes)
+
+    def write(self, lo: int, u, inputs) -> None:
+        """Store samples [lo, lo + len(u)): u (b, H, W), inputs (b, C, H, W)."""
+        hi = lo + len(u)
+        self.f["u"][lo:hi] = np.asarray(u, dtype=np.float32)
+        self.f["inputs"][lo:hi] = np.asarray(inputs, dtype=np.float32)
+
+    def close(self, attrs: dict) -> str:
+        """Write the root attributes, fsync and publish under the output name."""
+        f = self.f
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        for k, v in attrs.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, dict) else v
+        f.attrs["complete"] = True
+        f.flush()
+        try:
+            os.fsync(f.id.get_vfd_handle())
+        finally:
+            f.close()
+        os.replace(self.tmp, self.path)
+        _fsync_dir(os.path.dirname(self.path))
+        return self.path
+
+    def discard(self) -> None:
+        try:
+            self.f.close()
+        except Exception:  # noqa: BLE001 - already closed or broken
+            pass
+        try:
+            os.remove(self.tmp)
+        except OSError:
+            pass
+
+
+def _str_list(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (bytes, str)):
+        value = [value]
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in value]
+
+
+def _attr(f, name, default=None):
+    v = f.attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _open(path, what: str):
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise OSError(f"{what} {path} not found")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{what} {path} is not a readable HDF5 file (truncated or corrupt?): "
+                         f"{e}") from None
+
+
+def read_fields(path) -> dict:
+    """Everything in a fields file written by infer/solve (see the module docstring)."""
+    f = _open(path, "fields file")
+    with f:
+        if _attr(f, "format") != FORMAT or "u" not in f:
+            raise ValueError(f"{path} is not a DeepFusion fields file (written by "
+                             f"'deepfusion infer' or 'deepfusion solve'): no format attribute "
+                             f"'{FORMAT}' or no /u dataset")
+        axes = _str_list(f.attrs.get("axes"))
+        out = {"u": f["u"][()], "inputs": f["inputs"][()] if "inputs" in f else None,
+               "channels": _str_list(f["inputs"].attrs.get("channels")) if "inputs" in f else [],
+               "params": f["params"][()] if "params" in f else np.zeros((len(f["u"]), 0)),
+               "param_names": _str_list(f["params"].attrs.get("names")) if "params" in f else [],
+               "axes": axes, "coords": {a: f["coords"][a][()] for a in axes if a in f["coords"]}}
+        for k in ("problem", "source", "kind", "seconds_per_sample", "wall_seconds", "ranks",
+                  "batch"):
+            out[k] = _attr(f, k)
+        kw = _attr(f, "problem_kwargs", "{}")
+        out["problem_kwargs"] = json.loads(kw) if isinstance(kw, str) else {}
+    return out
+
+
+def read_input_fields(path) -> dict:
+    """The ``--inputs`` file: /inputs (N, C, H, W) (float), optional ``channels`` attribute on
+    it and optional root ``problem`` attribute. Any fields file qualifies."""
+    f = _open(path, "--inputs file")
+    with f:
+        if "inputs" not in f or not isinstance(f["inputs"], h5py.Dataset):
+            raise ValueError(f"--inputs file {path} has no /inputs dataset: it needs /inputs of "
+                             f"shape (N, C, H, W) with an attribute 'channels' naming the C "
+                             f"channels (e.g. ['nu'])")
+        x = f["inputs"]
+        if x.ndim != 4:
+            raise ValueError(f"--inputs {path}: /inputs must have shape (N, C, H, W), got "
+                             f"{x.shape}")
+        return {"inputs": np.asarray(x[()], dtype=np.float64),
+                "channels": _str_list(x.attrs.get("channels")),
+                "problem": _attr(f, "problem")}
+
+
+def write_input_fields(path, inputs, channels, problem: str | None = None) -> None:
+    """A minimal ``--inputs`` file (for users and tests): /inputs + channels (+ problem)."""
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("inputs", data=np.asarray(inputs, dtype=np.float32))
+        d.attrs["channels"] = list(channels)
+        if problem:
+            f.attrs["problem"] = problem
+
+
+def read_params_file(path) -> tuple[np.ndarray, list[str]]:
+    """Parameter vectors from ``--params FILE``: (n, k) float64 and the names found (may be []).
+
+    HDF5 (.h5/.hdf5): dataset /params with optional attribute ``names``. Text/CSV: one vector
+    per line, separated by commas or whitespace; lines starting with '#' are comments; an
+    optional first line of names (e.g. ``omega_1,omega_2,...``).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise OSError(f"--params file {path} not found")
+    if path.endswith((".h5", ".hdf5")):
+        with _open(path, "--params file") as f:
+            if "params" not in f:
+                raise ValueError(f"--params {path}: no /params dataset (shape (n, k))")
+            return np.atleast_2d(np.asarray(f["params"][()], dtype=np.float64)), \
+                _str_list(f["params"].attrs.get("names"))
+    return _read_params_text(path)
+
+
+def _read_params_text(path: str) -> tuple[np.ndarray, list[str]]:
+    rows, names = [], []
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            tokens = [t for t in line.replace(",", " ").split()]
+            try:
+                rows.append([float(t) for t in tokens])
+            except ValueError:
+                if rows or names:
+                    raise ValueError(f"--params {path} line {lineno}: not numbers: "
+                                     f"{line!r}") from None
+                names = tokens
+    if not rows:
+        raise ValueError(f"--params {path} holds no parameter vectors")
+    widths = {len(r) for r in rows}
+    if len(widths) != 1:
+        raise ValueError(f"--params {path}: rows have different lengths {sorted(widths)}")
+    return np.array(rows, dtype=np.float64), names

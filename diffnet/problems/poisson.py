@@ -1,0 +1,91 @@
+"""Variable-diffusivity Poisson family (log-normal KL diffusivity)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..generators import impose_dirichlet
+from ..stencils import FiniteDifference
+from .base import check_choice, check_number
+from .fields import KLDiffusionProblem
+
+LOSSES = ("energy", "residual")
+
+
+class Poisson(KLDiffusionProblem):
+    """div(nu grad u) = 0 on (y, x) in [0, 1]^2, u = 1 at x = 0, u = 0 at x = 1, nu du/dy = 0 at
+    y = 0 and y = 1.
+
+    Diffusivity: nu = exp(sum_{i=1..m} omega_i lambda_i cos(k_i pi x) cos(l_i pi y)) with
+    lambda_i = 1 / (1 + k_i^2 + l_i^2), modes ordered by frequency (see ``fields``), m =
+    ``n_terms`` (default 4), omega_i uniform in ``omega_range`` (default (-3, 3)); for the
+    defaults |log nu| <= 4.6, i.e. nu in [0.010, 99.5] (``nu_range()``).
+    param_names = ("omega_1", ..., "omega_m"). Fields are (y, x): rows = y, columns = x.
+
+    Input channels ("nu", "log_nu"): nu at the nodes and log nu.
+
+    ``impose`` ALWAYS writes the Dirichlet values exactly (column 0 = 1, last column = 0).
+
+    Loss (``loss``):
+      * "energy" (default): "pde" = integral of nu |grad u|^2 / 2 over the square (quadrature
+        per ``quadrature``, default the two-point-flux "faces" rule whose minimiser is the
+        5-point finite-volume solution; see ``KLDiffusionProblem``). The zero-flux walls are the
+        energy's natural condition, so "bc" = 0. The minimum is the effective conductance / 2
+        (0.5 for nu = 1, u = 1 - x).
+      * "residual": "pde" = mean over the interior nodes of (u_xx + u_yy + grad(log nu) . grad u)^2,
+        i.e. div(nu grad u) / nu (the same equation, divided by nu > 0 so the term's scale does not
+        swing with the 10^4 contrast of nu); derivatives of u and log nu by ONE
+        ``FiniteDifference(kind=stencil)`` call. "bc" = bc_weight * mean over the nodes of the two
+        walls y = 0, 1 of (du/dy)^2 (the Neumann condition as a soft term).
+    """
+
+    name = "poisson"
+
+    def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
+                 loss: str = "energy", quadrature: str = "faces", stencil: str = "sobel",
+                 bc_weight: float = 1.0):
+        super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
+                         quadrature=quadrature, stencil=stencil)
+        self.loss = check_choice("loss", loss, LOSSES)
+        self.bc_weight = check_number("bc_weight", bc_weight, lo=0.0)
+        if self.loss == "residual":
+            self.fd = FiniteDifference(self.spacing, self.stencil,
+                                       derivatives=("r", "c", "rr", "cc"))
+        self._masks: dict = {}
+
+    def config(self) -> dict:
+        return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight}
+
+    def _mask(self, like: torch.Tensor):
+        key = (like.dtype, like.device)
+        if key not in self._masks:
+            w = self.grid[1]
+            mask = torch.zeros((1, 1, 1, w), dtype=like.dtype, device=like.device)
+            mask[..., 0] = 1
+            mask[..., -1] = 1
+            values = torch.zeros_like(mask)
+            values[..., 0] = 1
+            self._masks[key] = (mask, values)
+        return self._masks[key]
+
+    def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        mask, values = self._mask(u)
+        return impose_dirichlet(u, mask, values)
+
+    def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.loss == "energy":
+            pde = self.diffusion_energy(u, inputs[:, 0:1])
+            return {"pde": pde, "bc": torch.zeros_like(pde)}
+        b = u.shape[0]
+        d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0))      # u and log nu, one conv
+        du, dl = d[:b], d[b:]
+        r = du[:, 2] + du[:, 3] + dl[:, 0] * du[:, 0] + dl[:, 1] * du[:, 1]   # (B, H, W)
+        pde = r[:, 1:-1, 1:-1].square().mean(dim=(1, 2))
+        uy = du[:, 0]
+        bc = 0.5 * (uy[:, 0].square().mean(dim=1) + uy[:, -1].square().mean(dim=1))
+        return {"pde": pde, "bc": self.bc_weight * bc}
+
+    def reference_solution(self, params: np.ndarray) -> np.ndarray:
+        from ..reference import solve_diffusion
+
+        return solve_diffusion(self.nu_nodes(params), lengths=(1.0, 1.0), dirichlet="poisson")

@@ -1,0 +1,71 @@
+"""Reaction-diffusion family: log-normal KL diffusivity, fixed reaction and source."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import check_number
+from .fields import KLDiffusionProblem
+
+
+class ReactionDiffusion(KLDiffusionProblem):
+    """-div(nu grad u) + kappa^2 u = f on (y, x) in [0, 1]^2, u = 0 on the whole boundary.
+
+    Family: nu = the same KL log-normal diffusivity as ``Poisson`` (``n_terms`` default 4,
+    omega_i uniform in ``omega_range`` default (-3, 3), nu in [0.010, 99.5]); kappa fixed
+    (``kappa``, default 5, so the reaction kappa^2 = 25 competes with diffusion pi^2 nu and
+    low-nu regions develop boundary layers of width ~ sqrt(nu) / kappa); the source f is the
+    constant ``source`` (default 1). param_names = ("omega_1", ..., "omega_m").
+
+    Input channels ("nu", "log_nu"). ``impose`` always writes u = 0 on the boundary (hard).
+
+    Loss: "pde" = the energy
+
+        E(u) = integral of  nu |grad u|^2 / 2 + kappa^2 u^2 / 2 - f u
+
+    over the square (diffusion part by ``quadrature``, default the "faces" two-point-flux rule,
+    see ``KLDiffusionProblem``; the reaction and source terms by the trapezoidal nodal rule, i.e.
+    a lumped mass). Its Euler-Lagrange equation is exactly the PDE above, and its discrete
+    minimiser is the reference finite-volume solution. NOTE: the talk's functional without the
+    1/2 factors, integral of nu |grad u|^2 + kappa^2 u^2 - f u, is minimised by the solution of
+    -div(nu grad u) + kappa^2 u = f / 2 (half the source), a different equation. "bc" = 0
+    (hard-imposed). The energy is negative at the minimum (E* = -(1/2) integral f u*).
+    """
+
+    name = "reaction_diffusion"
+
+    def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
+                 kappa: float = 5.0, source: float = 1.0, quadrature: str = "faces",
+                 stencil: str = "sobel"):
+        super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
+                         quadrature=quadrature, stencil=stencil)
+        self.kappa = check_number("kappa", kappa, lo=0.0)
+        self.source = check_number("source", source, what="a finite number")
+        self._masks: dict = {}
+
+    def config(self) -> dict:
+        return {**super().config(), "kappa": self.kappa, "source": self.source}
+
+    def _interior(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.dtype, like.device)
+        if key not in self._masks:
+            h, w = self.grid
+            m = torch.zeros((1, 1, h, w), dtype=like.dtype, device=like.device)
+            m[..., 1:-1, 1:-1] = 1
+            self._masks[key] = m
+        return self._masks[key]
+
+    def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        # impose_dirichlet(u, boundary, 0) == u * interior: one multiply.
+        return u * self._interior(u)
+
+    def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        energy = self.diffusion_energy(u, inputs[:, 0:1])
+        energy = energy + self.integrate(u * (0.5 * self.kappa ** 2 * u - self.source))
+        return {"pde": energy, "bc": torch.zeros_like(energy)}
+
+    def reference_solution(self, params: np.ndarray) -> np.ndarray:
+        from ..reference import solve_diffusion
+
+        return solve_diffusion(self.nu_nodes(params), lengths=(1.0, 1.0), kappa=self.kappa,
+                               f=self.source, dirichlet="all_zero")

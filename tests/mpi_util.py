@@ -1,0 +1,35 @@
+"""Run real MPI jobs from pytest: ``mpiexec -n P python ...`` with the venv's launcher.
+
+The timeout is a hang guard for the suite, never an assertion about speed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HANG_GUARD = 240  # seconds; oversubscribed ranks busy-poll, so generous
+
+
+def mpiexec() -> str:
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(n: int, argv: list[str], *, timeout: float = HANG_GUARD, env=None) -> subprocess.CompletedProcess:
+    """Run ``python argv...`` on n ranks, one thread each; returns the completed process."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    e.update(env or {})
+    cmd = [mpiexec(), "-n", str(n), sys.executable] + argv
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+
+
+def deepfusion(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
+    """``deepfusion ARGS`` on n ranks (n=0: a plain process, no launcher at all)."""
+    if n == 0:
+        e = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+        return subprocess.run([sys.executable, "-m", "deepfusion.cli"] + args, capture_output=True,
+                              text=True, timeout=kw.get("timeout", HANG_GUARD), env=e, cwd=ROOT)
+    return run_mpi(n, ["-m", "deepfusion.cli"] + args, **kw)

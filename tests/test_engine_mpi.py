@@ -1,0 +1,110 @@
+"""The engine with real processes: mpiexec -n 2 and -n 4 (oversubscribed on 2 cores: tiny)."""
+import json
+import os
+
+import pytest
+
+from tests.mpi_util import deepfusion, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+TINY = """
+[problem]
+name = "burgers"
+grid = [16, 16]
+[model]
+name = "unet"
+options = {depth = 2, base_width = 4}
+channels_last = false
+[data]
+n_samples = 16
+global_batch = 4
+eval_samples = 2
+[optim]
+name = "adam"
+lr = 3e-3
+schedule = "constant"
+[train]
+epochs = 5
+dtype = "float64"
+log_every = 5
+checksum_every = 5
+[parallel]
+threads_per_rank = 1
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return str(path)
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        recs = [json.loads(l) for l in f]
+    return [r["loss"] for r in recs if r["kind"] == "step"]
+
+
+def train(n, config, run_dir, *extra, **kw):
+    args = ["train", config, "--set", f"run.dir={run_dir}"] + [a for s in extra for a in ("--set", s)]
+    return deepfusion(n, args, **kw)
+
+
+@pytest.mark.parametrize("n,flags", [(2, []), (2, ["--overlap"]), (2, ["--micro"]), (4, ["--overlap"])])
+def test_allreduced_gradient_equals_full_batch_gradient(n, flags):
+    p = run_mpi(n, ["tests/mpi_scripts/grad_check.py"] + flags)
+    assert p.returncode == 0, p.stderr
+    assert f"OK P={n}" in p.stdout
+
+
+def test_same_losses_for_any_number_of_ranks(tiny, tmp_path):
+    runs = {}
+    for n in (0, 2, 4):  # 0: a plain process without any launcher
+        d = str(tmp_path / f"p{n}")
+        p = train(n, tiny, d)
+        assert p.returncode == 0, p.stderr
+        runs[n] = losses(d)
+    assert len(runs[0]) == 20
+    for n in (2, 4):
+        for a, b in zip(runs[0], runs[n]):
+            assert a == pytest.approx(b, rel=1e-9), (n, runs[0], runs[n])
+    assert runs[0][-1] < runs[0][0]
+    d = str(tmp_path / "p2")
+    for name in ("config.toml", "loss.png", "eval.json", "eval.png"):
+        assert os.path.exists(os.path.join(d, name)), name
+
+
+def test_resume_continues_the_same_trajectory(tiny, tmp_path):
+    full = str(tmp_path / "full")
+    assert train(2, tiny, full).returncode == 0
+    cut = str(tmp_path / "cut")
+    p = train(2, tiny, cut, "train.checkpoint_every=8", "train.fail_at_step=13", "train.fail_rank=1")
+    assert p.returncode != 0
+    assert "injected failure at step 13 on rank 1" in p.stderr
+    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=-1"])
+    assert p.returncode == 0, p.stderr
+    assert "resumed from" in p.stdout and "step_00000008" in p.stdout
+    assert losses(cut) == losses(full)  # bit-for-bit: same P, same threads, same order
+
+
+def test_failing_rank_ends_the_whole_job(tiny, tmp_path):
+    p = train(2, tiny, str(tmp_path / "r"), "train.fail_at_step=3", "train.fail_rank=1", timeout=120)
+    assert p.returncode != 0
+    assert "error on rank 1" in p.stderr and "InjectedFailure" in p.stderr
+
+
+def test_bad_config_rejected_cleanly_under_mpiexec(tiny, tmp_path):
+    p = train(2, tiny, str(tmp_path / "r"), "optim.lrr=1")
+    assert p.returncode == 2
+    assert "optim.lr" in p.stderr and p.stderr.count("deepfusion: error") == 1
+    p = train(4, tiny, str(tmp_path / "r"), "data.global_batch=6")
+    assert p.returncode == 2
+    assert "not divisible" in p.stderr and "4" in p.stderr and "8" in p.stderr
+
+
+def test_nonfinite_loss_stops_all_ranks(tiny, tmp_path):
+    p = train(2, tiny, str(tmp_path / "r"), "optim.name=\"sgd\"", "optim.lr=1e12", "train.dtype=\"float32\"")
+    assert p.returncode == 3, p.stderr
+    assert "non-finite loss at step" in p.stderr
