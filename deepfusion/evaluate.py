@@ -29,6 +29,8 @@ def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int 
         xs.append(x.float().numpy())
         us.append(u[:, 0].float().contiguous().numpy())
     model.train()
+    if not xs:  # this rank got no samples (more ranks than held-out draws)
+        return np.zeros((0,)), np.zeros((0,))
     return np.concatenate(xs), np.concatenate(us)
 
 

@@ -9,14 +9,13 @@ take it together and none is left waiting in a collective.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 
-import numpy as np
 import torch
 
 from . import checkpoint as ckpt
+from . import lbfgs  # L-BFGS (deepfusion/lbfgs.py)
 from .data import InputCache, ShardedPool
 from .gradsync import GradSync
 from .optim import build_optimizer, lr_at, set_lr
@@ -57,7 +56,10 @@ class Trainer:
         self.term_names = ("pde", "bc")
         broadcast_module(model, comm)
         self.gs = GradSync(model, comm, bucket_mb=cfg.parallel.bucket_mb, overlap=cfg.parallel.overlap)
-        self.optimizer = build_optimizer(model.parameters(), cfg.optim)
+        # --- L-BFGS (deepfusion/lbfgs.py): adam/sgd, or L-BFGS if optim.name = "lbfgs" ---
+        self.optimizer = lbfgs.build(model.parameters(), cfg.optim, epoch=0)
+        self._lbfgs_stepper = None
+        # --- end L-BFGS ---
         self.loss_and_grad = LossAndGrad(model, task, comm, self.gs, global_batch=cfg.data.global_batch,
                                          term_names=self.term_names, micro_batch=cfg.train.micro_batch,
                                          channels_last=cfg.model.channels_last)
@@ -95,6 +97,25 @@ class Trainer:
         if self.step == self.cfg.train.fail_at_step and self.comm.rank == self.cfg.train.fail_rank:
             raise InjectedFailure(f"injected failure at step {self.step} on rank {self.comm.rank} "
                                   f"(train.fail_at_step)")
+        # --- L-BFGS (deepfusion/lbfgs.py): switch at optim.switch_to_lbfgs_epoch, closure step ---
+        self.optimizer = lbfgs.maybe_switch(self.optimizer, self.model.parameters(),
+                                            self.cfg.optim, epoch)
+        if lbfgs.is_lbfgs(self.optimizer):
+            idx = self.pool.local_indices(epoch, s)
+            mb = self.cfg.train.micro_batch
+            # big local batch + micro-batching: inputs built per micro-batch, at each evaluation
+            x = lbfgs.LazyBatch(self.inputs, idx, mb) if 0 < mb < len(idx) else self.inputs(idx)
+            t1 = time.perf_counter()
+            self.lr = lbfgs.LBFGS_LR * self.lr_scale
+            set_lr(self.optimizer, self.lr)
+            if self._lbfgs_stepper is None:
+                self._lbfgs_stepper = lbfgs.LBFGSStepper(self.loss_and_grad)
+            res = self._lbfgs_stepper(self.optimizer, x)
+            busy = sum(res.times.get(k, 0.0) for k in ("forward", "backward", "allreduce"))
+            res.times.update(data=t1 - t0, optimizer=max(0.0, time.perf_counter() - t1 - busy))
+            res.times["step"] = time.perf_counter() - t0
+            return res
+        # --- end L-BFGS ---
         x = self.inputs(self.pool.local_indices(epoch, s))
         t1 = time.perf_counter()
         self.lr = lr_at(self.step, self.total_steps, self.cfg.optim) * self.lr_scale
@@ -132,7 +153,8 @@ class Trainer:
         self.log.step({"kind": "step", "step": self.step, "epoch": epoch, "loss": res.loss,
                        **res.terms, "terms": res.terms, "grad_norm": res.grad_norm, "lr": self.lr,
                        **{f"time_{k}": v for k, v in t.items()},
-                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0})
+                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0,
+                       **lbfgs.step_metrics(res)})  # L-BFGS: optimizer, func_evals, lbfgs_iters
 
     def log_epoch(self, epoch: int, t_epoch):
         if t_epoch is None:  # resumed mid-epoch: no whole-epoch time to report
@@ -165,7 +187,7 @@ class Trainer:
         if self.comm.rank == 0:
             path = ckpt.checkpoint_path(self.run_dir, self.step)
             ckpt.save_checkpoint(path, model_state=self.model.state_dict(),
-                                 optim_state=self.optimizer.state_dict(), rng_state=capture_rng(),
+                                 optim_state=self.optimizer.state_dict(), rng_state=ckpt.capture_rng_state(),
                                  meta=self.meta())
             ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
         self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
@@ -174,14 +196,19 @@ class Trainer:
         from .config import config_to_dict
 
         return {"step": self.step, "lr_scale": self.lr_scale, "world_size": self.comm.size,
-                "config": config_to_dict(self.cfg), **self.specs}
+                "config": config_to_dict(self.cfg), **self.specs,
+                "optimizer": lbfgs.optimizer_name(self.optimizer, self.cfg.optim)}  # L-BFGS
 
     def restore(self, path: str):
         state = ckpt.load_checkpoint(path)
         self.model.load_state_dict(state["model_state"])
+        # L-BFGS: rebuild the optimiser kind that wrote the checkpoint (adam before the switch)
+        self.optimizer = lbfgs.optimizer_for_state(self.optimizer, self.model.parameters(),
+                                                   self.cfg.optim, state["optim_state"],
+                                                   state["meta"])
         self.optimizer.load_state_dict(state["optim_state"])
         self.gs.check_views()
-        restore_rng(state["rng_state"])
+        ckpt.restore_rng_state(state["rng_state"])
         self.step = int(state["meta"]["step"])
         self.lr_scale = float(state["meta"].get("lr_scale", 1.0))
 
@@ -203,17 +230,3 @@ class Trainer:
 
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, handler)
-
-
-def capture_rng() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate()}
-
-
-def restore_rng(state: dict):
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        np.random.set_state(state["numpy"])
-    if "python" in state:
-        random.setstate(state["python"])

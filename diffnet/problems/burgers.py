@@ -134,7 +134,10 @@ class Burgers(Problem):
     def reference_solution(self, params: np.ndarray) -> np.ndarray:
         from ..reference import solve_burgers
 
-        c = float(np.asarray(params, dtype=np.float64).reshape(-1)[0])
+        c_arr = np.asarray(params, dtype=np.float64).reshape(-1)
+        if c_arr.size != 1 or not np.isfinite(c_arr[0]) or c_arr[0] <= 0:
+            raise ValueError(f"burgers: params must be one vector (c,) with c > 0, got {params!r}")
+        c = float(c_arr[0])
         h, w = self.grid
         return solve_burgers(lambda x: initial_condition(c, x), x_nodes=w, t_nodes=h,
                              t_end=T_END)

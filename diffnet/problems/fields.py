@@ -116,6 +116,9 @@ class KLDiffusionProblem(Problem):
       checkerboard mode, so the minimiser decouples odd/even nodes and converges only like
       O(h) (6% / 3.6% / 1.9% relative L2 at 17 / 33 / 65 nodes on a test field vs ~1e-6 for
       "faces"); kept for the ablation.
+
+    ``stencil`` (one of stencils.KINDS) is used by the "nodes" quadrature and by Poisson's
+    "residual" loss; the default "faces" energy needs no stencil.
     """
 
     param_names: tuple[str, ...] = ()

@@ -1,0 +1,399 @@
+"""Inference with a trained generator, the reference solver on the same inputs, over MPI ranks.
+
+The N samples are cut into global batches [k B, (k + 1) B) and the batches are divided over the
+ranks in contiguous blocks, so every sample goes through the network in the same batch whatever
+the number of ranks (identical bytes for any P). Ranks compute one batch per round; the round's
+blocks are gathered and rank 0 streams them into the output file (memory: P batches at a time).
+
+Files: see :mod:`deepfusion.h5io`. :func:`compare_files` compares a prediction file with a
+reference file (``deepfusion compare``).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import h5io
+
+
+# ---------------------------------------------------------------------------------------------
+# model and problem
+# ---------------------------------------------------------------------------------------------
+
+def parse_grid(text) -> tuple[int, int] | None:
+    """'HxW' (or 'H,W') -> (H, W); None passes through."""
+    if text is None:
+        return None
+    try:
+        h, w = (int(v) for v in str(text).lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise ValueError(f"--grid must look like HxW (e.g. 128x128), got {text!r}") from None
+    return h, w
+
+
+def build_problem(name: str, kwargs: dict, grid=None):
+    """The problem ``name`` with options ``kwargs``, its grid replaced by ``grid`` if given."""
+    from diffnet.problems import get_problem
+
+    kwargs = dict(kwargs)
+    if grid is not None:
+        kwargs["grid"] = list(grid)
+    return get_problem(name, **kwargs)
+
+
+def load_model(path, grid=None):
+    """(model in eval mode, problem, meta) rebuilt from a checkpoint alone."""
+    from diffnet.generators import build_generator
+
+    from .checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    meta = state["meta"]
+    try:
+        spec_m, spec_p = meta["model"], meta["problem"]
+        model = build_generator(spec_m["name"], **spec_m["kwargs"])
+        model.load_state_dict(state["model_state"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"checkpoint {path} does not describe a usable model "
+                         f"({type(e).__name__}: {e}); was it written by 'deepfusion train'?") from None
+    dtype = next(iter(state["model_state"].values())).dtype
+    model = model.to(dtype).eval()
+    problem = build_problem(spec_p["name"], spec_p["kwargs"], grid)
+    probe = torch.zeros((1, len(problem.input_channels), *problem.grid), dtype=dtype)
+    try:
+        model.check_input(probe) if hasattr(model, "check_input") else None
+    except ValueError as e:
+        raise ValueError(f"--grid {problem.grid[0]}x{problem.grid[1]}: {e}") from None
+    return model, problem, meta
+
+
+# ---------------------------------------------------------------------------------------------
+# the samples
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Samples:
+    """N samples: parameter vectors (N, k) (k = 0 for given fields) and/or fields (N, C, H, W)."""
+
+    params: np.ndarray
+    fields: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+    def inputs(self, problem, lo: int, hi: int, dtype=torch.float32) -> torch.Tensor:
+        if self.fields is not None:
+            return torch.as_tensor(self.fields[lo:hi], dtype=dtype)
+        return problem.build_input(self.params[lo:hi], dtype=dtype)
+
+
+def range_warnings(problem, params: np.ndarray) -> list[str]:
+    """One message per parameter with values outside ``problem.param_bounds()``."""
+    out = []
+    bounds = problem.param_bounds()
+    for j, name in enumerate(problem.param_names):
+        lo, hi = bounds[j]
+        col = params[:, j]
+        bad = int(np.sum((col < lo) | (col > hi)))
+        if bad:
+            out.append(f"{bad} of {len(col)} samples have {name} outside the trained range "
+                       f"[{lo:g}, {hi:g}] (min {col.min():g}, max {col.max():g}): extrapolation, "
+                       f"expect larger errors")
+    return out
+
+
+def _params_from_file(problem, path) -> np.ndarray:
+    params, names = h5io.read_params_file(path)
+    want = list(problem.param_names)
+    if names and names != want:
+        raise ValueError(f"--params {path} names the parameters {names}, but problem "
+                         f"{problem.name!r} takes {want} (in this order)")
+    if params.ndim != 2 or params.shape[1] != len(want):
+        raise ValueError(f"--params {path}: each vector needs {len(want)} values {want} for "
+                         f"problem {problem.name!r}, got shape {params.shape}")
+    if not np.all(np.isfinite(params)):
+        raise ValueError(f"--params {path} holds non-finite values")
+    return params
+
+
+def _complete_channels(problem, x: np.ndarray, channels: list[str], path) -> np.ndarray:
+    """Reorder the file's channels to the problem's; a missing ``log_X`` is log of ``X``."""
+    want = list(problem.input_channels)
+    if not channels:
+        if x.shape[1] != len(want):
+            raise ValueError(f"--inputs {path}: /inputs has {x.shape[1]} channels and no "
+                             f"'channels' attribute; problem {problem.name!r} needs {want}")
+        return x
+    out = []
+    for name in want:
+        if name in channels:
+            out.append(x[:, channels.index(name)])
+        elif name.startswith("log_") and name[4:] in channels:
+            base = x[:, channels.index(name[4:])]
+            if not np.all(base > 0):
+                raise ValueError(f"--inputs {path}: channel {name[4:]!r} must be > 0 everywhere")
+            out.append(np.log(base))
+        else:
+            raise ValueError(f"--inputs {path} has channels {channels}, but problem "
+                             f"{problem.name!r} needs {want} (a missing 'log_X' channel is "
+                             f"derived from 'X')")
+    return np.stack(out, axis=1)
+
+
+def _fields_from_file(problem, path):
+    """(problem with the file's grid, fields (N, C, H, W) float64)."""
+    d = h5io.read_input_fields(path)
+    if d["problem"] and d["problem"] != problem.name:
+        raise ValueError(f"--inputs {path} was made for problem {d['problem']!r}, not "
+                         f"{problem.name!r}")
+    x = d["inputs"]
+    if tuple(x.shape[2:]) != tuple(problem.grid):
+        problem = build_problem(problem.name, problem.config(), x.shape[2:])
+    x = _complete_channels(problem, x, d["channels"], path)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"--inputs {path}: /inputs holds non-finite values")
+    if "nu" in problem.input_channels and not np.all(x[:, problem.input_channels.index("nu")] > 0):
+        raise ValueError(f"--inputs {path}: the diffusivity channel 'nu' must be > 0 everywhere")
+    return problem, x
+
+
+def resolve_samples(problem, *, sample=None, seed=0, params=None, inputs=None):
+    """(problem, Samples, warnings) from exactly one of --sample / --params / --inputs."""
+    given = [o for o, v in (("--sample", sample), ("--params", params), ("--inputs", inputs))
+             if v is not None]
+    if len(given) != 1:
+        raise ValueError("choose the inputs with exactly one of --sample N, --params FILE, "
+                         f"--inputs FILE.h5 (got {given or 'none'})")
+    if inputs is not None:
+        problem, x = _fields_from_file(problem, inputs)
+        return problem, Samples(np.zeros((len(x), 0)), x), []
+    if params is not None:
+        p = _params_from_file(problem, params)
+        return problem, Samples(p), range_warnings(problem, p)
+    if isinstance(sample, bool) or int(sample) < 1:
+        raise ValueError(f"--sample must be a positive integer, got {sample!r}")
+    return problem, Samples(problem.sample_params(int(seed), np.arange(int(sample)))), []
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed execution
+# ---------------------------------------------------------------------------------------------
+
+def rank_batches(n: int, batch: int, rank: int, size: int) -> list[tuple[int, int]]:
+    """This rank's (lo, hi) batches: global batches of ``batch`` samples, contiguous per rank."""
+    nb = math.ceil(n / batch)
+    first, last = rank * nb // size, (rank + 1) * nb // size
+    return [(k * batch, min(n, (k + 1) * batch)) for k in range(first, last)]
+
+
+def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
+    """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
+    ranks (on every rank). ``compute(lo, hi) -> (u (b,H,W), inputs (b,C,H,W), seconds)``."""
+    plan = rank_batches(n, batch, comm.rank, comm.size)
+    rounds = max(len(rank_batches(n, batch, r, comm.size)) for r in range(comm.size))
+    busy = 0.0
+    for k in range(rounds):
+        item = None
+        if k < len(plan):
+            lo, hi = plan[k]
+            u, x, sec = compute(lo, hi)
+            busy += sec
+            item = (lo, u, x)
+        items = comm.allgather_obj(item) if comm.size > 1 else [item]
+        if writer is not None:
+            for it in items:
+                if it is not None:
+                    writer.write(*it)
+        del items
+    return float(sum(comm.allgather_obj(busy))) if comm.size > 1 else busy
+
+
+def predictor(model, problem, samples: Samples, *, channels_last: bool = False):
+    """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed)."""
+    dtype = next(model.parameters()).dtype
+    warm: set = set()
+
+    @torch.inference_mode()
+    def compute(lo, hi):
+        x = samples.inputs(problem, lo, hi, dtype)
+        xin = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        if xin.shape not in warm:  # a new shape pays one-off kernel selection: untimed
+            model(xin)
+            warm.add(xin.shape)
+        t0 = time.perf_counter()
+        u = problem.impose(model(xin), xin)
+        sec = time.perf_counter() - t0
+        return u[:, 0].float().contiguous().numpy(), x.float().numpy(), sec
+    return compute
+
+
+def _lengths(problem):
+    return tuple(a.hi - a.lo for a in problem.axes)
+
+
+def make_solver(problem, samples: Samples, method: str = "auto"):
+    """solve(j) -> (H, W) reference solution of sample j (from params, or from fields)."""
+    from diffnet.reference import solve_diffusion
+
+    if method not in ("auto", "direct", "amg"):
+        raise ValueError(f"--method must be one of auto, direct, amg; got {method!r}")
+    if samples.fields is not None:
+        if problem.name != "poisson":
+            raise ValueError(f"solving from given input fields (--inputs) is supported for "
+                             f"problem 'poisson' (channel nu) only, not {problem.name!r}; give "
+                             f"parameter vectors with --params or --sample instead")
+        ch = problem.input_channels.index("nu")
+        return lambda j: solve_diffusion(samples.fields[j, ch], lengths=_lengths(problem),
+                                         dirichlet="poisson", method=method)
+    p = samples.params
+    if method == "auto":
+        return lambda j: problem.reference_solution(p[j])
+    if "method" in inspect.signature(problem.reference_solution).parameters:
+        return lambda j: problem.reference_solution(p[j], method=method)
+    if problem.name == "poisson":
+        return lambda j: solve_diffusion(problem.nu_nodes(p[j]), lengths=_lengths(problem),
+                                         dirichlet="poisson", method=method)
+    if problem.name == "reaction_diffusion":
+        return lambda j: solve_diffusion(problem.nu_nodes(p[j]), lengths=_lengths(problem),
+                                         kappa=problem.kappa, f=problem.source,
+                                         dirichlet="all_zero", method=method)
+    raise ValueError(f"--method {method}: the reference solver of problem {problem.name!r} has "
+                     f"no linear-solver choice; use --method auto")
+
+
+def solver_compute(problem, samples: Samples, solve):
+    """compute(lo, hi) for run_blocks: the reference solutions (solver calls timed)."""
+    def compute(lo, hi):
+        x = samples.inputs(problem, lo, hi, torch.float64)
+        t0 = time.perf_counter()
+        u = np.stack([solve(j) for j in range(lo, hi)])
+        sec = time.perf_counter() - t0
+        return u.astype(np.float32), x.numpy().astype(np.float32), sec
+    return compute
+
+
+def open_writer(path, problem, samples: Samples) -> h5io.FieldWriter:
+    """The output file's writer (rank 0 only), sized for all samples."""
+    axes = [a.name for a in problem.axes]
+    names = list(problem.param_names) if samples.params.shape[1] else []
+    return h5io.FieldWriter(path, n=samples.n, grid=problem.grid,
+                            channels=problem.input_channels, params=samples.params,
+                            param_names=names, coords=problem.coords(), axes=axes)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+# ---------------------------------------------------------------------------------------------
+
+def _check_same(a: dict, b: dict, pa, pb) -> None:
+    """Raise ValueError naming the first difference of problem, grid or samples."""
+    def differ(what, va, vb):
+        raise ValueError(f"{pa} and {pb} describe different {what}: {va} vs {vb}")
+    if a["problem"] != b["problem"]:
+        differ("problems", a["problem"], b["problem"])
+    if a["axes"] != b["axes"]:
+        differ("axes", a["axes"], b["axes"])
+    if a["u"].shape != b["u"].shape:
+        differ("samples or grids (shape of /u, (N, H, W))", a["u"].shape, b["u"].shape)
+    for ax in a["axes"]:
+        if not np.allclose(a["coords"].get(ax), b["coords"].get(ax), rtol=1e-12, atol=1e-12):
+            differ(f"coordinates along {ax}", "", "(domain or grid differ)")
+    if a["params"].shape != b["params"].shape:
+        differ("parameter sets (shape of /params)", a["params"].shape, b["params"].shape)
+    if a["params"].size and not np.array_equal(a["params"], b["params"]):
+        j = int(np.argmax(np.any(a["params"] != b["params"], axis=1)))
+        differ("samples (params differ; use the same --sample N --seed S, --params or "
+               f"--inputs for both; first at sample {j})", a["params"][j].tolist(),
+               b["params"][j].tolist())
+    if not a["params"].size and a["inputs"] is not None and b["inputs"] is not None:
+        c = min(a["inputs"].shape[1], b["inputs"].shape[1], 1)
+        if not np.allclose(a["inputs"][:, :c], b["inputs"][:, :c], rtol=1e-5, atol=1e-7):
+            differ("samples (the first input channels differ)", "", "")
+
+
+def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dict, str]:
+    """Per-sample errors, summary and timings; writes out_dir/compare.json and compare.png."""
+    import os
+
+    from diffnet.metrics import max_error, relative_l2
+
+    a, b = h5io.read_fields(pred_path), h5io.read_fields(ref_path)
+    _check_same(a, b, pred_path, ref_path)
+    if not os.path.isdir(out_dir):
+        raise OSError(f"--out {out_dir}: no such directory (create it first)")
+    rel = np.atleast_1d(relative_l2(a["u"], b["u"]))
+    mx = np.atleast_1d(max_error(a["u"], b["u"]))
+    worst = int(rel.argmax())
+    t_inf, t_ref = a["seconds_per_sample"], b["seconds_per_sample"]
+    summary = {
+        "preds": os.path.abspath(pred_path), "ref": os.path.abspath(ref_path),
+        "problem": a["problem"], "grid": list(a["u"].shape[1:]), "n": len(rel),
+        "pred_source": a["source"], "ref_source": b["source"],
+        "rel_l2_mean": float(rel.mean()), "rel_l2_median": float(np.median(rel)),
+        "rel_l2_worst": float(rel[worst]), "worst_index": worst,
+        "max_err_mean": float(mx.mean()), "max_err_worst": float(mx.max()),
+        "seconds_per_sample_inference": t_inf, "seconds_per_sample_solver": t_ref,
+        "speedup": (t_ref / t_inf) if t_inf and t_ref else None,
+        "rel_l2": rel.tolist(), "max_err": mx.tolist()}
+    shown = sorted(set(range(min(n_figures, len(rel)))) | {worst})
+    summary["figure"] = _figure(a, b, shown, rel, os.path.join(out_dir, "compare.png"))
+    path = os.path.join(out_dir, "compare.json")
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary, _table(summary, path)
+
+
+def _table(s: dict, path: str) -> str:
+    rows = [f"{'sample':>8} {'rel_L2':>11} {'max_err':>11}"]
+    n = s["n"]
+    show = list(range(n)) if n <= 20 else sorted(set(range(10)) | {s["worst_index"]})
+    for j in show:
+        mark = "  <- worst" if j == s["worst_index"] else ""
+        rows.append(f"{j:>8d} {s['rel_l2'][j]:>11.4e} {s['max_err'][j]:>11.4e}{mark}")
+    if n > len(show):
+        rows.append(f"{'...':>8} ({n - len(show)} more in {path})")
+    sp = f"{s['speedup']:.3g}x" if s["speedup"] else "n/a"
+    rows += [f"relative L2 over {n} samples: mean {s['rel_l2_mean']:.4e}  median "
+             f"{s['rel_l2_median']:.4e}  worst {s['rel_l2_worst']:.4e} (sample "
+             f"{s['worst_index']});  max error worst {s['max_err_worst']:.4e}",
+             f"seconds per sample: inference {s['seconds_per_sample_inference']:.4g}  solver "
+             f"{s['seconds_per_sample_solver']:.4g}  (speedup {sp})",
+             f"-> {path}, {s['figure']}"]
+    return "\n".join(rows)
+
+
+def _figure(a: dict, b: dict, shown, rel, path: str) -> str:
+    """compare.png: one row per shown sample: input channel 0, prediction, reference, error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax0, ax1 = a["axes"]
+    c0, c1 = a["coords"][ax0], a["coords"][ax1]
+    ext = (c1[0], c1[-1], c0[0], c0[-1])
+    ch = a["channels"][0] if a["channels"] else "input"
+    fig, axs = plt.subplots(len(shown), 4, figsize=(13, 3 * len(shown)), squeeze=False)
+    for row, j in zip(axs, shown):
+        pred, ref = a["u"][j], b["u"][j]
+        imgs = (a["inputs"][j, 0] if a["inputs"] is not None else ref, pred, ref, pred - ref)
+        for ax, img, title in zip(row, imgs, (f"input {ch}", "prediction", "reference", "error")):
+            im = ax.imshow(img, origin="lower", aspect="auto", extent=ext,
+                           cmap="RdBu_r" if title == "error" else "viridis")
+            if title == "error":
+                title = f"error #{j}, rel L2 {rel[j]:.3g}" + (" (worst)" if j == rel.argmax() else "")
+            ax.set_title(title, fontsize=8)
+            ax.set_xlabel(ax1)
+            ax.set_ylabel(ax0)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

@@ -1,0 +1,232 @@
+"""``deepfusion infer``, ``deepfusion solve`` and ``deepfusion compare`` (registered by cli.py).
+
+Kept light on imports: torch is imported only after the thread layout is set (see layout.py).
+Error policy as in :mod:`deepfusion.cli`: input errors found on any rank end every rank with
+exit code 2 and one message; out-of-range parameters are a WARNING; anything else aborts MPI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+DEFAULT_SEED = 12345
+EXIT_INPUT = 2
+
+
+def _input_args(p, what: str) -> None:
+    g = p.add_argument_group("inputs (exactly one of --sample / --params / --inputs)")
+    g.add_argument("--sample", type=int, metavar="N",
+                   help="N fresh draws from the problem's parameter range")
+    g.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed of the --sample draws (default {DEFAULT_SEED}; draw j depends "
+                        f"only on (seed, j), so infer and solve with the same seed match)")
+    g.add_argument("--params", metavar="FILE",
+                   help="parameter vectors, one per line (text/CSV, optional header of names) "
+                        "or an HDF5 file with /params (n, k)")
+    g.add_argument("--inputs", metavar="FILE.h5",
+                   help="input fields given directly: /inputs (N, C, H, W) with attribute "
+                        "'channels' (e.g. ['nu']; a missing 'log_nu' is derived)")
+    p.add_argument("--out", required=True, metavar="FILE.h5", help=f"the {what} file to write")
+    p.add_argument("--grid", metavar="HxW", help="solve on another grid (rebuilds the problem)")
+    p.add_argument("--batch", type=int, default=8, metavar="B",
+                   help="samples per batch and rank (bounds memory; default 8)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads per rank (default: the host's cores / ranks on the host)")
+
+
+def register(sub) -> None:
+    """Add the infer / solve / compare subcommands to the ``deepfusion`` parser."""
+    i = sub.add_parser("infer", help="predict with a trained checkpoint (any number of ranks)")
+    i.add_argument("checkpoint", help="a checkpoint file (run_dir/checkpoints/step_*.h5)")
+    _input_args(i, "predictions")
+    i.set_defaults(run=run_infer)
+    s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
+    s.add_argument("--problem", required=True, help="problem name (burgers, poisson, ...)")
+    s.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="problem option (VALUE as JSON, e.g. n_terms=6, omega_range=[-2,2])")
+    s.add_argument("--method", default="auto", choices=("auto", "direct", "amg"),
+                   help="linear solver where the problem has one (diffusion problems)")
+    _input_args(s, "reference")
+    s.set_defaults(run=run_solve)
+    c = sub.add_parser("compare", help="errors and timings of predictions against references")
+    c.add_argument("preds", help="file written by 'deepfusion infer'")
+    c.add_argument("ref", help="file written by 'deepfusion solve'")
+    c.add_argument("--out", metavar="DIR", help="directory for compare.json and compare.png "
+                                                "(default: the directory of PREDS)")
+    c.add_argument("--figures", type=int, default=3, help="samples shown (plus the worst)")
+    c.set_defaults(run=run_compare)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared steps
+# ---------------------------------------------------------------------------------------------
+
+def _distributed(fn, args) -> int:
+    from .cli import run_guarded
+    from .comm import world
+
+    return run_guarded(fn, args, world())
+
+
+def _threads(comm, requested: int) -> None:
+    from .layout import setup_threads
+
+    setup_threads(comm, max(0, int(requested or 0)))
+
+
+def _say(comm, msg: str, err: bool = False) -> None:
+    if comm.rank == 0:
+        print(msg, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _check_batch(args) -> None:
+    if args.batch is None or args.batch < 1:
+        raise ValueError(f"--batch must be a positive integer, got {args.batch}")
+
+
+def _open_writer(rank: int, path, problem, samples):
+    from .inference import open_writer
+
+    return open_writer(path, problem, samples) if rank == 0 else None
+
+
+def _inputs_note(args) -> str:
+    if args.inputs:
+        return f"inputs:{os.path.abspath(args.inputs)}"
+    if args.params:
+        return f"params:{os.path.abspath(args.params)}"
+    return f"sample:{args.sample} seed:{args.seed}"
+
+
+def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
+    """Open the output (rank 0), run every batch, publish the file; print one line."""
+    from .cli import _collective_check
+    from .inference import run_blocks
+
+    writer = _collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
+    t0 = time.perf_counter()
+    try:
+        busy = run_blocks(comm, samples.n, args.batch, compute, writer)
+        wall = time.perf_counter() - t0
+        if writer is not None:
+            writer.close({**attrs, "problem": problem.name, "problem_kwargs": problem.config(),
+                          "seconds_per_sample": busy / samples.n, "wall_seconds": wall,
+                          "ranks": comm.size, "batch": args.batch, "inputs_from": _inputs_note(args)})
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        raise
+    _say(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
+               f"{problem.grid[0]}x{problem.grid[1]} on {comm.size} rank(s): "
+               f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall -> "
+               f"{os.path.abspath(args.out)}")
+    return 0
+
+
+def _samples(comm, args, problem):
+    from .cli import _collective_check
+    from .inference import resolve_samples
+
+    problem, samples, warns = _collective_check(
+        comm, lambda: resolve_samples(problem, sample=args.sample, seed=args.seed,
+                                      params=args.params, inputs=args.inputs))
+    for w in warns:
+        _say(comm, f"deepfusion: WARNING: {w}", err=True)
+    return problem, samples
+
+
+# ---------------------------------------------------------------------------------------------
+# infer
+# ---------------------------------------------------------------------------------------------
+
+def _load(args):
+    from .inference import load_model, parse_grid
+
+    _check_batch(args)
+    return load_model(args.checkpoint, parse_grid(args.grid))
+
+
+def _infer(args, comm) -> int:
+    from .cli import _collective_check
+    from .inference import predictor
+
+    _threads(comm, args.threads)
+    model, problem, meta = _collective_check(comm, _load, args)
+    problem, samples = _samples(comm, args, problem)
+    data_seed = (meta.get("config") or {}).get("data", {}).get("seed")
+    if args.sample is not None and data_seed is not None and args.seed == data_seed:
+        _say(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed (data.seed): "
+                   f"these samples are the training pool, not unseen inputs", err=True)
+    cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
+    compute = predictor(model, problem, samples, channels_last=cl)
+    attrs = {"source": os.path.abspath(args.checkpoint), "kind": "prediction",
+             "step": int(meta.get("step", -1))}
+    return _execute(comm, args, problem, samples, compute, attrs)
+
+
+def run_infer(args) -> int:
+    return _distributed(_infer, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# solve
+# ---------------------------------------------------------------------------------------------
+
+def parse_options(items) -> dict:
+    """['key=value', ...] -> dict; values parsed as JSON when possible, else kept as strings."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option must look like KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def _build_solve(args):
+    from .inference import build_problem, parse_grid
+
+    _check_batch(args)
+    opts = parse_options(args.option)
+    if "grid" in opts and args.grid:
+        raise ValueError("give the grid once: --grid HxW or --option grid=[H,W], not both")
+    return build_problem(args.problem, opts, parse_grid(args.grid))
+
+
+def _solve(args, comm) -> int:
+    from .cli import _collective_check
+    from .inference import make_solver, solver_compute
+
+    _threads(comm, args.threads)
+    problem = _collective_check(comm, _build_solve, args)
+    problem, samples = _samples(comm, args, problem)
+    solve = _collective_check(comm, make_solver, problem, samples, args.method)
+    compute = solver_compute(problem, samples, solve)
+    attrs = {"source": f"reference:{args.method}", "kind": "reference"}
+    return _execute(comm, args, problem, samples, compute, attrs)
+
+
+def run_solve(args) -> int:
+    return _distributed(_solve, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare (one process)
+# ---------------------------------------------------------------------------------------------
+
+def run_compare(args) -> int:
+    from .inference import compare_files
+
+    try:
+        out_dir = args.out or os.path.dirname(os.path.abspath(args.preds))
+        summary, table = compare_files(args.preds, args.ref, out_dir, n_figures=args.figures)
+    except (ValueError, OSError) as e:
+        print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    print(table, flush=True)
+    return 0
