@@ -303,8 +303,9 @@ def _check_same(a: dict, b: dict, pa, pb) -> None:
     if a["u"].shape != b["u"].shape:
         differ("samples or grids (shape of /u, (N, H, W))", a["u"].shape, b["u"].shape)
     for ax in a["axes"]:
-        if not np.allclose(a["coords"].get(ax), b["coords"].get(ax), rtol=1e-12, atol=1e-12):
-            differ(f"coordinates along {ax}", "", "(domain or grid differ)")
+        ca, cb = a["coords"].get(ax), b["coords"].get(ax)
+        if ca is None or cb is None or ca.shape != cb.shape or not np.allclose(ca, cb):
+            differ(f"coordinates along {ax} (domain or grid)", ca, cb)
     if a["params"].shape != b["params"].shape:
         differ("parameter sets (shape of /params)", a["params"].shape, b["params"].shape)
     if a["params"].size and not np.array_equal(a["params"], b["params"]):
@@ -341,6 +342,8 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
         "max_err_mean": float(mx.mean()), "max_err_worst": float(mx.max()),
         "seconds_per_sample_inference": t_inf, "seconds_per_sample_solver": t_ref,
         "speedup": (t_ref / t_inf) if t_inf and t_ref else None,
+        "problem_kwargs_differ": sorted(k for k in set(a["problem_kwargs"]) | set(b["problem_kwargs"])
+                                        if a["problem_kwargs"].get(k) != b["problem_kwargs"].get(k)),
         "rel_l2": rel.tolist(), "max_err": mx.tolist()}
     shown = sorted(set(range(min(n_figures, len(rel)))) | {worst})
     summary["figure"] = _figure(a, b, shown, rel, os.path.join(out_dir, "compare.png"))
@@ -366,6 +369,9 @@ def _table(s: dict, path: str) -> str:
              f"seconds per sample: inference {s['seconds_per_sample_inference']:.4g}  solver "
              f"{s['seconds_per_sample_solver']:.4g}  (speedup {sp})",
              f"-> {path}, {s['figure']}"]
+    if s["problem_kwargs_differ"]:
+        rows.append(f"note: the two files' problem options differ in {s['problem_kwargs_differ']} "
+                    f"(same samples and grid; check this is intended)")
     return "\n".join(rows)
 
 

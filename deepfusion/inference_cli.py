@@ -225,7 +225,7 @@ def run_compare(args) -> int:
     try:
         out_dir = args.out or os.path.dirname(os.path.abspath(args.preds))
         summary, table = compare_files(args.preds, args.ref, out_dir, n_figures=args.figures)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, KeyError) as e:
         print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
         return EXIT_INPUT
     print(table, flush=True)

@@ -17,8 +17,8 @@ from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 
 GRID = (32, 32)
-STEPS = 40
-BATCH = 8
+STEPS = 30
+BATCH = 4
 
 CASES = [
     ("burgers", {}),

@@ -1,0 +1,208 @@
+"""Inference vs the reference solver, per sample, on one machine, in one run (Poisson).
+
+    python -m bench.infer_bench --out bench/out/infer.json [--sizes 256,512,1024]
+                                [--checkpoint CKPT] [--batches 1,2,4,8] [--samples 8]
+
+For each grid size N x N and each configuration -- network inference at every batch size, the
+sparse direct solver (SuperLU, ``solve_diffusion(method="direct")``) and algebraic multigrid
+(pyamg + CG, ``method="amg"``) -- a fresh subprocess measures the seconds per sample (after an
+untimed warm-up of the same shape) and its peak RSS (``ru_maxrss``, also given as the increase
+over the RSS right after setup), so configurations do not inherit each other's memory.
+
+The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid size; the
+relative L2 error of its predictions against the direct solutions is reported), else the
+default ``unet`` with random weights (timing only: the error is null, marked "untrained").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+# ---------------------------------------------------------------------------------------------
+# worker (one configuration per process)
+# ---------------------------------------------------------------------------------------------
+
+def _setup(cfg):
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    if cfg.get("checkpoint"):
+        from deepfusion.inference import load_model
+
+        model, problem, _ = load_model(cfg["checkpoint"], grid=(cfg["size"],) * 2)
+    else:
+        from diffnet.generators import build_generator
+        from diffnet.problems import get_problem
+
+        torch.manual_seed(0)
+        problem = get_problem("poisson", grid=(cfg["size"],) * 2)
+        model = build_generator("unet", in_channels=len(problem.input_channels)).eval()
+    params = problem.sample_params(cfg["seed"], np.arange(cfg["n"]))
+    return model, problem, params
+
+
+def _infer(cfg, model, problem, params):
+    import numpy as np
+    import torch
+
+    dtype, b = next(model.parameters()).dtype, cfg["batch"]
+    preds, total = [], 0.0
+    with torch.inference_mode():
+        model(problem.build_input(params[:b], dtype=dtype))  # warm-up, untimed
+        for lo in range(0, len(params), b):
+            x = problem.build_input(params[lo:lo + b], dtype=dtype)
+            t0 = time.perf_counter()
+            u = problem.impose(model(x), x)
+            total += time.perf_counter() - t0
+            preds.append(u[:, 0].double().numpy())
+    return total, np.concatenate(preds)
+
+
+def _solve(cfg, problem, params):
+    import numpy as np
+
+    from diffnet.reference import solve_diffusion
+
+    total, refs, info = 0.0, [], {}
+    solve_diffusion(problem.nu_nodes(params[0]), dirichlet="poisson", method=cfg["method"])
+    for p in params:  # (first solve above is a warm-up of imports and allocations, untimed)
+        nu = problem.nu_nodes(p)
+        t0 = time.perf_counter()
+        u, info = solve_diffusion(nu, dirichlet="poisson", method=cfg["method"], return_info=True)
+        total += time.perf_counter() - t0
+        refs.append(u)
+    return total, np.stack(refs), {k: info.get(k) for k in ("iterations", "residual")}
+
+
+def worker(cfg: dict) -> dict:
+    """Measure one configuration; print and return its JSON record."""
+    import numpy as np
+
+    model, problem, params = _setup(cfg)
+    rss0 = _rss_mb()
+    extra = {}
+    if cfg["kind"] == "infer":
+        total, fields = _infer(cfg, model, problem, params)
+    else:
+        total, fields, extra = _solve(cfg, problem, params)
+    if cfg.get("save"):
+        np.save(cfg["save"], fields)
+    rec = {**{k: cfg[k] for k in ("kind", "size", "n", "batch", "method") if k in cfg},
+           "seconds_per_sample": total / len(params), "peak_rss_mb": _rss_mb(),
+           "rss_after_setup_mb": rss0, **extra}
+    rec["peak_rss_increase_mb"] = rec["peak_rss_mb"] - rss0
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------------------------
+
+def _run(cfg: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(cfg["threads"]),
+               DEEPFUSION_NO_MPI="1")
+    res = subprocess.run([sys.executable, "-m", "bench.infer_bench", "--worker", json.dumps(cfg)],
+                         capture_output=True, text=True, env=env, cwd=ROOT)
+    if res.returncode != 0:
+        return {**cfg, "error": res.stderr.strip().splitlines()[-1:] or ["failed"]}
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"  {rec['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
+          f"method={cfg.get('method', '-'):6s} {rec['seconds_per_sample']:.4g} s/sample  "
+          f"peak RSS {rec['peak_rss_mb']:.0f} MB", flush=True)
+    return rec
+
+
+def bench_size(size: int, args, tmp: str) -> dict:
+    import numpy as np
+
+    from diffnet.metrics import relative_l2
+
+    base = {"size": size, "seed": 777, "threads": args.threads, "checkpoint": args.checkpoint}
+    n_solve = args.solver_samples or (2 if size >= 1024 else 4)
+    ref_path = os.path.join(tmp, f"ref{size}.npy")
+    direct = _run({**base, "kind": "solve", "method": "direct", "n": n_solve, "save": ref_path})
+    amg = _run({**base, "kind": "solve", "method": "amg", "n": n_solve})
+    infers = []
+    for b in args.batches:
+        n = max(args.samples, b)
+        pred_path = os.path.join(tmp, f"pred{size}_{b}.npy")
+        rec = _run({**base, "kind": "infer", "batch": b, "n": n, "save": pred_path})
+        rec["_pred"] = pred_path
+        infers.append(rec)
+    ok = [r for r in infers if "error" not in r]
+    best = min(ok, key=lambda r: r["seconds_per_sample"]) if ok else None
+    rel = None
+    if args.checkpoint and best and "error" not in direct:
+        ref, pred = np.load(ref_path), np.load(best["_pred"])
+        m = min(len(ref), len(pred))  # same seed: sample j is the same in both
+        rel = float(np.mean(relative_l2(pred[:m], ref[:m])))
+    for r in infers:
+        r.pop("_pred", None)
+    batch1 = next((r for r in ok if r["batch"] == 1), None)
+    return {"size": size, "solver_direct": direct, "solver_amg": amg, "inference": infers,
+            "inference_batch1_s": batch1 and batch1["seconds_per_sample"],
+            "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
+            "speedup_vs_direct": _ratio(direct, best), "speedup_vs_amg": _ratio(amg, best),
+            "rel_l2_mean_vs_direct": rel,
+            "error_note": None if args.checkpoint else "untrained network: error not reported"}
+
+
+def _ratio(solver: dict, best: dict | None):
+    if best is None or "error" in solver:
+        return None
+    return solver["seconds_per_sample"] / best["seconds_per_sample"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/out/infer.json")
+    p.add_argument("--sizes", default="256,512")
+    p.add_argument("--batches", default="1,2,4,8")
+    p.add_argument("--samples", type=int, default=8, help="inference samples per config")
+    p.add_argument("--solver-samples", type=int, default=0,
+                   help="solver samples per config (default 4; 2 at N >= 1024)")
+    p.add_argument("--checkpoint", help="trained checkpoint (else untrained default unet)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    if args.checkpoint:
+        args.checkpoint = os.path.abspath(args.checkpoint)
+    out = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
+                       "threads": args.threads, "python": platform.python_version(),
+                       "loadavg_start": os.getloadavg()},
+           "checkpoint": args.checkpoint, "results": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            print(f"size {size}x{size}", flush=True)
+            out["results"].append(bench_size(size, args, tmp))
+    out["machine"]["loadavg_end"] = os.getloadavg()  # other jobs on the host skew timings
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

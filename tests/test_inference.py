@@ -1,0 +1,167 @@
+"""deepfusion infer / solve / compare: file layout, round trips, P=1 vs P=2, bad inputs."""
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from deepfusion.checkpoint import save_checkpoint
+from deepfusion.cli import main
+from deepfusion.h5io import read_fields, write_input_fields
+from diffnet.generators import build_generator
+from diffnet.problems import get_problem
+from tests.mpi_util import deepfusion
+
+GRID = [16, 16]
+REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # the autouse fixture below sets 1 for in-process runs
+
+
+@pytest.fixture(autouse=True)
+def _serial(monkeypatch):
+    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")  # in-process runs: the serial communicator
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """An (untrained) Poisson checkpoint as 'deepfusion train' writes it."""
+    torch.manual_seed(0)
+    problem = get_problem("poisson", grid=GRID)
+    model = build_generator("unet", in_channels=2, depth=2, base_width=4)
+    meta = {"step": 0, "config": {"data": {"seed": 0}, "model": {"channels_last": False}},
+            "model": {"name": "unet", "kwargs": model.config()},
+            "problem": {"name": "poisson", "kwargs": problem.config()}}
+    path = tmp_path_factory.mktemp("ck") / "step_00000000.h5"
+    save_checkpoint(path, model_state=model.state_dict(), optim_state={}, rng_state={}, meta=meta)
+    return str(path)
+
+
+def run(args, capsys):
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
+    p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
+    assert run(["infer", ckpt, "--sample", "5", "--batch", "2", "--out", p], capsys)[0] == 0
+    assert run(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "5",
+                "--method", "direct", "--out", r], capsys)[0] == 0
+    with h5py.File(p) as f:
+        assert f["u"].dtype == np.float32 and f["u"].shape == (5, 16, 16)
+        assert f["inputs"].shape == (5, 2, 16, 16)
+        assert list(f["inputs"].attrs["channels"]) == ["nu", "log_nu"]
+        assert f["params"].dtype == np.float64 and f["params"].shape == (5, 4)
+        assert list(f["params"].attrs["names"]) == ["omega_1", "omega_2", "omega_3", "omega_4"]
+        assert list(f.attrs["axes"]) == ["y", "x"] and f["coords/x"].shape == (16,)
+        assert f.attrs["problem"] == "poisson" and f.attrs["source"] == os.path.abspath(ckpt)
+        assert json.loads(f.attrs["problem_kwargs"])["grid"] == GRID
+        assert f.attrs["seconds_per_sample"] > 0
+        assert np.all(f["u"][:, :, 0] == 1) and np.all(f["u"][:, :, -1] == 0)  # imposed
+    ref = read_fields(r)
+    assert ref["source"] == "reference:direct"
+    rc, out, _ = run(["compare", p, r, "--out", str(tmp_path)], capsys)
+    assert rc == 0 and "worst" in out and "seconds per sample" in out
+    s = json.loads((tmp_path / "compare.json").read_text())
+    assert s["n"] == 5 and len(s["rel_l2"]) == 5 and s["rel_l2_worst"] == max(s["rel_l2"])
+    assert s["seconds_per_sample_solver"] > 0 and (tmp_path / "compare.png").stat().st_size > 0
+
+
+def test_given_fields_round_trip(ckpt, tmp_path, capsys):
+    """--inputs with only the diffusivity nu: log_nu is derived; solve from nu (poisson)."""
+    problem = get_problem("poisson", grid=GRID)
+    nu = problem.build_input(problem.sample_params(7, range(3)))[:, :1].numpy()
+    src = str(tmp_path / "nu.h5")
+    write_input_fields(src, nu, ["nu"], problem="poisson")
+    p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
+    assert run(["infer", ckpt, "--inputs", src, "--out", p], capsys)[0] == 0
+    assert run(["solve", "--problem", "poisson", "--inputs", src, "--out", r], capsys)[0] == 0
+    a, b = read_fields(p), read_fields(r)
+    assert a["params"].shape == (3, 0) and np.allclose(a["inputs"][:, 0], nu[:, 0])
+    assert np.allclose(a["inputs"][:, 1], np.log(nu[:, 0]), atol=1e-6)
+    assert np.allclose(b["u"][:, :, 0], 1) and np.allclose(b["u"][:, :, -1], 0)
+    assert run(["compare", p, r, "--out", str(tmp_path)], capsys)[0] == 0
+
+
+def test_compare_refuses_different_samples(ckpt, tmp_path, capsys):
+    p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
+    run(["infer", ckpt, "--sample", "2", "--out", p], capsys)
+    run(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "2", "--seed", "1",
+         "--out", r], capsys)
+    rc, _, err = run(["compare", p, r], capsys)
+    assert rc == 2 and "params differ" in err
+    run(["solve", "--problem", "poisson", "--grid", "32x32", "--sample", "2", "--out", r], capsys)
+    rc, _, err = run(["compare", p, r], capsys)
+    assert rc == 2 and "grids" in err
+
+
+def test_bad_inputs(ckpt, tmp_path, capsys):
+    out = str(tmp_path / "p.h5")
+    rc, _, err = run(["infer", str(tmp_path / "nope.h5"), "--sample", "2", "--out", out], capsys)
+    assert rc == 2 and "checkpoint not found" in err
+    bad = tmp_path / "corrupt.h5"
+    bad.write_bytes(b"\x89HDF\r\n" + b"garbage" * 50)
+    rc, _, err = run(["infer", str(bad), "--sample", "2", "--out", out], capsys)
+    assert rc == 2 and "not a valid HDF5" in err
+    wrong = str(tmp_path / "u0.h5")
+    write_input_fields(wrong, np.ones((2, 1, 16, 16)), ["u0"])
+    rc, _, err = run(["infer", ckpt, "--inputs", wrong, "--out", out], capsys)
+    assert rc == 2 and "needs ['nu', 'log_nu']" in err
+    other = str(tmp_path / "burgers.h5")
+    write_input_fields(other, np.ones((2, 2, 16, 16)), ["u0", "t"], problem="burgers")
+    rc, _, err = run(["infer", ckpt, "--inputs", other, "--out", out], capsys)
+    assert rc == 2 and "made for problem 'burgers'" in err
+    rc, _, err = run(["infer", ckpt, "--sample", "2", "--grid", "18x18", "--out", out], capsys)
+    assert rc == 2 and "not divisible" in err
+    rc, _, err = run(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "no" / "p.h5")],
+                     capsys)
+    assert rc == 2 and "does not exist" in err
+    rc, _, err = run(["solve", "--problem", "burgers", "--inputs", other, "--out", out], capsys)
+    assert rc == 2 and "supported for problem 'poisson'" in err
+    assert not os.path.exists(out)
+
+
+def test_out_of_range_params_warn(ckpt, tmp_path, capsys):
+    params = tmp_path / "params.csv"
+    params.write_text("omega_1,omega_2,omega_3,omega_4\n0,0,0,0\n5,0,0,-1\n")
+    out = str(tmp_path / "p.h5")
+    rc, _, err = run(["infer", ckpt, "--params", str(params), "--out", out], capsys)
+    assert rc == 0 and "WARNING" in err and "omega_1 outside the trained range [-3, 3]" in err
+    assert read_fields(out)["params"].tolist() == [[0, 0, 0, 0], [5, 0, 0, -1]]
+    params.write_text("1,2,3\n")
+    rc, _, err = run(["infer", ckpt, "--params", str(params), "--out", out], capsys)
+    assert rc == 2 and "needs 4 values" in err
+
+
+def test_interrupted_write_leaves_no_file(ckpt, tmp_path, capsys, monkeypatch):
+    import deepfusion.inference as inf
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(inf, "run_blocks", boom)
+    rc, _, _ = run(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "p.h5")], capsys)
+    assert rc != 0 and os.listdir(tmp_path) == []
+
+
+@pytest.mark.mpi
+def test_p1_and_p2_write_identical_files(ckpt, tmp_path, capsys):
+    """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds)."""
+    args = ["--sample", "5", "--batch", "2"]
+    for cmd in (["infer", ckpt], ["solve", "--problem", "poisson", "--grid", "16x16"]):
+        p1, p2 = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
+        assert run(cmd + args + ["--out", p1], capsys)[0] == 0
+        res = deepfusion(2, cmd + args + ["--out", p2], env=REAL_MPI)
+        assert res.returncode == 0, res.stderr
+        a, b = read_fields(p1), read_fields(p2)
+        assert a["u"].tobytes() == b["u"].tobytes()
+        assert a["inputs"].tobytes() == b["inputs"].tobytes()
+        assert np.array_equal(a["params"], b["params"]) and b["ranks"] == 2
+
+
+@pytest.mark.mpi
+def test_p2_input_error_exits_2_everywhere(tmp_path):
+    res = deepfusion(2, ["infer", str(tmp_path / "nope.h5"), "--sample", "2",
+                         "--out", str(tmp_path / "p.h5")], timeout=120, env=REAL_MPI)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("checkpoint not found") == 1

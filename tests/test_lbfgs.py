@@ -1,0 +1,221 @@
+"""L-BFGS (deepfusion/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from deepfusion import checkpoint as ckpt
+from deepfusion import lbfgs
+from deepfusion.comm import SerialComm
+from deepfusion.config import ConfigError, load_config
+from tests.mpi_util import deepfusion, run_mpi
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi_scripts"))
+from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
+
+
+def lsq_batch(n=16, seed=5):
+    lin = LinearLSQ()
+    return lin, lin.build_input(lin.sample_params(seed, range(n)))
+
+
+# ---- in-process ---------------------------------------------------------------------------------
+
+def test_converges_to_the_known_minimiser_of_a_convex_problem():
+    lin, x = lsq_batch()
+    model = linear_model(0)
+    _, _, opt, step = make_engine(model, lin, SerialComm(), global_batch=16,
+                                  cfg=lbfgs_cfg(max_iter=30, tol_grad=1e-14, tol_change=0.0))
+    res = [step(opt, x) for _ in range(2)]
+    w = flat_params(model).numpy()[[0, 1, 2]]
+    np.testing.assert_allclose(w, lin.minimiser(x), rtol=1e-6, atol=1e-8)
+    assert res[0].metrics["func_evals"] > 1 and res[0].metrics["lbfgs_iters"] >= 1
+    assert res[0].metrics["samples_evaluated"] == 16 * res[0].metrics["func_evals"]
+    assert res[-1].grad_norm < 1e-6
+
+
+def test_lazy_micro_batches_give_the_same_step_as_the_whole_batch():
+    lin, x = lsq_batch()
+    runs = []
+    for lazy in (False, True):
+        model = linear_model(0)
+        _, _, opt, step = make_engine(model, lin, SerialComm(), global_batch=16, micro_batch=3)
+        built = []
+
+        def build(idx):
+            built.append(len(idx))
+            return x[list(idx)]
+
+        batch = lbfgs.LazyBatch(build, range(16), 3) if lazy else x
+        r = step(opt, batch)
+        runs.append((flat_params(model), r.loss))
+        if lazy:  # never more than one micro-batch of inputs at a time
+            assert max(built) == 3 and sum(built) == 16 * r.metrics["func_evals"]
+    torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-12, atol=1e-14)
+
+
+def test_channels_last_parameters_are_supported():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1).double()
+    ref = torch.nn.Conv2d(2, 3, 3, padding=1).double()
+    ref.load_state_dict(conv.state_dict())
+    conv = conv.to(memory_format=torch.channels_last)
+    x = torch.randn(4, 2, 6, 6, dtype=torch.float64)
+    out = []
+    for m, cl in ((conv, True), (ref, False)):
+        opt = lbfgs.build_lbfgs(m.parameters(), lbfgs_cfg(max_iter=5))
+
+        def closure():
+            opt.zero_grad()
+            xi = x.contiguous(memory_format=torch.channels_last) if cl else x
+            loss = (m(xi) - 1).pow(2).mean()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        out.append(torch.cat([p.detach().reshape(-1) for p in m.parameters()]))
+    torch.testing.assert_close(out[0], out[1], rtol=1e-10, atol=1e-12)
+
+
+class _NaNAfter(LinearLSQ):
+    """Finite loss for the first ``k`` evaluations, then NaN (a line search gone wrong)."""
+
+    def __init__(self, k):
+        self.k, self.calls = k, 0
+
+    def loss_terms(self, u, x):
+        self.calls += 1
+        t = super().loss_terms(u, x)
+        if self.calls > self.k:
+            t["pde"] = t["pde"] * float("nan")
+        return t
+
+
+def test_nonfinite_inside_the_line_search_abandons_the_step_cleanly():
+    task = _NaNAfter(2)
+    _, x = lsq_batch()
+    model = linear_model(0)
+    before = flat_params(model)
+    _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16)
+    res = step(opt, x)
+    assert not res.finite and res.nonfinite_terms == ["pde"]
+    assert res.metrics["func_evals"] == 3
+    assert torch.equal(flat_params(model), before)  # back at the start of the step
+    assert len(opt.state) == 0  # half-updated history discarded
+
+
+def test_state_dict_roundtrips_through_the_hdf5_checkpoint(tmp_path):
+    lin, x = lsq_batch()
+    model = linear_model(1)
+    _, _, opt, step = make_engine(model, lin, SerialComm(), global_batch=16,
+                                  cfg=lbfgs_cfg(max_iter=2))
+    step(opt, x)
+    path = str(tmp_path / "c.h5")
+    ckpt.save_checkpoint(path, model_state=model.state_dict(), optim_state=opt.state_dict(),
+                         rng_state={}, meta={"step": 1, "optimizer": "lbfgs"})
+    step(opt, x)
+    want = flat_params(model)
+    st = ckpt.load_checkpoint(path)
+    m2 = linear_model(7)
+    m2.load_state_dict(st["model_state"])
+    _, _, opt2, step2 = make_engine(m2, lin, SerialComm(), global_batch=16, cfg=lbfgs_cfg(max_iter=2))
+    opt2.load_state_dict(st["optim_state"])
+    step2(opt2, x)
+    assert torch.equal(flat_params(m2), want)
+
+
+def test_schedule_and_rebuild_helpers():
+    cfg = load_config(None, ["optim.name=\"adam\"", "optim.switch_to_lbfgs_epoch=2",
+                             "train.epochs=4"]).optim
+    m = linear_model(0)
+    opt = lbfgs.build(m.parameters(), cfg, epoch=0)
+    assert isinstance(opt, torch.optim.Adam)
+    assert lbfgs.maybe_switch(opt, m.parameters(), cfg, 1) is opt
+    lb = lbfgs.maybe_switch(opt, m.parameters(), cfg, 2)
+    assert lbfgs.is_lbfgs(lb) and lbfgs.maybe_switch(lb, m.parameters(), cfg, 3) is lb
+    assert lbfgs.optimizer_name(opt, cfg) == "adam" and lbfgs.optimizer_name(lb, cfg) == "lbfgs"
+    # resume/rollback: rebuild whatever kind wrote the state (meta, else the state itself)
+    assert isinstance(lbfgs.optimizer_for_state(lb, m.parameters(), cfg, opt.state_dict(),
+                                                {"optimizer": "adam"}), torch.optim.Adam)
+    assert lbfgs.is_lbfgs(lbfgs.optimizer_for_state(opt, m.parameters(), cfg, lb.state_dict()))
+    c2 = load_config(None, ["optim.name=\"lbfgs\"", "optim.lbfgs_line_search=\"none\""]).optim
+    assert lbfgs.build(m.parameters(), c2).param_groups[0]["line_search_fn"] is None
+    with pytest.raises(ConfigError, match="switch_to_lbfgs_epoch"):
+        load_config(None, ["optim.name=\"lbfgs\"", "optim.switch_to_lbfgs_epoch=1"])
+
+
+# ---- real MPI -----------------------------------------------------------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("flags", [[], ["--micro", "--overlap", "--channels-last"]])
+def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex(flags):
+    p = run_mpi(2, ["tests/mpi_scripts/lbfgs_iterates.py"] + flags)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "OK iterates P=2" in p.stdout and "OK convex P=2" in p.stdout
+
+
+SWITCH = """
+[problem]
+name = "burgers"
+grid = [16, 16]
+[model]
+name = "unet"
+options = {depth = 2, base_width = 4}
+channels_last = false
+[data]
+n_samples = 16
+global_batch = 8
+eval_samples = 0
+[optim]
+name = "adam"
+lr = 3e-3
+schedule = "constant"
+switch_to_lbfgs_epoch = 2
+lbfgs_max_iter = 3
+lbfgs_history = 5
+[train]
+epochs = 5
+dtype = "float64"
+log_every = 5
+checksum_every = 1
+micro_batch = 2
+[parallel]
+threads_per_rank = 1
+"""
+
+
+def _steps(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == "step"]
+
+
+@pytest.mark.mpi
+def test_adam_then_lbfgs_on_2_ranks_resumes_across_the_switch(tmp_path):
+    cfg = tmp_path / "sw.toml"
+    cfg.write_text(SWITCH)
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+
+    def train(run_dir, *sets):
+        args = ["train", str(cfg), "--set", f"run.dir={run_dir}"]
+        return deepfusion(2, args + [a for s in sets for a in ("--set", s)])
+
+    p = train(full)
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps = _steps(full)
+    assert [r.get("optimizer", "adam") for r in steps] == ["adam"] * 4 + ["lbfgs"] * 6
+    assert all(r["func_evals"] >= 1 and r["lr"] == 1.0 for r in steps[4:])
+    assert steps[-1]["loss"] < steps[4]["loss"] < steps[0]["loss"]
+    # killed after the Adam checkpoint (step 3), then after the L-BFGS one (step 6)
+    p = train(cut, "train.checkpoint_every=3", "train.fail_at_step=5", "train.fail_rank=1")
+    assert p.returncode != 0 and "injected failure at step 5" in p.stderr
+    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=8"])
+    assert p.returncode != 0 and "step_00000003" in p.stdout
+    st = ckpt.load_checkpoint(os.path.join(cut, "checkpoints", "step_00000006.h5"))
+    assert st["meta"]["optimizer"] == "lbfgs" and st["optim_state"]["state"][0]["old_dirs"]
+    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=-1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "step_00000006" in p.stdout
+    assert [r["loss"] for r in _steps(cut)] == [r["loss"] for r in steps]  # bit-for-bit
