@@ -26,8 +26,9 @@ model, L-BFGS keeps 2 x ``lbfgs_history`` + ~4 flat vectors of the parameter cou
 Metrics: :meth:`LBFGSStepper.__call__` returns the StepResult of the *first* evaluation of the
 step (the loss at the parameters before the step, as for Adam) with ``times`` summed over all
 evaluations, ``flags`` OR-ed over them, and ``metrics = {"optimizer": "lbfgs", "func_evals": n,
-"lbfgs_iters": k, "samples_evaluated": n x global_batch, "loss_after": f}`` (``loss_after`` = the lowest finite loss evaluated in the
-step, the accepted iterate's loss under the strong-Wolfe line search).
+"lbfgs_iters": k, "samples_evaluated": n x global_batch, "loss_after": f}`` (``loss_after`` = the
+lowest finite loss evaluated in the step, the accepted iterate's loss under the strong-Wolfe
+line search). The trainer adds these to each step record of metrics.jsonl.
 
 Non-finite values: if any evaluation (line search included) is non-finite -- decided on
 all-reduced values, so on every rank alike -- the step is abandoned on every rank: parameters

@@ -39,9 +39,7 @@ class RunLog:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a line cut by the kill that interrupted the run
-                if rec.get("kind") == "step" and rec["step"] > step:
-                    break
-                if rec.get("kind") == "epoch" and rec.get("step", 0) > step:
+                if rec.get("step", 0) > step:  # step, epoch and eval records all carry the step
                     break
                 keep.append(line if line.endswith("\n") else line + "\n")
         tmp = self.path + ".tmp"

@@ -84,6 +84,7 @@ class Trainer:
             self.maybe_checkpoint(res)
             if s == spe - 1:
                 self.log_epoch(epoch, t_epoch)
+                self.maybe_evaluate(epoch)
         self.save_checkpoint()
         self.log.close()
         if self.comm.rank == 0:
@@ -163,6 +164,22 @@ class Trainer:
         n = self.pool.steps_per_epoch * self.cfg.data.global_batch
         self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
                          "samples_per_s": n / dt})
+
+    def maybe_evaluate(self, epoch: int):
+        """Held-out error every ``train.eval_every_epochs`` epochs (a metrics record), so users
+        see how the error falls with training time. Collective: every rank calls it."""
+        every, n = self.cfg.train.eval_every_epochs, self.cfg.data.eval_samples
+        if every <= 0 or n <= 0 or (epoch + 1) % every or self.step >= self.total_steps:
+            return
+        from .evaluate import evaluate
+
+        s = evaluate(self.model, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
+                     dtype=self.dtype, channels_last=self.cfg.model.channels_last)
+        if s is not None:
+            self.log.record({"kind": "eval", "epoch": epoch, "step": self.step,
+                             **{k: s[k] for k in ("rel_l2_mean", "rel_l2_median", "rel_l2_max")}})
+            self.log.info(f"eval at epoch {epoch + 1}: held-out rel L2 mean {s['rel_l2_mean']:.4f} "
+                          f"median {s['rel_l2_median']:.4f} worst {s['rel_l2_max']:.4f}")
 
     def check_in_sync(self):
         every = self.cfg.train.checksum_every

@@ -108,3 +108,35 @@ def test_nonfinite_loss_stops_all_ranks(tiny, tmp_path):
     p = train(2, tiny, str(tmp_path / "r"), "optim.name=\"sgd\"", "optim.lr=1e12", "train.dtype=\"float32\"")
     assert p.returncode == 3, p.stderr
     assert "non-finite loss at step" in p.stderr
+
+
+def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
+    """SIGUSR1 to the launcher (SLURM's time-limit warning): every rank stops after the same step,
+    a checkpoint is written, exit code 99; --resume finishes the run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.mpi_util import ROOT, mpiexec
+
+    d = str(tmp_path / "sig")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "deepfusion.cli", "train", tiny,
+           "--set", f"run.dir={d}", "--set", "train.epochs=1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    metrics = os.path.join(d, "metrics.jsonl")
+    deadline = time.monotonic() + 180  # hang guard only
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(metrics) and len(open(metrics).readlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 99, err
+    assert "checkpoint written at step" in err
+    n_done = len(losses(d))
+    assert os.listdir(os.path.join(d, "checkpoints")) == [f"step_{n_done:08d}.h5"]
+    p = deepfusion(2, ["train", "--resume", d, "--set", "train.max_steps=" + str(n_done + 3)])
+    assert p.returncode == 0, p.stderr
+    assert len(losses(d)) == n_done + 3
