@@ -324,6 +324,9 @@ class TrainConfig(_Section):
     epochs: int = _f(10, "passes over the sample pool", ge=1)
     max_steps: int = _f(0, "stop after this many optimiser steps; 0 = no limit", ge=0)
     dtype: str = _f("float32", "floating-point precision", choices=("float32", "float64"))
+    precision: str = _f("fp32", "compute precision of forward/backward: \"fp32\" or \"bf16\" "
+                                "(autocast; refused on CPUs without avx512_bf16/amx_bf16)",
+                        choices=("fp32", "bf16"))
     init_seed: int = _f(0, "seed of the network initialisation (identical on every rank)", ge=0)
     micro_batch: int = _f(0, "samples per forward/backward (gradient accumulation); "
                              "0 = the whole local batch at once", ge=0)
@@ -340,6 +343,17 @@ class TrainConfig(_Section):
     fail_at_step: int = _f(-1, "test hook: raise on rank train.fail_rank at this step; -1 = off",
                            ge=-1)
     fail_rank: int = _f(0, "test hook: the rank that fails at train.fail_at_step", ge=0)
+
+    def _validate(self):
+        if self.precision == "bf16":
+            from .layout import check_precision  # reads /proc/cpuinfo; no torch, no MPI
+
+            try:
+                check_precision(self.precision)
+            except ValueError as exc:
+                raise ConfigError(str(exc), key="train.precision") from None
+            if self.dtype != "float32":
+                raise self._err("precision", "\"bf16\" needs train.dtype = \"float32\"")
 
 
 @dataclass(kw_only=True)

@@ -86,3 +86,30 @@ def report(layouts: list[RankLayout], mpi_version: str) -> tuple[str, list[str]]
                             f"{on[0].host_cores} cores (oversubscribed: expect slow steps; set "
                             f"parallel.threads_per_rank = {max(1, on[0].host_cores // len(on))})")
     return "\n".join(lines), warnings
+
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_supported(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True if the CPU has native bf16 arithmetic (AVX512-BF16 or AMX-BF16) per /proc/cpuinfo.
+
+    Without them oneDNN emulates bf16 and a training step runs 15-30x slower than fp32.
+    """
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool(set(line.split(":", 1)[1].split()) & set(BF16_FLAGS))
+    except OSError:
+        pass
+    return False
+
+
+def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo") -> None:
+    """Refuse bf16 with a clear message on CPUs without native bf16 kernels."""
+    if precision == "bf16" and not bf16_supported(cpuinfo):
+        raise ValueError(
+            "train.precision = \"bf16\" needs a CPU with avx512_bf16 or amx_bf16 (see the flags "
+            "in /proc/cpuinfo); this CPU has neither, so oneDNN would emulate bf16 and a "
+            "training step would run 15-30x slower than fp32. Use train.precision = \"fp32\".")

@@ -45,10 +45,18 @@ class LossAndGrad:
     """Global mean loss and gradient over the global batch for a data-parallel model."""
 
     def __init__(self, model, task, comm: Communicator, gradsync: GradSync, *, global_batch: int,
-                 term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True):
+                 term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True,
+                 precision: str = "fp32"):
         self.model, self.task, self.comm, self.gs = model, task, comm, gradsync
         self.global_batch, self.term_names = global_batch, tuple(term_names)
         self.micro_batch, self.channels_last = micro_batch, channels_last
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        if precision == "bf16":
+            from .layout import check_precision
+
+            check_precision(precision)
+        self.precision = precision
         self.flags = {k: 0.0 for k in FLAGS}
         dtype = next(model.parameters()).dtype
         # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
@@ -59,7 +67,13 @@ class LossAndGrad:
         """Per-sample loss terms of the model's prediction for inputs x (B, C, H, W)."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        u = self.task.impose(self.model(x), x)
+        if self.precision == "bf16":  # the network in bf16 (autocast); the PDE loss in fp32
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = self.model(x)
+            y = y.float()
+        else:
+            y = self.model(x)
+        u = self.task.impose(y, x)
         terms = self.task.loss_terms(u, x)
         assert set(terms) == set(self.term_names), \
             f"task returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"

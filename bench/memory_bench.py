@@ -1,0 +1,80 @@
+"""Peak memory (RSS high-water mark) of one training step per rank, with and without activation
+checkpointing (model option checkpoint_levels = true).
+
+    python -m bench.memory_bench [--sizes 256,512,1024] [--batch 1] [--threads 2]
+
+Each (grid, checkpointing) configuration runs in its own subprocess, so high-water marks do
+not mix: the worker builds the default generator and the Burgers problem at N x N, records its
+RSS after setup, runs one DeepFusion training step (forward, backward, Adam) and reports VmHWM
+from /proc/self/status, the increase over the set-up RSS, and the step time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from bench.common import load, peak_rss_mb, rss_mb, run_json
+
+
+def worker(a) -> int:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from bench.common import build, inputs
+    from bench.step_bench import make_deepfusion
+
+    task, model = build("burgers", a.size, "unet", {"checkpoint_levels": bool(a.checkpoint)})
+    x = inputs(task, a.batch)
+    step = make_deepfusion(task, model, x)
+    base = rss_mb()
+    t0 = time.perf_counter()
+    step()
+    dt = time.perf_counter() - t0
+    peak = peak_rss_mb()
+    print(json.dumps({"size": a.size, "batch": a.batch, "checkpoint_levels": bool(a.checkpoint),
+                      "threads": a.threads, "setup_rss_mb": base, "peak_rss_mb": peak,
+                      "step_increase_mb": peak - base, "step_s": dt, "loadavg": load()}), flush=True)
+    return 0
+
+
+def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print) -> dict:
+    rows = []
+    for n in sizes:
+        for ck in (0, 1):
+            r = run_json([sys.executable, "-m", "bench.memory_bench", "--worker", "--size", str(n),
+                          "--batch", str(batch), "--threads", str(threads), "--checkpoint", str(ck)])
+            rows.append(r if "error" not in r else {"size": n, "checkpoint_levels": bool(ck), **r})
+            if "error" in r:
+                log(f"  memory {n}^2 ckpt={bool(ck)}: failed: {r['error'][-300:]}")
+            else:
+                log(f"  memory {n}^2 b{batch} ckpt={bool(ck)}: peak {r['peak_rss_mb']:.0f} MiB "
+                    f"(+{r['step_increase_mb']:.0f} over setup), step {r['step_s']:.1f} s")
+    return {"batch": batch, "threads": threads, "rows": rows}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--checkpoint", type=int, default=0)
+    p.add_argument("--sizes", default="256,512,1024")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    if a.worker:
+        return worker(a)
+    res = run(tuple(int(s) for s in a.sizes.split(",")), a.batch, a.threads)
+    text = json.dumps(res, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

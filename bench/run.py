@@ -1,0 +1,162 @@
+"""`make bench`: the training-step benchmark, in one run, side by side.
+
+    python -m bench.run --out bench/out [--grids 64:16,256:2] [--threads 1,2] [--repeats 5]
+                        [--mem-sizes 256,512,1024] [--mem-batch 2] [--compile]
+                        [--with-infer] [--with-lbfgs] [--quick]
+
+Writes OUT/bench.json and prints a short table:
+  * the fp32 GEMM rate (torch.mm 2048^2, 1 and 2 threads) and each configuration's achieved
+    FLOP rate for a full training step, as a ratio (bench/step_bench.py);
+  * DeepFusion's step against a plain PyTorch loop on the same problem, generator and batch;
+  * P=2 ranks x 1 thread against P=1 x 2 threads; the allreduce share of a step with and
+    without overlap; our allreduce against gloo (bench/comm_bench.py);
+  * peak RSS per rank at 256^2 .. 1024^2 with and without activation checkpointing
+    (bench/memory_bench.py).
+No assertion is made about speed: the goals are reported as met or not, with their numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from bench import comm_bench, memory_bench, step_bench
+from bench.common import ROOT, load, machine, run_json
+
+GOALS = {"gemm_ratio_256": 0.85, "speedup_vs_plain": 1.2, "p2x1_vs_p1x2": 1.0,
+         "allreduce_share_p2": 0.02}
+
+
+def goals(res: dict) -> dict:
+    """The issue's goals, from the measured numbers (None where a part did not run)."""
+    out = {}
+    runs = res.get("step", {}).get("runs", [])
+    big = [r for r in runs if r["grid"] == max((x["grid"] for x in runs), default=0)]
+    for r in big:
+        df = r["configs"]["deepfusion"]
+        out[f"gemm_ratio_{r['grid']}_t{r['threads']}"] = {
+            "value": df["gemm_ratio"], "value_cpu_time": df["gemm_ratio_cpu"],
+            "goal": GOALS["gemm_ratio_256"], "met": df["gemm_ratio"] >= GOALS["gemm_ratio_256"]}
+    for r in runs:
+        df = r["configs"]["deepfusion"]
+        out[f"speedup_vs_plain_{r['grid']}_t{r['threads']}"] = {
+            "value": df["speedup_vs_plain"], "value_cpu_time": df["speedup_vs_plain_cpu"],
+            "goal": GOALS["speedup_vs_plain"], "met": df["speedup_vs_plain"] >= GOALS["speedup_vs_plain"]}
+    lay = res.get("comm", {}).get("layout", {})
+    if "P2xT1_speedup" in lay:
+        out["p2x1_vs_p1x2"] = {"value": lay["P2xT1_speedup"], "goal": GOALS["p2x1_vs_p1x2"],
+                               "met": lay["P2xT1_speedup"] >= GOALS["p2x1_vs_p1x2"]}
+    ov = res.get("comm", {}).get("overlap", {})
+    for k, v in ov.items():
+        out[f"allreduce_share_p2_{k}"] = {"value": v["allreduce_share"],
+                                          "goal": GOALS["allreduce_share_p2"],
+                                          "met": v["allreduce_share"] < GOALS["allreduce_share_p2"]}
+    return out
+
+
+def table(res: dict) -> str:
+    lines = [f"machine: {res['machine']['cores']} cores, torch {res['machine']['torch']} "
+             f"({res['machine']['cpu_capability']}), load {res['machine']['loadavg']} -> "
+             f"{res.get('loadavg_end')}"]
+    runs = res.get("step", {}).get("runs", [])
+    if runs:
+        lines.append(f"{'grid':>6} {'b':>3} {'thr':>3} {'GEMM GF/s':>9} | "
+                     f"{'config':<16} {'step ms':>8} {'samp/s':>7} {'GF/s':>6} {'%GEMM':>6} "
+                     f"{'%GEMM(cpu)':>10} {'x plain':>7}")
+        for r in runs:
+            for k, v in r["configs"].items():
+                lines.append(f"{r['grid']:>6} {r['batch']:>3} {r['threads']:>3} "
+                             f"{r['gemm_gflops']:>9.1f} | {k:<16} {v['step_s'] * 1e3:>8.1f} "
+                             f"{v['samples_per_s']:>7.1f} {v['gflops']:>6.1f} "
+                             f"{v['gemm_ratio']:>6.0%} {v['gemm_ratio_cpu']:>10.0%} "
+                             f"{v['speedup_vs_plain']:>7.2f}")
+    comm = res.get("comm", {})
+    for mb, v in comm.get("allreduce", {}).items():
+        lines.append(f"allreduce {mb} MB, P=2: ours {v['mpi_ms']:.2f} ms vs gloo "
+                     f"{v['gloo_ms']:.2f} ms (gloo/ours {v['gloo_over_mpi']:.2f})")
+    if "buckets" in comm:
+        lines.append("GradSync.reduce by bucket_mb: " + ", ".join(
+            f"{mb}: {v['reduce_ms']:.2f} ms ({v['buckets']} buckets)"
+            for mb, v in comm["buckets"]["bucket_mb"].items()))
+    for k, v in comm.get("overlap", {}).items():
+        lines.append(f"P=2x1 {k}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
+                     f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
+    lay = comm.get("layout", {})
+    for k in ("P1xT2", "P2xT1"):
+        if k in lay:
+            lines.append(f"layout {k}: step {lay[k]['step_s'] * 1e3:.0f} ms "
+                         f"(grid {lay['grid']}, global batch {lay['global_batch']})")
+    for r in res.get("memory", {}).get("rows", []):
+        if "peak_rss_mb" in r:
+            lines.append(f"memory {r['size']}^2 b{r['batch']} checkpoint_levels="
+                         f"{str(r['checkpoint_levels']).lower():5}: peak RSS "
+                         f"{r['peak_rss_mb']:.0f} MiB (+{r['step_increase_mb']:.0f}), "
+                         f"step {r['step_s']:.1f} s")
+    for k, g in res.get("goals", {}).items():
+        lines.append(f"goal {k}: {g['value']:.3g} (goal {g['goal']}) "
+                     f"{'MET' if g['met'] else 'not met'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/out")
+    p.add_argument("--grids", default="64:16,256:2", help="GRID:GLOBAL_BATCH,... for the step bench")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile", action="store_true", help="also time a torch.compile'd generator")
+    p.add_argument("--layout-grid", type=int, default=64)
+    p.add_argument("--layout-batch", type=int, default=16)
+    p.add_argument("--layout-steps", type=int, default=6)
+    p.add_argument("--layout-repeats", type=int, default=3)
+    p.add_argument("--mem-sizes", default="256,512,1024")
+    p.add_argument("--mem-batch", type=int, default=2)
+    p.add_argument("--skip", default="", help="comma list of parts to skip: step,comm,memory")
+    p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
+    p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.grids, a.threads, a.repeats = "32:4", "1", 2
+        a.layout_grid, a.layout_batch, a.layout_steps, a.layout_repeats = 32, 4, 2, 1
+        a.mem_sizes, a.mem_batch = "32", 1
+    os.makedirs(a.out, exist_ok=True)
+    if a.compile:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(a.out, "inductor_cache")))
+    skip = set(filter(None, a.skip.split(",")))
+    t0 = time.perf_counter()
+    res = {"machine": machine(), "argv": sys.argv[1:] if argv is None else list(argv)}
+    print(f"bench: load {load()}", flush=True)
+    if "step" not in skip:
+        res["step"] = step_bench.run(step_bench.parse_grids(a.grids),
+                                     tuple(int(t) for t in a.threads.split(",")), a.repeats,
+                                     compile_=a.compile, profile=not a.quick)
+    if "comm" not in skip:
+        res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
+                                     a.layout_repeats, repeats_ar=5 if a.quick else 20)
+    if "memory" not in skip:
+        res["memory"] = memory_bench.run(tuple(int(s) for s in a.mem_sizes.split(",")), a.mem_batch)
+    if a.with_infer:
+        path = os.path.join(a.out, "infer.json")
+        r = run_json([sys.executable, "-m", "bench.infer_bench", "--out", path, "--sizes", "64",
+                      "--batches", "1,4", "--samples", "4"])
+        res["infer"] = json.load(open(path)) if os.path.exists(path) else r
+    if a.with_lbfgs:
+        path = os.path.join(a.out, "lbfgs.json")
+        r = run_json([sys.executable, "-m", "bench.lbfgs_bench", "--out", path, "--problems",
+                      "burgers", "--grid", "16", "--pool", "8", "--eval", "2", "--samples", "200"])
+        res["lbfgs"] = json.load(open(path)) if os.path.exists(path) else r
+    res["goals"] = goals(res)
+    res["loadavg_end"] = load()
+    res["seconds"] = time.perf_counter() - t0
+    with open(os.path.join(a.out, "bench.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(table(res))
+    print(f"-> {os.path.join(a.out, 'bench.json')} ({res['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

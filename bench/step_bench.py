@@ -1,0 +1,211 @@
+"""One training step, side by side in one process: DeepFusion's step against a plain PyTorch
+loop, as a fraction of the machine's fp32 GEMM rate.
+
+    python -m bench.step_bench [--grids 64:16,256:2] [--threads 1,2] [--repeats 5] [--compile]
+
+Configurations (same problem, generator, global batch, initial weights), timed in turn:
+  plain            eager NCHW, stock nn.InstanceNorm2d, torch.optim.Adam defaults,
+                   loss.backward(); opt.step(); opt.zero_grad()
+  deepfusion       deepfusion.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
+                   channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
+  deepfusion_nchw  the same engine in NCHW (isolates the memory format)
+  deepfusion_compile  (--compile) the engine with torch.compile'd generator
+and one torch.mm of 2048 x 2048 per round (the GEMM limit under the same load). FLOPs of a
+step are counted with torch.utils.flop_counter.FlopCounterMode over forward + backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from bench.common import Timer, build, gemm_flops, gemm_seconds, inputs, load, median, step_flops
+
+
+def _stock_norms(model):
+    """Swap the generator's InstanceNorm for torch's nn.InstanceNorm2d (same parameters)."""
+    from torch import nn
+
+    from diffnet.generators import InstanceNorm
+
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            if isinstance(child, InstanceNorm):
+                new = nn.InstanceNorm2d(child.num_features, eps=child.eps, affine=True)
+                new.load_state_dict(child.state_dict())
+                setattr(mod, cname, new)
+    return model
+
+
+def make_plain(task, model, x, lr=1e-3):
+    import torch
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def step():
+        u = task.impose(model(x), x)
+        terms = task.loss_terms(u, x)
+        loss = (terms["pde"] + terms["bc"]).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    return step
+
+
+class _Optim:
+    name, lr, betas, weight_decay, momentum = "adam", 1e-3, [0.9, 0.999], 0.0, 0.9
+
+
+def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
+                    overlap=False, global_batch=None):
+    """The engine's step as Trainer.train_step runs it (minus data loading and logging)."""
+    from deepfusion.comm import SerialComm
+    from deepfusion.gradsync import GradSync
+    from deepfusion.optim import build_optimizer
+    from deepfusion.step import LossAndGrad
+
+    comm = comm or SerialComm()
+    gs = GradSync(model, comm, bucket_mb=bucket_mb, overlap=overlap)
+    opt = build_optimizer(model.parameters(), _Optim())
+    lg = LossAndGrad(model, task, comm, gs, global_batch=global_batch or x.shape[0],
+                     term_names=("pde", "bc"), channels_last=channels_last)
+    last = {}
+
+    def step():
+        res = lg(x)
+        if res.finite:
+            opt.step()
+        last.update(res.times)
+        return res.loss
+
+    step.times = last
+    return step
+
+
+def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet",
+               problem="burgers", gemm_n=2048, log=print):
+    import torch
+
+    torch.set_num_threads(threads)
+    task, base = build(problem, grid, generator, channels_last=False)
+    x = inputs(task, batch)
+    flops = step_flops(base, task, x)
+    state = base.state_dict()
+    configs = {}
+
+    def fresh(cl):
+        m = build(problem, grid, generator, channels_last=False)[1]
+        m.load_state_dict(state)
+        return m.to(memory_format=torch.channels_last) if cl else m
+
+    configs["plain"] = make_plain(task, _stock_norms(fresh(False)), x)
+    configs["deepfusion"] = make_deepfusion(task, fresh(True), x, channels_last=True)
+    configs["deepfusion_nchw"] = make_deepfusion(task, fresh(False), x, channels_last=False)
+    if compile_:
+        t0 = time.perf_counter()
+        m = torch.compile(fresh(True))
+        configs["deepfusion_compile"] = make_deepfusion(task, m, x, channels_last=True)
+        configs["deepfusion_compile"]()  # compile here, not in a timed round
+        compile_s = time.perf_counter() - t0
+    for f in configs.values():  # warm-up (oneDNN primitive caches, allocator)
+        f()
+    wall = {k: [] for k in configs}
+    cpu = {k: [] for k in configs}
+    gw, gc = [], []
+    load0 = load()
+    for r in range(repeats):
+        t = gemm_seconds(gemm_n)
+        gw.append(t.wall), gc.append(t.cpu)
+        for k, f in configs.items():
+            with Timer() as t:
+                f()
+            wall[k].append(t.wall), cpu[k].append(t.cpu)
+    gemm_w = gemm_flops(gemm_n) / median(gw)
+    gemm_c = gemm_flops(gemm_n) / (median(gc) / threads)
+    out = {"grid": grid, "batch": batch, "threads": threads, "repeats": repeats,
+           "flops_per_step": flops, "gemm_n": gemm_n, "gemm_gflops": gemm_w / 1e9,
+           "gemm_gflops_cpu": gemm_c / 1e9, "loadavg_before": load0, "loadavg_after": load(),
+           "configs": {}}
+    for k in configs:
+        w, c = median(wall[k]), median(cpu[k])
+        out["configs"][k] = {
+            "step_s": w, "cpu_s": c, "samples_per_s": batch / w,
+            "gflops": flops / w / 1e9, "gemm_ratio": flops / w / gemm_w,
+            # CPU-time based: the work rate while the process actually ran (load-robust at 1 thread)
+            "gemm_ratio_cpu": flops / (c / threads) / gemm_c, "step_s_all": wall[k]}
+    base_w = out["configs"]["plain"]["step_s"]
+    base_c = out["configs"]["plain"]["cpu_s"]
+    for k, v in out["configs"].items():
+        v["speedup_vs_plain"] = base_w / v["step_s"]
+        v["speedup_vs_plain_cpu"] = base_c / v["cpu_s"]
+    if compile_:
+        out["compile_seconds"] = compile_s
+    log(f"  step {grid}^2 b{batch} t{threads}: " + ", ".join(
+        f"{k} {v['step_s'] * 1e3:.0f} ms ({v['gemm_ratio']:.0%} GEMM)"
+        for k, v in out["configs"].items()) + f"; GEMM {out['gemm_gflops']:.1f} GF/s; load {load()[0]}")
+    return out
+
+
+def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burgers"):
+    """torch.profiler's top ops (self CPU time) of one deepfusion step: what limits the rate."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    task, model = build(problem, grid, generator, channels_last=True)
+    x = inputs(task, batch)
+    step = make_deepfusion(task, model, x)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        step()
+    ev = sorted(p.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ev) or 1.0
+    return {"grid": grid, "batch": batch, "threads": threads,
+            "top_ops": [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3,
+                         "share": e.self_cpu_time_total / total, "calls": e.count}
+                        for e in ev[:rows]]}
+
+
+def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=5, compile_=False, profile=True,
+        log=print) -> dict:
+    out = {"runs": []}
+    for t in threads:
+        for g, b in grids:
+            out["runs"].append(bench_grid(g, b, t, repeats, compile_=compile_, log=log))
+    if profile:
+        g, b = grids[-1]
+        out["profile"] = profile_step(g, b, 1)
+    return out
+
+
+def parse_grids(text: str):
+    return tuple(tuple(int(v) for v in item.split(":")) for item in text.split(","))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grids", default="64:16,256:2", help="GRID:GLOBAL_BATCH,...")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    if a.compile and a.out:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.join(os.path.dirname(os.path.abspath(a.out)), "inductor_cache"))
+    res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
+              compile_=a.compile)
+    text = json.dumps(res, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
