@@ -102,6 +102,7 @@ def cmd_train(args, comm) -> int:
     task, model, specs = _collective_check(comm, _build, cfg, comm.rank)
     _collective_check(comm, _prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
     _collective_check(comm, _check_batch, cfg, comm.size)
+    _collective_check(comm, _check_precision, cfg.train.precision)
 
     from .evaluate import evaluate, write_report
     from .trainer import Trainer
@@ -113,7 +114,8 @@ def cmd_train(args, comm) -> int:
                            dtype=trainer.dtype, channels_last=cfg.model.channels_last)
         if summary is not None:
             axes = tuple(a.name for a in task.axes)
-            write_report(summary, cfg.run.dir, axes=axes)
+            extent = (task.axes[1].lo, task.axes[1].hi, task.axes[0].lo, task.axes[0].hi)
+            write_report(summary, cfg.run.dir, axes=axes, extent=extent)
             print(f"held-out relative L2 over {summary['n']} samples: mean {summary['rel_l2_mean']:.4f} "
                   f"median {summary['rel_l2_median']:.4f} worst {summary['rel_l2_max']:.4f} "
                   f"-> {os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
@@ -124,6 +126,14 @@ def _check_batch(cfg, size):
     from .data import check_divisible
 
     check_divisible(cfg.data.global_batch, size)
+
+
+def _check_precision(precision: str):
+    """bf16 only where the CPU has the instructions (refused with the reason otherwise)."""
+    if precision != "fp32":
+        from .layout import check_precision
+
+        check_precision(precision)
 
 
 def cmd_demo(args) -> int:

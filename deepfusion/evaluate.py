@@ -77,8 +77,10 @@ def _examples(idx, inputs, preds, refs, keep: int = 2):
              "pred": preds[j].tolist(), "ref": refs[j].tolist()} for j in pick]
 
 
-def write_report(summary: dict, run_dir: str, axes=("row", "col")):
-    """eval.json and eval.png (input, prediction, reference, error) for up to 4 samples."""
+def write_report(summary: dict, run_dir: str, axes=("row", "col"), extent=None):
+    """eval.json and eval.png (input, prediction, reference, error) for up to 4 samples.
+
+    ``extent`` = (col_lo, col_hi, row_lo, row_hi) puts physical coordinates on the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +96,7 @@ def write_report(summary: dict, run_dir: str, axes=("row", "col")):
         pred, ref = np.array(e["pred"]), np.array(e["ref"])
         for ax, img, title in zip(row, (np.array(e["input"]), pred, ref, pred - ref),
                                   ("input", "prediction", "reference", "error")):
-            im = ax.imshow(img, origin="lower", aspect="auto", cmap="RdBu_r" if title == "error" else "viridis")
+            im = ax.imshow(img, origin="lower", aspect="auto", extent=extent, cmap="RdBu_r" if title == "error" else "viridis")
             ax.set_title(f"{title} (held-out #{e['i']}, rel L2 {e['rel_l2']:.3f})" if title == "error" else title,
                          fontsize=8)
             ax.set_xlabel(axes[1])

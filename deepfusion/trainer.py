@@ -62,7 +62,8 @@ class Trainer:
         # --- end L-BFGS ---
         self.loss_and_grad = LossAndGrad(model, task, comm, self.gs, global_batch=cfg.data.global_batch,
                                          term_names=self.term_names, micro_batch=cfg.train.micro_batch,
-                                         channels_last=cfg.model.channels_last)
+                                         channels_last=cfg.model.channels_last,
+                                         precision=cfg.train.precision)
         self.step, self.lr_scale = 0, 1.0
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
                           progress=cfg.run.progress, total_steps=self.total_steps,

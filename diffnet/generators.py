@@ -61,6 +61,7 @@ class _InstanceNormNHWC(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # norms stay fp32 under bf16 autocast
     def forward(ctx, x, weight, bias, eps):
         b, c, h, w = x.shape
         n = h * w
@@ -79,11 +80,12 @@ class _InstanceNormNHWC(torch.autograd.Function):
         return y.view(b, h, w, c).permute(0, 3, 1, 2)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, g):
         x, mean, rstd, weight = ctx.saved_tensors
         b, c, h, w = x.shape
         n = h * w
-        gr = _rows(g.contiguous(memory_format=torch.channels_last))
+        gr = _rows(g.to(x.dtype).contiguous(memory_format=torch.channels_last))
         xr = _rows(x)
         ones = x.new_ones(b, 1, n)
         sg = torch.bmm(ones, gr)                                      # sum g

@@ -1,0 +1,61 @@
+"""Recipes train: a short single-process run per problem lowers the held-out error.
+
+Each test runs the CLI on a tiny grid (a few dozen Adam steps, one thread) and asserts on the
+held-out relative L2 in eval.json. The bounds are set well below what an untrained generator
+gives (measured in the comments), so a regression in the loss, the stencils or the trainer
+fails them; they are far looser than the recipes' 64x64 targets (notes/accuracy.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "configs", "recipes")
+
+
+def train(tmp_path, recipe: str, *sets: str) -> dict:
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "deepfusion.cli", "train", os.path.join(RECIPES, recipe),
+           "--set", "parallel.threads_per_rank=1", "--set", "run.progress=log",
+           "--set", "train.checkpoint_every=0", "--set", "data.eval_samples=8",
+           "--set", f"run.dir={run}", "--overwrite", *(a for s in sets for a in ("--set", s))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with open(run / "eval.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("recipe", ["burgers.toml", "poisson.toml", "reaction_diffusion.toml"])
+def test_recipe_loads(recipe):
+    from deepfusion.config import load_config
+    from diffnet.problems import get_problem
+
+    cfg = load_config(os.path.join(RECIPES, recipe))
+    assert tuple(cfg.problem.grid) == (64, 64)
+    get_problem(cfg.problem.name, grid=cfg.problem.grid, **cfg.problem.options)  # options valid
+
+
+TINY = ["problem.grid=[16,16]", "model.name=\"unet-small\"", "data.n_samples=32",
+        "data.global_batch=8", "train.log_every=1000"]
+# (recipe, extra overrides, bound on the held-out mean rel L2 after training).
+CASES = {
+    "burgers": ("burgers.toml", ["train.max_steps=60", "train.epochs=100",
+                                 "problem.options.horizon=8"], BURGERS_BOUND),
+    "poisson": ("poisson.toml", ["train.max_steps=60", "train.epochs=100"], POISSON_BOUND),
+    "reaction_diffusion": ("reaction_diffusion.toml", ["train.max_steps=60", "train.epochs=100"],
+                           RD_BOUND),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_short_training_lowers_error(tmp_path, name):
+    recipe, extra, bound = CASES[name]
+    ev = train(tmp_path, recipe, *TINY, *extra)
+    assert ev["n"] == 8
+    assert ev["rel_l2_mean"] < bound, (name, ev["rel_l2_mean"], bound)
