@@ -10,20 +10,22 @@ read from a file, and every error is a :class:`ConfigError` whose message names 
     cfg = load_config("configs/burgers.toml", ["optim.lr=3e-4", "train.epochs=5"])
     text = dump_toml(cfg)            # the resolved config, loadable again
 
+The generic machinery (field helper, type checks, "did you mean" hints, TOML writing, help
+text) is in :mod:`deepfusion.config_schema`; this module holds the sections and the reading.
+
 Pure Python: this module imports no PDE, no model and no MPI.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
-import json
-import math
-import re
 import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from .config_schema import (ConfigError, _f, _got, _Section, describe_sections, dump_tables,
+                            unknown_key)
 
 
 def _import_toml(version_info=sys.version_info):
@@ -42,172 +44,6 @@ def _import_toml(version_info=sys.version_info):
 
 
 tomllib = _import_toml()
-
-
-class ConfigError(ValueError):
-    """A bad configuration. ``key`` is the dotted key at fault (``None`` for file errors)."""
-
-    def __init__(self, message: str, *, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
-# ---------------------------------------------------------------------------------------------
-# field helper: default + help + declarative constraints (used by validation and describe())
-# ---------------------------------------------------------------------------------------------
-
-def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None,
-       item_ge=None, item_gt=None, min_len=None, max_len=None):
-    meta = {"help": help}
-    for name, value in (("choices", choices), ("ge", ge), ("gt", gt), ("le", le), ("lt", lt),
-                        ("item_ge", item_ge), ("item_gt", item_gt), ("min_len", min_len),
-                        ("max_len", max_len)):
-        if value is not None:
-            meta[name] = value
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "string"}
-
-
-def _type_str(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return f"list[{_TYPE_NAMES[item]}]"
-    if origin is dict or tp is dict:
-        return "table"
-    return _TYPE_NAMES[tp]
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
-
-
-def _got(value) -> str:
-    return f"got {value!r} ({type(value).__name__})"
-
-
-_TOML_PLAIN = (str, int, float, bool)
-
-
-def _check_table(key: str, value) -> dict:
-    """A free-form options table: string keys, TOML-representable values (no None)."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a table (e.g. {key.split('.')[-1]} = {{a = 1}}), "
-                          f"{_got(value)}", key=key)
-
-    def walk(path, v):
-        if isinstance(v, dict):
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    raise ConfigError(f"{path} keys must be strings, got {k!r}", key=path)
-                walk(f"{path}.{k}", item)
-        elif isinstance(v, (list, tuple)):
-            for i, item in enumerate(v):
-                walk(f"{path}[{i}]", item)
-        elif not isinstance(v, _TOML_PLAIN) or (isinstance(v, float) and not math.isfinite(v)):
-            raise ConfigError(f"{path} must hold only strings, finite numbers, booleans, arrays "
-                              f"and tables, {_got(v)}", key=path)
-
-    walk(key, value)
-    return {k: copy.deepcopy(list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
-
-
-def _coerce_scalar(key: str, value, tp):
-    """Check ``value`` against ``tp``; ints are accepted for floats, integral floats for ints."""
-    name = _TYPE_NAMES[tp]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be a bool (true or false), {_got(value)}", key=key)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key} must be an int, {_got(value)}", key=key)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a float, {_got(value)}", key=key)
-        value = float(value)
-        if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite float, got {value!r}", key=key)
-        return value
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key} must be a string (quote it in TOML), {_got(value)}", key=key)
-    raise TypeError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
-
-
-def _check_bounds(key: str, value, meta: dict, prefix: str = "") -> None:
-    for op, test, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                           ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
-        bound = meta.get(prefix + op)
-        if bound is not None and not test(value, bound):
-            raise ConfigError(f"{key} must be {word} {bound}, got {value!r}", key=key)
-
-
-def _bounds_text(meta: dict, prefix: str = "") -> str:
-    parts = [f"{word} {meta[prefix + op]}" for op, word in
-             (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if prefix + op in meta]
-    return " and ".join(parts)
-
-
-class _Section:
-    """Base of every section: type coercion and declarative checks in ``__post_init__``."""
-
-    _section: ClassVar[str] = ""
-
-    def __post_init__(self):
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            key = f"{self._section}.{f.name}"
-            value = getattr(self, f.name)
-            tp = hints[f.name]
-            meta = f.metadata
-            origin = typing.get_origin(tp)
-            if origin is list:
-                (item_tp,) = typing.get_args(tp)
-                if not isinstance(value, (list, tuple)):
-                    raise ConfigError(f"{key} must be a list of {_TYPE_NAMES[item_tp]} "
-                                      f"(e.g. [1, 2]), {_got(value)}", key=key)
-                try:
-                    value = [_coerce_scalar(f"{key}[{i}]", v, item_tp)
-                             for i, v in enumerate(value)]
-                    for i, v in enumerate(value):
-                        _check_bounds(f"{key}[{i}]", v, meta, prefix="item_")
-                except ConfigError as exc:  # report the field itself as the key
-                    raise ConfigError(str(exc), key=key) from None
-                n = len(value)
-                lo, hi = meta.get("min_len"), meta.get("max_len")
-                if (lo is not None and n < lo) or (hi is not None and n > hi):
-                    want = f"exactly {lo}" if lo == hi else f"{lo} to {hi}"
-                    raise ConfigError(f"{key} must have {want} entries, got {n}: {value!r}",
-                                      key=key)
-            elif origin is dict or tp is dict:
-                value = _check_table(key, value)
-            else:
-                value = _coerce_scalar(key, value, tp)
-                if "choices" in meta and value not in meta["choices"]:
-                    valid = ", ".join(repr(c) for c in meta["choices"])
-                    hint = difflib.get_close_matches(str(value), meta["choices"], n=1)
-                    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-                    raise ConfigError(f"{key} must be one of {valid}; got {value!r}{extra}",
-                                      key=key)
-                _check_bounds(key, value, meta)
-            setattr(self, f.name, value)
-        self._validate()
-
-    def _validate(self) -> None:
-        """Checks that involve several fields of the section."""
-
-    def _err(self, name: str, message: str) -> ConfigError:
-        key = f"{self._section}.{name}"
-        return ConfigError(f"{key} {message}", key=key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,51 +262,9 @@ class Config:
 # building from raw dicts
 # ---------------------------------------------------------------------------------------------
 
-def _all_keys() -> list[str]:
-    return [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
-
-
 def _unknown_key(dotted: str) -> ConfigError:
     """'unknown key ...; did you mean ...?' with the closest valid key."""
-    section, _, leaf = dotted.partition(".")
-    candidates = _all_keys()
-    guess = None
-    if not leaf:  # a bare top-level name: a misspelt section, or a key without its section
-        same_leaf = [k for k in candidates if k.split(".")[1] == section]
-        if same_leaf:
-            guess = same_leaf[0]
-        else:
-            m = difflib.get_close_matches(section, list(_SECTIONS), n=1, cutoff=0.6)
-            guess = m[0] if m else None
-        what = "section"
-        valid = ", ".join(_SECTIONS)
-    else:
-        if section in _SECTIONS:
-            fields = [f.name for f in dataclasses.fields(_SECTIONS[section])]
-            m = difflib.get_close_matches(leaf, fields, n=1, cutoff=0.6)
-            if m:
-                guess = f"{section}.{m[0]}"
-            valid = ", ".join(fields)
-        else:
-            valid = ", ".join(_SECTIONS)
-        if guess is None:
-            same_leaf = [k for k in candidates if k.split(".")[1] == leaf]
-            if same_leaf:
-                guess = same_leaf[0]
-            else:
-                m = difflib.get_close_matches(dotted, candidates, n=1, cutoff=0.6)
-                guess = m[0] if m else None
-        what = "key"
-        if section in _SECTIONS:
-            valid = f"valid keys in [{section}]: {valid}"
-        else:
-            valid = f"valid sections: {valid}"
-    msg = f"unknown {what} {dotted!r}"
-    if guess:
-        msg += f"; did you mean {guess!r}?"
-    else:
-        msg += f"; {valid}" if what == "key" else f"; valid sections: {valid}"
-    return ConfigError(msg, key=dotted)
+    return unknown_key(dotted, _SECTIONS)
 
 
 def _build_section(name: str, table) -> _Section:
@@ -580,78 +374,18 @@ def load_config(path: str | None = None, overrides: typing.Iterable[str] = ()) -
 
 
 # ---------------------------------------------------------------------------------------------
-# writing and describing
+# writing and describing (the generic parts are in config_schema)
 # ---------------------------------------------------------------------------------------------
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
-
-
-def _toml_value(value, key: str = "") -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # JSON escapes are valid TOML escapes
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v, f'{key}.{k}')}"
-                               for k, v in value.items()) + "}"
-    raise ConfigError(f"{key} cannot be written to TOML: {_got(value)}", key=key or None)
-
 
 def dump_toml(cfg: Config) -> str:
     """The resolved config as TOML text (round-trips through :func:`load_config`)."""
-    lines = ["# DeepFusion resolved configuration (written by deepfusion.config.dump_toml)"]
-    for name, table in config_to_dict(cfg).items():
-        lines.append("")
-        lines.append(f"[{name}]")
-        for key, value in table.items():
-            lines.append(f"{_toml_key(key)} = {_toml_value(value, f'{name}.{key}')}")
-    return "\n".join(lines) + "\n"
+    header = "# DeepFusion resolved configuration (written by deepfusion.config.dump_toml)"
+    return dump_tables(header, config_to_dict(cfg))
 
 
 def describe() -> str:
     """Every key with its type, default, allowed values and help text."""
-    out = []
-    hints_cache = {}
-    for name, cls in _SECTIONS.items():
-        hints = hints_cache.setdefault(cls, typing.get_type_hints(cls))
-        doc = (cls.__doc__ or "").strip().splitlines()[0]
-        out.append(f"{doc}" if doc.startswith("[") else f"[{name}]")
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            meta = f.metadata
-            line = f"  {name}.{f.name}: {_type_str(hints[f.name])} = {_toml_value(default)}"
-            out.append(line)
-            text = meta.get("help", "")
-            extras = []
-            if "choices" in meta:
-                extras.append("one of " + ", ".join(repr(c) for c in meta["choices"]))
-            rng = _bounds_text(meta)
-            if rng:
-                extras.append(rng)
-            item_rng = _bounds_text(meta, "item_")
-            if item_rng:
-                extras.append(f"each entry {item_rng}")
-            if extras:
-                text += f" [{'; '.join(extras)}]"
-            out.append(f"      {text}")
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return describe_sections(_SECTIONS)
 
 
 __all__ = [

@@ -222,7 +222,7 @@ def run_solve(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def run_compare(args) -> int:
-    from .inference import compare_files
+    from .compare import compare_files
 
     try:
         out_dir = args.out or os.path.dirname(os.path.abspath(args.preds))

@@ -43,12 +43,16 @@ def test_recipe_loads(recipe):
 
 TINY = ["problem.grid=[16,16]", "model.name=\"unet-small\"", "data.n_samples=32",
         "data.global_batch=8", "train.log_every=1000"]
+# Measured at 16x16, unet-small, 150 steps, 1 thread (held-out mean rel L2, untrained -> trained):
+# burgers 0.95 -> 0.37, poisson 0.94 -> 0.29, reaction_diffusion 16.1 -> 1.39 (the untrained
+# U-Net outputs O(1) against a ~0.03 solution; 150 steps at lr 5e-4 only fix the scale).
+BURGERS_BOUND, POISSON_BOUND, RD_BOUND = 0.5, 0.45, 3.0
 # (recipe, extra overrides, bound on the held-out mean rel L2 after training).
 CASES = {
-    "burgers": ("burgers.toml", ["train.max_steps=60", "train.epochs=100",
+    "burgers": ("burgers.toml", ["train.max_steps=150", "train.epochs=100",
                                  "problem.options.horizon=8"], BURGERS_BOUND),
-    "poisson": ("poisson.toml", ["train.max_steps=60", "train.epochs=100"], POISSON_BOUND),
-    "reaction_diffusion": ("reaction_diffusion.toml", ["train.max_steps=60", "train.epochs=100"],
+    "poisson": ("poisson.toml", ["train.max_steps=150", "train.epochs=100"], POISSON_BOUND),
+    "reaction_diffusion": ("reaction_diffusion.toml", ["train.max_steps=150", "train.epochs=100"],
                            RD_BOUND),
 }
 

@@ -1,0 +1,125 @@
+"""``deepfusion compare``: a prediction file against a reference file (same problem, grid and
+samples): per-sample relative L2 and max errors, a summary with timings and speed-up
+(``compare.json``), a text table and a figure (``compare.png``).
+
+Files: see :mod:`deepfusion.h5io`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from . import h5io
+
+
+def _check_same(a: dict, b: dict, pa, pb) -> None:
+    """Raise ValueError naming the first difference of problem, grid or samples."""
+    def differ(what, va, vb):
+        raise ValueError(f"{pa} and {pb} describe different {what}: {va} vs {vb}")
+    if a["problem"] != b["problem"]:
+        differ("problems", a["problem"], b["problem"])
+    if a["axes"] != b["axes"]:
+        differ("axes", a["axes"], b["axes"])
+    if a["u"].shape != b["u"].shape:
+        differ("samples or grids (shape of /u, (N, H, W))", a["u"].shape, b["u"].shape)
+    for ax in a["axes"]:
+        ca, cb = a["coords"].get(ax), b["coords"].get(ax)
+        if ca is None or cb is None or ca.shape != cb.shape or not np.allclose(ca, cb):
+            differ(f"coordinates along {ax} (domain or grid)", ca, cb)
+    if a["params"].shape != b["params"].shape:
+        differ("parameter sets (shape of /params)", a["params"].shape, b["params"].shape)
+    if a["params"].size and not np.array_equal(a["params"], b["params"]):
+        j = int(np.argmax(np.any(a["params"] != b["params"], axis=1)))
+        differ("samples (params differ; use the same --sample N --seed S, --params or "
+               f"--inputs for both; first at sample {j})", a["params"][j].tolist(),
+               b["params"][j].tolist())
+    if not a["params"].size and a["inputs"] is not None and b["inputs"] is not None:
+        c = min(a["inputs"].shape[1], b["inputs"].shape[1], 1)
+        if not np.allclose(a["inputs"][:, :c], b["inputs"][:, :c], rtol=1e-5, atol=1e-7):
+            differ("samples (the first input channels differ)", "", "")
+
+
+def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dict, str]:
+    """Per-sample errors, summary and timings; writes out_dir/compare.json and compare.png."""
+    from diffnet.metrics import max_error, relative_l2
+
+    a, b = h5io.read_fields(pred_path), h5io.read_fields(ref_path)
+    _check_same(a, b, pred_path, ref_path)
+    if not os.path.isdir(out_dir):
+        raise OSError(f"--out {out_dir}: no such directory (create it first)")
+    rel = np.atleast_1d(relative_l2(a["u"], b["u"]))
+    mx = np.atleast_1d(max_error(a["u"], b["u"]))
+    worst = int(rel.argmax())
+    t_inf, t_ref = a["seconds_per_sample"], b["seconds_per_sample"]
+    summary = {
+        "preds": os.path.abspath(pred_path), "ref": os.path.abspath(ref_path),
+        "problem": a["problem"], "grid": list(a["u"].shape[1:]), "n": len(rel),
+        "pred_source": a["source"], "ref_source": b["source"],
+        "rel_l2_mean": float(rel.mean()), "rel_l2_median": float(np.median(rel)),
+        "rel_l2_worst": float(rel[worst]), "worst_index": worst,
+        "max_err_mean": float(mx.mean()), "max_err_worst": float(mx.max()),
+        "seconds_per_sample_inference": t_inf, "seconds_per_sample_solver": t_ref,
+        "speedup": (t_ref / t_inf) if t_inf and t_ref else None,
+        "problem_kwargs_differ": sorted(k for k in set(a["problem_kwargs"]) | set(b["problem_kwargs"])
+                                        if a["problem_kwargs"].get(k) != b["problem_kwargs"].get(k)),
+        "rel_l2": rel.tolist(), "max_err": mx.tolist()}
+    shown = sorted(set(range(min(n_figures, len(rel)))) | {worst})
+    summary["figure"] = _figure(a, b, shown, rel, os.path.join(out_dir, "compare.png"))
+    path = os.path.join(out_dir, "compare.json")
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary, _table(summary, path)
+
+
+def _table(s: dict, path: str) -> str:
+    rows = [f"{'sample':>8} {'rel_L2':>11} {'max_err':>11}"]
+    n = s["n"]
+    show = list(range(n)) if n <= 20 else sorted(set(range(10)) | {s["worst_index"]})
+    for j in show:
+        mark = "  <- worst" if j == s["worst_index"] else ""
+        rows.append(f"{j:>8d} {s['rel_l2'][j]:>11.4e} {s['max_err'][j]:>11.4e}{mark}")
+    if n > len(show):
+        rows.append(f"{'...':>8} ({n - len(show)} more in {path})")
+    sp = f"{s['speedup']:.3g}x" if s["speedup"] else "n/a"
+    rows += [f"relative L2 over {n} samples: mean {s['rel_l2_mean']:.4e}  median "
+             f"{s['rel_l2_median']:.4e}  worst {s['rel_l2_worst']:.4e} (sample "
+             f"{s['worst_index']});  max error worst {s['max_err_worst']:.4e}",
+             f"seconds per sample: inference {s['seconds_per_sample_inference']:.4g}  solver "
+             f"{s['seconds_per_sample_solver']:.4g}  (speedup {sp})",
+             f"-> {path}, {s['figure']}"]
+    if s["problem_kwargs_differ"]:
+        rows.append(f"note: the two files' problem options differ in {s['problem_kwargs_differ']} "
+                    f"(same samples and grid; check this is intended)")
+    return "\n".join(rows)
+
+
+def _figure(a: dict, b: dict, shown, rel, path: str) -> str:
+    """compare.png: one row per shown sample: input channel 0, prediction, reference, error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax0, ax1 = a["axes"]
+    c0, c1 = a["coords"][ax0], a["coords"][ax1]
+    ext = (c1[0], c1[-1], c0[0], c0[-1])
+    ch = a["channels"][0] if a["channels"] else "input"
+    fig, axs = plt.subplots(len(shown), 4, figsize=(13, 3 * len(shown)), squeeze=False)
+    for row, j in zip(axs, shown):
+        pred, ref = a["u"][j], b["u"][j]
+        imgs = (a["inputs"][j, 0] if a["inputs"] is not None else ref, pred, ref, pred - ref)
+        for ax, img, title in zip(row, imgs, (f"input {ch}", "prediction", "reference", "error")):
+            im = ax.imshow(img, origin="lower", aspect="auto", extent=ext,
+                           cmap="RdBu_r" if title == "error" else "viridis")
+            if title == "error":
+                title = f"error #{j}, rel L2 {rel[j]:.3g}" + (" (worst)" if j == rel.argmax() else "")
+            ax.set_title(title, fontsize=8)
+            ax.set_xlabel(ax1)
+            ax.set_ylabel(ax0)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

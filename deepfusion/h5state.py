@@ -1,0 +1,181 @@
+"""Nested state (a torch ``state_dict``, RNG states, ...) to and from an HDF5 group. No pickle.
+
+Generic encoding of Python objects (enough for the Adam, SGD and LBFGS state_dicts of torch):
+
+    tensor            dataset, attrs __type__="tensor", torch_dtype (bfloat16 stored as int16 bits)
+    numpy array       dataset, __type__="ndarray";  numpy scalar: __type__="npscalar"
+    plain JSON value  (None/bool/int/float/str, lists and str-keyed dicts of those)
+                      a UTF-8 string dataset, __type__="json" (tuple of such: "json_tuple")
+    dict              group, __type__="dict", __keys__ = JSON list of the keys (int keys stay
+                      int, order kept), __names__ = JSON list of the member names
+    list / tuple      group, __type__="list"/"tuple", members "0", "1", ...
+
+so an int stays an int, a float a float, None stays None, a tuple a tuple, and tensors are
+bit-exact. Reading never unpickles: only numeric datasets and JSON text are decoded.
+
+:func:`_write_dict` writes a dict into a group, :func:`_read_item` reads any encoded member back.
+Used by :mod:`deepfusion.checkpoint`, which re-exports :class:`CheckpointError`.
+"""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read (missing, corrupt, incomplete)."""
+
+
+_JSON_SCALARS = (type(None), bool, int, float, str)
+
+
+def _is_plain_json(obj) -> bool:
+    t = type(obj)
+    if t in _JSON_SCALARS:
+        return True
+    if t is list:
+        return all(_is_plain_json(v) for v in obj)
+    if t is dict:
+        return all(type(k) is str and _is_plain_json(v) for k, v in obj.items())
+    return False
+
+
+def _json_dumps(obj, where: str) -> str:
+    try:
+        return json.dumps(obj, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where} is not JSON-serialisable: {exc}") from None
+
+
+def _write_json(parent, name, value, type_name="json"):
+    ds = parent.create_dataset(name, data=_json_dumps(value, f"{parent.name}/{name}"),
+                               dtype=h5py.string_dtype("utf-8"))
+    ds.attrs["__type__"] = type_name
+
+
+def _write_tensor(parent, name, t: torch.Tensor):
+    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
+        raise CheckpointError(f"{parent.name}/{name}: only dense strided tensors can be saved")
+    t = t.detach().to("cpu")
+    memory_format = ""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        memory_format = "channels_last"
+    elif (t.dim() == 5 and not t.is_contiguous()
+          and t.is_contiguous(memory_format=torch.channels_last_3d)):
+        memory_format = "channels_last_3d"
+    t = t.resolve_conj().resolve_neg().contiguous()
+    dtype_name = str(t.dtype).replace("torch.", "")
+    if t.dtype == torch.bfloat16:
+        arr = t.view(torch.int16).numpy()
+    else:
+        try:
+            arr = t.numpy()
+        except (TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"{parent.name}/{name}: tensors of dtype {t.dtype} cannot be "
+                                  f"saved ({exc})") from None
+    ds = parent.create_dataset(name, data=arr)
+    ds.attrs["__type__"] = "tensor"
+    ds.attrs["torch_dtype"] = dtype_name
+    if memory_format:
+        ds.attrs["memory_format"] = memory_format
+
+
+def _member_names(keys) -> list[str]:
+    names = []
+    for i, k in enumerate(keys):
+        if type(k) is str and k and k not in (".", "..") and "/" not in k and not k.startswith("#"):
+            names.append(k)
+        elif type(k) is int:
+            names.append(str(k))
+        else:
+            names.append(f"#{i}")
+    if len(set(names)) != len(names):  # e.g. keys 1 and "1": fall back to positions
+        names = [f"#{i}" for i in range(len(keys))]
+    return names
+
+
+def _write_dict(group, d: dict):
+    keys = list(d.keys())
+    for k in keys:
+        if type(k) not in (str, int, float, bool, type(None)):
+            raise CheckpointError(f"{group.name}: dict key {k!r} of type {type(k).__name__} "
+                                  f"cannot be saved (use str or int keys)")
+    names = _member_names(keys)
+    group.attrs["__type__"] = "dict"
+    group.attrs["__keys__"] = _json_dumps(keys, f"{group.name} keys")
+    group.attrs["__names__"] = json.dumps(names)
+    for k, name in zip(keys, names):
+        _write_item(group, name, d[k])
+
+
+def _write_item(parent, name: str, value):
+    if isinstance(value, torch.Tensor):
+        _write_tensor(parent, name, value)
+    elif isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise CheckpointError(f"{parent.name}/{name}: object arrays cannot be saved")
+        ds = parent.create_dataset(name, data=value)
+        ds.attrs["__type__"] = "ndarray"
+    elif isinstance(value, np.generic):
+        if value.dtype.hasobject:
+            raise CheckpointError(f"{parent.name}/{name}: object scalars cannot be saved")
+        ds = parent.create_dataset(name, data=np.asarray(value))
+        ds.attrs["__type__"] = "npscalar"
+    elif _is_plain_json(value):
+        _write_json(parent, name, value)
+    elif type(value) is tuple and all(_is_plain_json(v) for v in value):
+        _write_json(parent, name, list(value), "json_tuple")
+    elif isinstance(value, dict):
+        _write_dict(parent.create_group(name), value)
+    elif isinstance(value, (list, tuple)):
+        g = parent.create_group(name)
+        g.attrs["__type__"] = "tuple" if isinstance(value, tuple) else "list"
+        g.attrs["__len__"] = len(value)
+        for i, v in enumerate(value):
+            _write_item(g, str(i), v)
+    else:
+        raise CheckpointError(f"{parent.name}/{name}: cannot save a value of type "
+                              f"{type(value).__name__} (allowed: tensors, numpy arrays, JSON "
+                              f"values, dicts, lists, tuples)")
+
+
+def _attr_str(obj, name):
+    v = obj.attrs[name]
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _read_item(obj):
+    kind = _attr_str(obj, "__type__")
+    if kind == "tensor":
+        arr = np.asarray(obj[()])
+        dtype = getattr(torch, _attr_str(obj, "torch_dtype"))
+        if dtype == torch.bfloat16:
+            t = torch.from_numpy(arr.astype(np.int16, copy=False)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(arr)
+            if t.dtype != dtype:
+                raise CheckpointError(f"{obj.name}: stored as {t.dtype}, expected {dtype}")
+        fmt = obj.attrs.get("memory_format", "")
+        if fmt == "channels_last":
+            t = t.contiguous(memory_format=torch.channels_last)
+        elif fmt == "channels_last_3d":
+            t = t.contiguous(memory_format=torch.channels_last_3d)
+        return t
+    if kind == "ndarray":
+        return np.asarray(obj[()])
+    if kind == "npscalar":
+        return np.asarray(obj[()])[()]
+    if kind in ("json", "json_tuple"):
+        value = json.loads(obj.asstr()[()])
+        return tuple(value) if kind == "json_tuple" else value
+    if kind == "dict":
+        keys = json.loads(_attr_str(obj, "__keys__"))
+        names = json.loads(_attr_str(obj, "__names__"))
+        return {k: _read_item(obj[n]) for k, n in zip(keys, names)}
+    if kind in ("list", "tuple"):
+        items = [_read_item(obj[str(i)]) for i in range(int(obj.attrs["__len__"]))]
+        return tuple(items) if kind == "tuple" else items
+    raise CheckpointError(f"{obj.name}: unknown stored type {kind!r}")
