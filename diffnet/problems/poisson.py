@@ -10,6 +10,7 @@ from .base import check_choice, check_number
 from .fields import KLDiffusionProblem
 
 LOSSES = ("energy", "residual")
+BC_MODES = ("overwrite", "lift")
 
 
 class Poisson(KLDiffusionProblem):
@@ -24,7 +25,10 @@ class Poisson(KLDiffusionProblem):
 
     Input channels ("nu", "log_nu"): nu at the nodes and log nu.
 
-    ``impose`` ALWAYS writes the Dirichlet values exactly (column 0 = 1, last column = 0).
+    ``impose`` ALWAYS makes the Dirichlet values exact (column 0 = 1, last column = 0), by
+    ``bc_mode``: "overwrite" (default) writes them over the network's output; "lift" returns
+    u = (1 - x) + 4 x (1 - x) * raw, so the network only learns the (smooth) departure from the
+    constant-nu solution and no jump appears next to the boundary columns.
 
     Loss (``loss``):
       * "energy" (default): "pde" = integral of nu |grad u|^2 / 2 over the square (quadrature
@@ -43,18 +47,20 @@ class Poisson(KLDiffusionProblem):
 
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  loss: str = "energy", quadrature: str = "faces", stencil: str = "sobel",
-                 bc_weight: float = 1.0):
+                 bc_weight: float = 1.0, bc_mode: str = "overwrite"):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.loss = check_choice("loss", loss, LOSSES)
         self.bc_weight = check_number("bc_weight", bc_weight, lo=0.0)
+        self.bc_mode = check_choice("bc_mode", bc_mode, BC_MODES)
         if self.loss == "residual":
             self.fd = FiniteDifference(self.spacing, self.stencil,
                                        derivatives=("r", "c", "rr", "cc"))
         self._masks: dict = {}
 
     def config(self) -> dict:
-        return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight}
+        return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight,
+                "bc_mode": self.bc_mode}
 
     def _mask(self, like: torch.Tensor):
         key = (like.dtype, like.device)
@@ -69,8 +75,19 @@ class Poisson(KLDiffusionProblem):
         return self._masks[key]
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        if self.bc_mode == "lift":
+            base, bubble = self._lift(u)
+            return torch.addcmul(base, bubble, u)
         mask, values = self._mask(u)
         return impose_dirichlet(u, mask, values)
+
+    def _lift(self, like: torch.Tensor):
+        """(1 - x, 4 x (1 - x)) as (1, 1, 1, W) rows, cached per dtype."""
+        key = ("lift", like.dtype, like.device)
+        if key not in self._masks:
+            x = torch.linspace(0.0, 1.0, self.grid[1], dtype=like.dtype, device=like.device)
+            self._masks[key] = ((1 - x).view(1, 1, 1, -1), (4 * x * (1 - x)).view(1, 1, 1, -1))
+        return self._masks[key]
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.loss == "energy":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import check_number
+from .base import check_choice, check_number
 from .fields import KLDiffusionProblem
 
 
@@ -17,7 +17,10 @@ class ReactionDiffusion(KLDiffusionProblem):
     low-nu regions develop boundary layers of width ~ sqrt(nu) / kappa); the source f is the
     constant ``source`` (default 1). param_names = ("omega_1", ..., "omega_m").
 
-    Input channels ("nu", "log_nu"). ``impose`` always writes u = 0 on the boundary (hard).
+    Input channels ("nu", "log_nu"). ``impose`` always makes u = 0 on the boundary exact:
+    ``bc_mode = "overwrite"`` (default) zeroes the boundary nodes of the network's output;
+    ``"lift"`` returns u = output_scale * 16 x (1 - x) y (1 - y) * raw, smooth up to the walls.
+    ``output_scale`` (default 1) sets the size of the network's output (u ~ f / kappa^2 here).
 
     Loss: "pde" = the energy
 
@@ -36,15 +39,18 @@ class ReactionDiffusion(KLDiffusionProblem):
 
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  kappa: float = 5.0, source: float = 1.0, quadrature: str = "faces",
-                 stencil: str = "sobel"):
+                 stencil: str = "sobel", bc_mode: str = "overwrite", output_scale: float = 1.0):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.kappa = check_number("kappa", kappa, lo=0.0)
+        self.bc_mode = check_choice("bc_mode", bc_mode, ("overwrite", "lift"))
+        self.output_scale = check_number("output_scale", output_scale, lo=0.0)
         self.source = check_number("source", source, what="a finite number")
         self._masks: dict = {}
 
     def config(self) -> dict:
-        return {**super().config(), "kappa": self.kappa, "source": self.source}
+        return {**super().config(), "kappa": self.kappa, "source": self.source,
+                "bc_mode": self.bc_mode, "output_scale": self.output_scale}
 
     def _interior(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.dtype, like.device)
@@ -56,8 +62,17 @@ class ReactionDiffusion(KLDiffusionProblem):
         return self._masks[key]
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        # impose_dirichlet(u, boundary, 0) == u * interior: one multiply.
-        return u * self._interior(u)
+        # impose_dirichlet(u, boundary, 0) == u * interior: one multiply (or the bubble).
+        return u * self._bubble(u) if self.bc_mode == "lift" else u * self._interior(u)
+
+    def _bubble(self, like: torch.Tensor) -> torch.Tensor:
+        key = ("bubble", like.dtype, like.device)
+        if key not in self._masks:
+            h, w = self.grid
+            y = torch.linspace(0.0, 1.0, h, dtype=like.dtype, device=like.device).view(1, 1, -1, 1)
+            x = torch.linspace(0.0, 1.0, w, dtype=like.dtype, device=like.device).view(1, 1, 1, -1)
+            self._masks[key] = self.output_scale * 16 * x * (1 - x) * y * (1 - y)
+        return self._masks[key]
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         energy = self.diffusion_energy(u, inputs[:, 0:1])
