@@ -75,9 +75,13 @@ class Trainer:
             self.resume()
         self.install_signal_handlers()
         spe = self.pool.steps_per_epoch
+        start, t_epoch = self.step, None
         while self.step < self.total_steps:
             epoch, s = divmod(self.step, spe)
-            t_epoch = time.perf_counter() if s == 0 else None
+            if s == 0:
+                t_epoch = time.perf_counter()
+            elif self.step == start:  # resumed mid-epoch: no whole-epoch time to report
+                t_epoch = None
             res = self.train_step(epoch, s)
             self.handle_nonfinite(res)
             self.log_step(epoch, res)

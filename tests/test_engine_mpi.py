@@ -140,3 +140,19 @@ def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
     p = deepfusion(2, ["train", "--resume", d, "--set", "train.max_steps=" + str(n_done + 3)])
     assert p.returncode == 0, p.stderr
     assert len(losses(d)) == n_done + 3
+
+
+def test_metrics_hold_epoch_and_eval_records(tiny, tmp_path):
+    d = str(tmp_path / "m")
+    p = train(0, tiny, d, "train.eval_every_epochs=2")
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        recs = [json.loads(l) for l in f]
+    epochs = [r for r in recs if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1, 2, 3, 4]
+    assert all(r["time_epoch"] > 0 and r["samples_per_s"] > 0 for r in epochs)
+    assert [r["epoch"] for r in recs if r["kind"] == "eval"] == [1, 3]
+    step = [r for r in recs if r["kind"] == "step"][0]
+    for key in ("loss", "pde", "bc", "grad_norm", "lr", "time_data", "time_forward", "time_backward",
+                "time_allreduce", "time_optimizer", "time_step", "samples_per_s"):
+        assert key in step, key
