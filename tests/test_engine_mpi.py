@@ -156,3 +156,13 @@ def test_metrics_hold_epoch_and_eval_records(tiny, tmp_path):
     for key in ("loss", "pde", "bc", "grad_norm", "lr", "time_data", "time_forward", "time_backward",
                 "time_allreduce", "time_optimizer", "time_step", "samples_per_s"):
         assert key in step, key
+
+
+def test_nonfinite_rollback_is_taken_by_all_ranks_together(tiny, tmp_path):
+    """on_nonfinite = "rollback": every rank reloads the last checkpoint with a lower learning
+    rate at the same step; when even that keeps failing, all stop together (exit 3)."""
+    p = train(2, tiny, str(tmp_path / "r"), "optim.name=\"sgd\"", "optim.lr=1e12",
+              "train.dtype=\"float32\"", "train.on_nonfinite=\"rollback\"", "train.checkpoint_every=1")
+    assert p.returncode in (0, 3), p.stderr
+    assert "rolled back to step_" in p.stderr
+    assert p.stderr.count("rolled back to") % 2 == 0  # both ranks warn at every rollback
