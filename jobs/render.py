@@ -44,7 +44,8 @@ REQUIRED_FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "memory_gb": (_NUM, True, "memory per node in GB (number > 0 or \"auto\")"),
     "link_bandwidth_GBps": (_NUM, False, "inter-node link bandwidth in GB/s (number > 0)"),
     "link_latency_us": (_NUM, False, "inter-node MPI latency in microseconds (number > 0)"),
-    "ranks_per_node": (_INT, False, "default MPI ranks per node (integer > 0)"),
+    "ranks_per_node": (_INT, True, "default MPI ranks per node (integer > 0, or \"auto\": "
+                                   "cores_per_node / threads_per_rank)"),
     "threads_per_rank": (_INT, True, "default threads per rank (integer > 0 or \"auto\")"),
     "partition": ((str,), False, "SLURM partition (string, may be empty)"),
     "account": ((str,), False, "SLURM account (string, may be empty)"),
@@ -154,6 +155,9 @@ def _resolve_auto(prof: dict) -> dict:
         p["sockets"] = min(p["numa_domains"], p["cores_per_node"])
     if p["memory_gb"] == "auto":
         p["memory_gb"] = _memory_gb()
+    if p["ranks_per_node"] == "auto":  # one rank per core unless threads_per_rank says otherwise
+        t = 1 if p["threads_per_rank"] == "auto" else p["threads_per_rank"]
+        p["ranks_per_node"] = max(1, p["cores_per_node"] // t)
     if p["threads_per_rank"] == "auto":
         p["threads_per_rank"] = max(1, p["cores_per_node"] // p["ranks_per_node"])
     return p
