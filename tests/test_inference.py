@@ -165,3 +165,18 @@ def test_p2_input_error_exits_2_everywhere(tmp_path):
                          "--out", str(tmp_path / "p.h5")], timeout=120, env=REAL_MPI)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("checkpoint not found") == 1
+
+
+def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, capsys):
+    from deepfusion.layout import bf16_supported
+
+    p32, p16 = str(tmp_path / "p32.h5"), str(tmp_path / "p16.h5")
+    assert run(["infer", ckpt, "--sample", "3", "--out", p32], capsys)[0] == 0
+    rc, _, err = run(["infer", ckpt, "--sample", "3", "--out", p16, "--precision", "bf16"], capsys)
+    if not bf16_supported():
+        assert rc == 2 and "avx512_bf16 or amx_bf16" in err and not os.path.exists(p16)
+        return
+    assert rc == 0, err
+    a, b = read_fields(p32)["u"], read_fields(p16)["u"]
+    assert b.dtype == np.float32 and np.all(b[:, :, 0] == 1) and np.all(b[:, :, -1] == 0)
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
