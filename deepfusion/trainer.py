@@ -103,26 +103,17 @@ class Trainer:
         if self.step == self.cfg.train.fail_at_step and self.comm.rank == self.cfg.train.fail_rank:
             raise InjectedFailure(f"injected failure at step {self.step} on rank {self.comm.rank} "
                                   f"(train.fail_at_step)")
-        # --- L-BFGS (deepfusion/lbfgs.py): switch at optim.switch_to_lbfgs_epoch, closure step ---
+        # Adam/SGD -> L-BFGS at optim.switch_to_lbfgs_epoch (a function of the step: all ranks agree)
         self.optimizer = lbfgs.maybe_switch(self.optimizer, self.model.parameters(),
                                             self.cfg.optim, epoch)
-        if lbfgs.is_lbfgs(self.optimizer):
-            idx = self.pool.local_indices(epoch, s)
-            mb = self.cfg.train.micro_batch
-            # big local batch + micro-batching: inputs built per micro-batch, at each evaluation
-            x = lbfgs.LazyBatch(self.inputs, idx, mb) if 0 < mb < len(idx) else self.inputs(idx)
-            t1 = time.perf_counter()
-            self.lr = lbfgs.LBFGS_LR * self.lr_scale
-            set_lr(self.optimizer, self.lr)
-            if self._lbfgs_stepper is None:
-                self._lbfgs_stepper = lbfgs.LBFGSStepper(self.loss_and_grad)
-            res = self._lbfgs_stepper(self.optimizer, x)
-            busy = sum(res.times.get(k, 0.0) for k in ("forward", "backward", "allreduce"))
-            res.times.update(data=t1 - t0, optimizer=max(0.0, time.perf_counter() - t1 - busy))
-            res.times["step"] = time.perf_counter() - t0
-            return res
-        # --- end L-BFGS ---
-        x = self.inputs(self.pool.local_indices(epoch, s))
+        step = self.lbfgs_step if lbfgs.is_lbfgs(self.optimizer) else self.first_order_step
+        res = step(self.pool.local_indices(epoch, s), t0)
+        res.times["step"] = time.perf_counter() - t0
+        return res
+
+    def first_order_step(self, idx, t0: float):
+        """Adam/SGD: one global loss-and-gradient, clip, step (skipped if not finite)."""
+        x = self.inputs(idx)
         t1 = time.perf_counter()
         self.lr = lr_at(self.step, self.total_steps, self.cfg.optim) * self.lr_scale
         set_lr(self.optimizer, self.lr)
@@ -132,7 +123,21 @@ class Trainer:
             self.gs.clip_(self.cfg.optim.grad_clip, res.grad_norm)
             self.optimizer.step()
         res.times.update(data=t1 - t0, optimizer=time.perf_counter() - t2)
-        res.times["step"] = time.perf_counter() - t0
+        return res
+
+    def lbfgs_step(self, idx, t0: float):
+        """L-BFGS: the closure is the same global loss-and-gradient (line search included)."""
+        mb = self.cfg.train.micro_batch
+        # big local batch + micro-batching: inputs built per micro-batch, at each evaluation
+        x = lbfgs.LazyBatch(self.inputs, idx, mb) if 0 < mb < len(idx) else self.inputs(idx)
+        t1 = time.perf_counter()
+        self.lr = lbfgs.LBFGS_LR * self.lr_scale
+        set_lr(self.optimizer, self.lr)
+        if self._lbfgs_stepper is None:
+            self._lbfgs_stepper = lbfgs.LBFGSStepper(self.loss_and_grad)
+        res = self._lbfgs_stepper(self.optimizer, x)
+        busy = sum(res.times.get(k, 0.0) for k in ("forward", "backward", "allreduce"))
+        res.times.update(data=t1 - t0, optimizer=max(0.0, time.perf_counter() - t1 - busy))
         return res
 
     def handle_nonfinite(self, res):
@@ -144,8 +149,12 @@ class Trainer:
         if self.cfg.train.on_nonfinite == "rollback":
             path = ckpt.latest_checkpoint(self.run_dir)
             if path is not None and self.lr_scale > 1e-6:
+                failed_at = self.step + 1
                 self.restore(path)
                 self.lr_scale *= self.cfg.train.rollback_lr_factor
+                self.log.truncate_after(self.step)  # metrics.jsonl keeps one trajectory
+                self.log.record({"kind": "rollback", "step": self.step, "failed_at": failed_at,
+                                 "lr_scale": self.lr_scale})
                 self.log.warn(f"{where}; rolled back to {os.path.basename(path)} with the "
                               f"learning rate scaled by {self.lr_scale:g}")
                 return
