@@ -92,6 +92,7 @@ def cmd_train(args, comm) -> int:
             args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
     cfg = _collective_check(comm, _load, args)
+    _compile_cache_env(cfg)  # before torch is imported
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before any torch op
     layouts = comm.allgather_obj(layout)
     if comm.rank == 0:
@@ -120,6 +121,12 @@ def cmd_train(args, comm) -> int:
                   f"median {summary['rel_l2_median']:.4f} worst {summary['rel_l2_max']:.4f} "
                   f"-> {os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
     return 0
+
+
+def _compile_cache_env(cfg):
+    if cfg.train.compile:
+        cache = cfg.train.compile_cache or os.path.join(cfg.run.dir, "compile_cache")
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(cache))
 
 
 def _check_batch(cfg, size):

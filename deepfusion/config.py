@@ -163,6 +163,10 @@ class TrainConfig(_Section):
     precision: str = _f("fp32", "compute precision of forward/backward: \"fp32\" or \"bf16\" "
                                 "(autocast; refused on CPUs without avx512_bf16/amx_bf16)",
                         choices=("fp32", "bf16"))
+    compile: bool = _f(False, "run the generator through torch.compile (needs a C++ compiler; "
+                              "compiles for tens of seconds at start; off unless it pays)")
+    compile_cache: str = _f("", "TorchInductor cache directory kept across runs; empty = "
+                                "RUN_DIR/compile_cache")
     init_seed: int = _f(0, "seed of the network initialisation (identical on every rank)", ge=0)
     micro_batch: int = _f(0, "samples per forward/backward (gradient accumulation); "
                              "0 = the whole local batch at once", ge=0)

@@ -46,8 +46,11 @@ class LossAndGrad:
 
     def __init__(self, model, task, comm: Communicator, gradsync: GradSync, *, global_batch: int,
                  term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", forward=None):
         self.model, self.task, self.comm, self.gs = model, task, comm, gradsync
+        # The callable that runs the generator: the model itself, or its torch.compile'd wrapper
+        # (same parameters, so gradients still land in the GradSync buckets).
+        self.forward = forward if forward is not None else model
         self.global_batch, self.term_names = global_batch, tuple(term_names)
         self.micro_batch, self.channels_last = micro_batch, channels_last
         if precision not in ("fp32", "bf16"):
@@ -69,10 +72,10 @@ class LossAndGrad:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.precision == "bf16":  # the network in bf16 (autocast); the PDE loss in fp32
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = self.model(x)
+                y = self.forward(x)
             y = y.float()
         else:
-            y = self.model(x)
+            y = self.forward(x)
         u = self.task.impose(y, x)
         terms = self.task.loss_terms(u, x)
         assert set(terms) == set(self.term_names), \

@@ -63,7 +63,8 @@ class Trainer:
         self.loss_and_grad = LossAndGrad(model, task, comm, self.gs, global_batch=cfg.data.global_batch,
                                          term_names=self.term_names, micro_batch=cfg.train.micro_batch,
                                          channels_last=cfg.model.channels_last,
-                                         precision=cfg.train.precision)
+                                         precision=cfg.train.precision,
+                                         forward=compiled(model, cfg) if cfg.train.compile else None)
         self.step, self.lr_scale = 0, 1.0
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
                           progress=cfg.run.progress, total_steps=self.total_steps,
@@ -261,3 +262,8 @@ class Trainer:
 
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, handler)
+
+
+def compiled(model, cfg):
+    """torch.compile'd ``model`` (shares its parameters; the eager model stays the one saved)."""
+    return torch.compile(model, dynamic=False)
