@@ -124,9 +124,16 @@ def cmd_train(args, comm) -> int:
 
 
 def _compile_cache_env(cfg):
-    if cfg.train.compile:
-        cache = cfg.train.compile_cache or os.path.join(cfg.run.dir, "compile_cache")
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(cache))
+    """TorchInductor's kernel cache: train.compile_cache if set, else a TORCHINDUCTOR_CACHE_DIR
+    the user exported, else RUN_DIR/compile_cache (so a requeued job does not compile again).
+    Before torch is imported: inductor reads the variable once."""
+    if not cfg.train.compile:
+        return
+    if cfg.train.compile_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cfg.train.compile_cache)
+    else:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.abspath(os.path.join(cfg.run.dir, "compile_cache")))
 
 
 def _check_batch(cfg, size):

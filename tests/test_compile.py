@@ -23,7 +23,8 @@ def losses(d):
 
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                     reason="torch.compile needs a C++ compiler")
-def test_compiled_training_matches_eager(tmp_path):
+def test_compiled_training_matches_eager(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # other tests may export one
     eager, comp = str(tmp_path / "eager"), str(tmp_path / "comp")
     p = deepfusion(0, ["train"] + ARGS + ["--set", f"run.dir={eager}"])
     assert p.returncode == 0, p.stderr
