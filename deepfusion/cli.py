@@ -31,7 +31,7 @@ def _collective_check(comm, fn, *args):
         out, err = fn(*args), None
     except (ValueError, KeyError, TypeError, OSError) as e:
         out, err = None, f"{e}"
-    errors = comm.allgather_obj(err) if comm.size > 1 else [err]
+    errors = comm.allgather_obj(err)
     bad = [(r, m) for r, m in enumerate(errors) if m is not None]
     if bad:
         r, msg = bad[0]
@@ -94,8 +94,8 @@ def cmd_train(args, comm) -> int:
     cfg = _collective_check(comm, _load, args)
     _compile_cache_env(cfg)  # before torch is imported
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before any torch op
-    layouts = comm.allgather_obj(layout)
-    if comm.rank == 0:
+    layouts = comm.gather_obj(layout)
+    if layouts is not None:  # rank 0 prints the layout
         text, warns = report(layouts, comm.library_version())
         print(text, flush=True)
         for w in warns:

@@ -61,6 +61,10 @@ class Communicator:
     def allgather_obj(self, obj) -> list:
         raise NotImplementedError
 
+    def gather_obj(self, obj, root: int = 0) -> list | None:
+        """Every rank's ``obj`` as a list on ``root``; None elsewhere."""
+        raise NotImplementedError
+
     def barrier(self):
         raise NotImplementedError
 
@@ -98,6 +102,9 @@ class SerialComm(Communicator):
         return obj
 
     def allgather_obj(self, obj):
+        return [obj]
+
+    def gather_obj(self, obj, root=0):
         return [obj]
 
     def barrier(self):
@@ -152,6 +159,9 @@ class MPIComm(Communicator):
 
     def allgather_obj(self, obj):
         return self._comm.allgather(obj)
+
+    def gather_obj(self, obj, root=0):
+        return self._comm.gather(obj, root=root)
 
     def barrier(self):
         self._comm.Barrier()

@@ -36,11 +36,15 @@ class ShardedPool:
         self.rank, self.size, self.seed, self.shuffle = rank, size, seed, shuffle
         # Drop the last incomplete global batch: equal batches on all ranks and every step alike.
         self.steps_per_epoch = n_samples // global_batch
+        self._order_epoch, self._order = None, None
 
     def order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.n_samples)
-        return np.random.default_rng([self.seed, 7919, epoch]).permutation(self.n_samples)
+        """The pool order of ``epoch``, computed once per epoch (every step of it asks)."""
+        if self._order_epoch != epoch:
+            self._order = (np.random.default_rng([self.seed, 7919, epoch]).permutation(self.n_samples)
+                           if self.shuffle else np.arange(self.n_samples))
+            self._order_epoch = epoch
+        return self._order
 
     def global_indices(self, epoch: int, step_in_epoch: int) -> np.ndarray:
         start = step_in_epoch * self.global_batch

@@ -50,8 +50,8 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
              "max_err": np.atleast_1d(max_error(preds, refs)).tolist() if len(idx) else [],
              "t_inf": t_inf, "t_ref": t_ref,
              "examples": _examples(idx, inputs, preds, refs)}
-    parts = comm.allgather_obj(local)
-    if comm.rank != 0:
+    parts = comm.gather_obj(local)
+    if parts is None:  # not rank 0
         return None
     rel = np.array(sum((p["rel_l2"] for p in parts), []))
     mx = np.array(sum((p["max_err"] for p in parts), []))

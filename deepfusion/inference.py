@@ -206,13 +206,13 @@ def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
             u, x, sec = compute(lo, hi)
             busy += sec
             item = (lo, u, x)
-        items = comm.allgather_obj(item) if comm.size > 1 else [item]
+        items = comm.gather_obj(item)
         if writer is not None:
             for it in items:
                 if it is not None:
                     writer.write(*it)
         del items
-    return float(sum(comm.allgather_obj(busy))) if comm.size > 1 else busy
+    return float(sum(comm.allgather_obj(busy)))
 
 
 def predictor(model, problem, samples: Samples, *, channels_last: bool = False):

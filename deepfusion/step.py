@@ -61,10 +61,8 @@ class LossAndGrad:
             check_precision(precision)
         self.precision = precision
         self.flags = {k: 0.0 for k in FLAGS}
-        dtype = next(model.parameters()).dtype
         # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
         self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
-        self.dtype = dtype
 
     def forward_terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-sample loss terms of the model's prediction for inputs x (B, C, H, W)."""

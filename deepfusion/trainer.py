@@ -18,7 +18,7 @@ from . import checkpoint as ckpt
 from . import lbfgs  # L-BFGS (deepfusion/lbfgs.py)
 from .data import InputCache, ShardedPool
 from .gradsync import GradSync
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import lr_at, set_lr
 from .runlog import RunLog, plot_loss_curve
 from .step import LossAndGrad, broadcast_module, parameter_checksum
 
