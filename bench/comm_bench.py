@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from bench.common import load, median, mpi_cmd, run_json
+from bench.common import emit_json, load, median, mpi_cmd, run_json
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,12 +236,7 @@ def main(argv=None):
         return worker(a)
     res = run(a.grid, a.batch, a.steps, a.repeats, a.sizes_mb, a.bucket_mbs, a.repeats_ar,
               a.bucket_mb)
-    text = json.dumps(res, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    emit_json(res, a.out)
     return 0
 
 

@@ -49,27 +49,37 @@ def median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def peak_rss_mb() -> float:
-    """High-water mark of this process's resident set (VmHWM), in MiB."""
+def _status_mb(field: str) -> float | None:
+    """A kB field of /proc/self/status (e.g. VmHWM, VmRSS) in MiB; None where unavailable."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return None
+
+
+def peak_rss_mb() -> float:
+    """High-water mark of this process's resident set (VmHWM), in MiB."""
+    hwm = _status_mb("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
+    rss = _status_mb("VmRSS")
+    return rss if rss is not None else float("nan")
+
+
+def emit_json(res: dict, out: str | None) -> None:
+    """A benchmark's result: to ``out`` if given, else to stdout."""
+    text = json.dumps(res, indent=1)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
 
 
 class Timer:

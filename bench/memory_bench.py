@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from bench.common import load, peak_rss_mb, rss_mb, run_json
+from bench.common import emit_json, load, peak_rss_mb, rss_mb, run_json
 
 
 def worker(a) -> int:
@@ -67,12 +67,7 @@ def main(argv=None):
     if a.worker:
         return worker(a)
     res = run(tuple(int(s) for s in a.sizes.split(",")), a.batch, a.threads)
-    text = json.dumps(res, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    emit_json(res, a.out)
     return 0
 
 

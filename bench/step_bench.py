@@ -16,12 +16,12 @@ step are counted with torch.utils.flop_counter.FlopCounterMode over forward + ba
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-from bench.common import Timer, build, gemm_flops, gemm_seconds, inputs, load, median, step_flops
+from bench.common import (Timer, build, emit_json, gemm_flops, gemm_seconds, inputs, load, median,
+                          step_flops)
 
 
 def _stock_norms(model):
@@ -199,12 +199,7 @@ def main(argv=None):
                               os.path.join(os.path.dirname(os.path.abspath(a.out)), "inductor_cache"))
     res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
               compile_=a.compile)
-    text = json.dumps(res, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    emit_json(res, a.out)
 
 
 if __name__ == "__main__":

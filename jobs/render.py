@@ -83,6 +83,15 @@ def _type_name(types: tuple[type, ...]) -> str:
     return "/".join("number" if t is float else t.__name__ for t in types)
 
 
+def _check_value(label: str, field: str, val, types, desc: str | None = None) -> None:
+    """Type and positivity of one profile field (``label`` names the profile and its file)."""
+    if isinstance(val, bool) or not isinstance(val, types):
+        what = f"{_type_name(types)} ({desc})" if desc else _type_name(types)
+        raise ProfileError(f"{label}: field '{field}' must be {what}, got {type(val).__name__} {val!r}")
+    if field in _POSITIVE and val <= 0:
+        raise ProfileError(f"{label}: field '{field}' must be > 0, got {val!r}")
+
+
 def validate_profile(name: str, prof: dict, source: str = "") -> dict:
     """Check every field; return a copy with optional defaults filled in. Raises ProfileError."""
     where = f" in {source}" if source else ""
@@ -92,15 +101,8 @@ def validate_profile(name: str, prof: dict, source: str = "") -> dict:
     for field, (types, auto_ok, desc) in REQUIRED_FIELDS.items():
         if field not in prof:
             raise ProfileError(f"cluster profile '{name}'{where} is missing field '{field}' ({desc})")
-        val = prof[field]
-        if auto_ok and val == "auto":
-            continue
-        if isinstance(val, bool) or not isinstance(val, types):
-            raise ProfileError(
-                f"cluster profile '{name}'{where}: field '{field}' must be {_type_name(types)} "
-                f"({desc}), got {type(val).__name__} {val!r}")
-        if field in _POSITIVE and val <= 0:
-            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be > 0, got {val!r}")
+        if not (auto_ok and prof[field] == "auto"):
+            _check_value(f"cluster profile '{name}'{where}", field, prof[field], types, desc)
     if prof["launcher"] not in LAUNCHERS:
         raise ProfileError(f"cluster profile '{name}'{where}: field 'launcher' must be one of "
                            f"{', '.join(LAUNCHERS)}, got {prof['launcher']!r}")
@@ -110,12 +112,7 @@ def validate_profile(name: str, prof: dict, source: str = "") -> dict:
         if field not in prof:
             out[field] = default
             continue
-        val = prof[field]
-        if isinstance(val, bool) or not isinstance(val, types):
-            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be "
-                               f"{_type_name(types)}, got {type(val).__name__} {val!r}")
-        if field in _POSITIVE and val <= 0:
-            raise ProfileError(f"cluster profile '{name}'{where}: field '{field}' must be > 0, got {val!r}")
+        _check_value(f"cluster profile '{name}'{where}", field, prof[field], types)
     if out["mpi_impl"] not in MPI_IMPLS:
         raise ProfileError(f"cluster profile '{name}'{where}: field 'mpi_impl' must be one of "
                            f"{', '.join(MPI_IMPLS)}, got {out['mpi_impl']!r}")
