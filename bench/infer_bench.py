@@ -1,7 +1,8 @@
 """Inference vs the reference solver, per sample, on one machine, in one run (Poisson).
 
     python -m bench.infer_bench --out bench/out/infer.json [--sizes 256,512,1024]
-                                [--checkpoint CKPT] [--batches 1,2,4,8] [--samples 8]
+                                [--checkpoint CKPT [--work-grid trained]] [--batches 1,2,4,8]
+                                [--samples 8] [--precision fp32|bf16]
 
 For each grid size N x N and each configuration -- network inference at every batch size, the
 sparse direct solver (SuperLU, ``solve_diffusion(method="direct")``) and algebraic multigrid
@@ -12,6 +13,12 @@ over the RSS right after setup), so configurations do not inherit each other's m
 The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid size; the
 relative L2 error of its predictions against the direct solutions is reported), else the
 default ``unet`` with random weights (timing only: the error is null, marked "untrained").
+The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.inference.predictor``:
+channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
+
+Control (with ``--work-grid``): the direct solver on the work grid, interpolated to N x N the
+same way, timed and compared with the N x N direct solution. It says how much of the speed-up
+comes from the problem being resolved on the coarse grid rather than from the network.
 """
 from __future__ import annotations
 
@@ -41,10 +48,12 @@ def _setup(cfg):
     import torch
 
     torch.set_num_threads(cfg["threads"])
+    work = None
     if cfg.get("checkpoint"):
         from deepfusion.inference import load_model
 
-        model, problem, _ = load_model(cfg["checkpoint"], grid=(cfg["size"],) * 2)
+        model, problem, work, _ = load_model(cfg["checkpoint"], grid=(cfg["size"],) * 2,
+                                             work_grid=cfg.get("work_grid"))
     else:
         from diffnet.generators import build_generator
         from diffnet.problems import get_problem
@@ -52,25 +61,44 @@ def _setup(cfg):
         torch.manual_seed(0)
         problem = get_problem("poisson", grid=(cfg["size"],) * 2)
         model = build_generator("unet", in_channels=len(problem.input_channels)).eval()
+    if cfg.get("precision") == "bf16":
+        model = model.to(torch.bfloat16)
     params = problem.sample_params(cfg["seed"], np.arange(cfg["n"]))
-    return model, problem, params
+    return model, problem, work, params
 
 
-def _infer(cfg, model, problem, params):
+def _infer(cfg, model, problem, work, params):
+    import numpy as np
+
+    from deepfusion.inference import Samples, predictor
+
+    compute = predictor(model, problem, Samples(params), channels_last=True, work=work)
+    preds, total, b = [], 0.0, cfg["batch"]
+    for lo in range(0, len(params), b):  # predictor warms each new shape up untimed
+        u, _, sec = compute(lo, min(lo + b, len(params)))
+        total += sec
+        preds.append(u.astype(np.float64))
+    return total, np.concatenate(preds)
+
+
+def _coarse(cfg, problem, work, params):
+    """Control: the direct solve on the work grid, interpolated to the full grid (timed)."""
     import numpy as np
     import torch
 
-    dtype, b = next(model.parameters()).dtype, cfg["batch"]
-    preds, total = [], 0.0
-    with torch.inference_mode():
-        model(problem.build_input(params[:b], dtype=dtype))  # warm-up, untimed
-        for lo in range(0, len(params), b):
-            x = problem.build_input(params[lo:lo + b], dtype=dtype)
-            t0 = time.perf_counter()
-            u = problem.impose(model(x), x)
-            total += time.perf_counter() - t0
-            preds.append(u[:, 0].double().numpy())
-    return total, np.concatenate(preds)
+    from diffnet.reference import solve_diffusion
+    from diffnet.resample import resample_nodes
+
+    total, out = 0.0, []
+    solve_diffusion(work.nu_nodes(params[0]), dirichlet="poisson", method="direct")  # warm-up
+    for p in params:
+        nu = work.nu_nodes(p)
+        t0 = time.perf_counter()
+        u = solve_diffusion(nu, dirichlet="poisson", method="direct")
+        u = resample_nodes(torch.from_numpy(u)[None, None], problem.grid)[0, 0].numpy()
+        total += time.perf_counter() - t0
+        out.append(u)
+    return total, np.stack(out)
 
 
 def _solve(cfg, problem, params):
@@ -93,11 +121,13 @@ def worker(cfg: dict) -> dict:
     """Measure one configuration; print and return its JSON record."""
     import numpy as np
 
-    model, problem, params = _setup(cfg)
+    model, problem, work, params = _setup(cfg)
     rss0 = _rss_mb()
     extra = {}
     if cfg["kind"] == "infer":
-        total, fields = _infer(cfg, model, problem, params)
+        total, fields = _infer(cfg, model, problem, work, params)
+    elif cfg["kind"] == "coarse":
+        total, fields = _coarse(cfg, problem, work, params)
     else:
         total, fields, extra = _solve(cfg, problem, params)
     if cfg.get("save"):
@@ -133,7 +163,8 @@ def bench_size(size: int, args, tmp: str) -> dict:
 
     from diffnet.metrics import relative_l2
 
-    base = {"size": size, "seed": 777, "threads": args.threads, "checkpoint": args.checkpoint}
+    base = {"size": size, "seed": 777, "threads": args.threads, "checkpoint": args.checkpoint,
+            "work_grid": args.work_grid, "precision": args.precision}
     n_solve = args.solver_samples or (2 if size >= 1024 else 4)
     ref_path = os.path.join(tmp, f"ref{size}.npy")
     direct = _run({**base, "kind": "solve", "method": "direct", "n": n_solve, "save": ref_path})
@@ -154,12 +185,20 @@ def bench_size(size: int, args, tmp: str) -> dict:
         rel = float(np.mean(relative_l2(pred[:m], ref[:m])))
     for r in infers:
         r.pop("_pred", None)
+    coarse = None
+    if args.checkpoint and str(args.work_grid or "none").lower() != "none":
+        coarse_path = os.path.join(tmp, f"coarse{size}.npy")
+        coarse = _run({**base, "kind": "coarse", "method": "direct", "n": n_solve,
+                       "save": coarse_path})
+        if "error" not in coarse and "error" not in direct:
+            ref, c = np.load(ref_path), np.load(coarse_path)
+            coarse["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(c, ref)))
     batch1 = next((r for r in ok if r["batch"] == 1), None)
     return {"size": size, "solver_direct": direct, "solver_amg": amg, "inference": infers,
             "inference_batch1_s": batch1 and batch1["seconds_per_sample"],
             "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
             "speedup_vs_direct": _ratio(direct, best), "speedup_vs_amg": _ratio(amg, best),
-            "rel_l2_mean_vs_direct": rel,
+            "rel_l2_mean_vs_direct": rel, "control_direct_on_work_grid": coarse,
             "error_note": None if args.checkpoint else "untrained network: error not reported"}
 
 
@@ -178,6 +217,9 @@ def main(argv=None) -> int:
     p.add_argument("--solver-samples", type=int, default=0,
                    help="solver samples per config (default 4; 2 at N >= 1024)")
     p.add_argument("--checkpoint", help="trained checkpoint (else untrained default unet)")
+    p.add_argument("--work-grid", help="as deepfusion infer --work-grid (HxW, trained, none); "
+                                       "adds the coarse direct-solve control")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -191,7 +233,8 @@ def main(argv=None) -> int:
     out = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
                        "threads": args.threads, "python": platform.python_version(),
                        "loadavg_start": os.getloadavg()},
-           "checkpoint": args.checkpoint, "results": []}
+           "checkpoint": args.checkpoint, "work_grid": args.work_grid,
+           "precision": args.precision, "results": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             print(f"size {size}x{size}", flush=True)

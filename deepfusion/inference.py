@@ -47,8 +47,31 @@ def build_problem(name: str, kwargs: dict, grid=None):
     return get_problem(name, **kwargs)
 
 
-def load_model(path, grid=None):
-    """(model in eval mode, problem, meta) rebuilt from a checkpoint alone."""
+def resolve_work_grid(text, meta) -> list[int] | None | str:
+    """--work-grid 'HxW' / 'trained' / 'none' (or not given) -> [H, W] / the training grid / None."""
+    t = "none" if text is None else str(text).strip().lower()
+    if t == "none":
+        return None
+    if t == "trained":
+        try:
+            return [int(v) for v in meta["problem"]["kwargs"]["grid"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("--work-grid trained: the checkpoint does not record its training "
+                             "grid; give --work-grid HxW") from None
+    try:
+        return list(parse_grid(t))
+    except ValueError:
+        raise ValueError(f"--work-grid must be HxW (e.g. 64x64), 'trained' or 'none', "
+                         f"got {text!r}") from None
+
+
+def load_model(path, grid=None, work_grid=None):
+    """(model in eval mode, problem, work problem or None, meta) rebuilt from a checkpoint.
+
+    ``problem`` is on ``grid`` (default: the training grid); with ``work_grid`` (the
+    ``--work-grid`` text, see :func:`resolve_work_grid`) the network runs on the work problem's
+    grid and its imposed output is interpolated to ``grid`` (see :func:`predictor`).
+    """
     from diffnet.generators import build_generator
 
     from .checkpoint import load_checkpoint
@@ -65,12 +88,18 @@ def load_model(path, grid=None):
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
     problem = build_problem(spec_p["name"], spec_p["kwargs"], grid)
-    probe = torch.zeros((1, len(problem.input_channels), *problem.grid), dtype=dtype)
+    wg = resolve_work_grid(work_grid, meta)
+    work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
+        spec_p["name"], spec_p["kwargs"], wg)
+    runs_on = work or problem
+    probe = torch.zeros((1, len(problem.input_channels), *runs_on.grid), dtype=dtype)
     try:
         model.check_input(probe) if hasattr(model, "check_input") else None
     except ValueError as e:
-        raise ValueError(f"--grid {problem.grid[0]}x{problem.grid[1]}: {e}") from None
-    return model, problem, meta
+        flag = "--work-grid" if work else "--grid"
+        hint = "" if work else "; a network trained on another grid can run on it with --work-grid trained"
+        raise ValueError(f"{flag} {runs_on.grid[0]}x{runs_on.grid[1]}: {e}{hint}") from None
+    return model, problem, work, meta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,20 +244,32 @@ def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
     return float(sum(comm.allgather_obj(busy)))
 
 
-def predictor(model, problem, samples: Samples, *, channels_last: bool = False):
-    """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed)."""
+def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None):
+    """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
+
+    With a ``work`` problem (another grid of the same problem) the inputs are resampled to its
+    grid, the network runs and its output is imposed there, and the solution is interpolated
+    back to ``problem``'s grid (resampling included in the time).
+    """
+    from diffnet.resample import resample_nodes
+
     dtype = next(model.parameters()).dtype
+    on = work or problem
     warm: set = set()
+
+    def run(x):
+        xin = resample_nodes(x, on.grid)
+        xin = xin.contiguous(memory_format=torch.channels_last) if channels_last else xin
+        return resample_nodes(on.impose(model(xin), xin), problem.grid)
 
     @torch.inference_mode()
     def compute(lo, hi):
         x = samples.inputs(problem, lo, hi, dtype)
-        xin = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-        if xin.shape not in warm:  # a new shape pays one-off kernel selection: untimed
-            model(xin)
-            warm.add(xin.shape)
+        if x.shape not in warm:  # a new shape pays one-off kernel selection: untimed
+            run(x)
+            warm.add(x.shape)
         t0 = time.perf_counter()
-        u = problem.impose(model(xin), xin)
+        u = run(x)
         sec = time.perf_counter() - t0
         return u[:, 0].float().contiguous().numpy(), x.float().numpy(), sec
     return compute

@@ -46,6 +46,10 @@ def register(sub) -> None:
     i.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16 runs the generator's weights and activations in bfloat16 (faster "
                         "on CPUs with AMX/AVX512-BF16, ~3 significant digits; refused elsewhere)")
+    i.add_argument("--work-grid", metavar="HxW|trained|none",
+                   help="run the network on this grid and interpolate its output to --grid "
+                        "(resolution transfer; 'trained' = the checkpoint's training grid; "
+                        "default 'none': the network runs on the inference grid itself)")
     i.set_defaults(run=run_infer)
     s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
     s.add_argument("--problem", required=True, help="problem name (burgers, poisson, ...)")
@@ -154,12 +158,13 @@ def _load(args):
         from .layout import check_precision
 
         check_precision("bf16")
-    model, problem, meta = load_model(args.checkpoint, parse_grid(args.grid))
+    model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
+                                            work_grid=args.work_grid)
     if args.precision == "bf16":
         import torch
 
         model = model.to(torch.bfloat16)
-    return model, problem, meta
+    return model, problem, work, meta
 
 
 def _infer(args, comm) -> int:
@@ -167,16 +172,23 @@ def _infer(args, comm) -> int:
     from .inference import predictor
 
     _threads(comm, args.threads)
-    model, problem, meta = _collective_check(comm, _load, args)
+    model, problem, work, meta = _collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
     data_seed = (meta.get("config") or {}).get("data", {}).get("seed")
     if args.sample is not None and data_seed is not None and args.seed == data_seed:
         _say(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed (data.seed): "
                    f"these samples are the training pool, not unseen inputs", err=True)
     cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
-    compute = predictor(model, problem, samples, channels_last=cl)
+    trained = (meta.get("problem") or {}).get("kwargs", {}).get("grid")
+    if work is None and trained and list(trained) != list(problem.grid):
+        _say(comm, f"deepfusion: note: the network was trained on {trained[0]}x{trained[1]} and "
+                   f"runs on {problem.grid[0]}x{problem.grid[1]} as is; its filters are tied to "
+                   f"the training grid spacing, so check the error (deepfusion compare) or run it "
+                   f"on its training grid with --work-grid trained", err=True)
+    compute = predictor(model, problem, samples, channels_last=cl, work=work)
     attrs = {"source": os.path.abspath(args.checkpoint), "kind": "prediction",
-             "step": int(meta.get("step", -1))}
+             "step": int(meta.get("step", -1)),
+             "work_grid": list((work or problem).grid)}
     return _execute(comm, args, problem, samples, compute, attrs)
 
 

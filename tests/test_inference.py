@@ -180,3 +180,36 @@ def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, capsys):
     a, b = read_fields(p32)["u"], read_fields(p16)["u"]
     assert b.dtype == np.float32 and np.all(b[:, :, 0] == 1) and np.all(b[:, :, -1] == 0)
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+
+
+def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys):
+    """--work-grid trained on 46x46 (every 3rd node is a 16x16 node, so the resampled inputs
+    equal the 16x16 ones; 46 is not even a multiple of 2**depth) = the 16x16 prediction,
+    interpolated bilinearly."""
+    from diffnet.resample import resample_nodes
+
+    coarse, fine = str(tmp_path / "c.h5"), str(tmp_path / "f.h5")
+    assert run(["infer", ckpt, "--sample", "3", "--out", coarse], capsys)[0] == 0
+    rc, _, err = run(["infer", ckpt, "--sample", "3", "--grid", "46x46", "--work-grid",
+                      "trained", "--out", fine], capsys)
+    assert rc == 0 and "note:" not in err
+    with h5py.File(coarse) as fc, h5py.File(fine) as ff:
+        assert ff["u"].shape == (3, 46, 46) and list(ff.attrs["work_grid"]) == GRID
+        want = resample_nodes(torch.from_numpy(fc["u"][:])[:, None], (46, 46))[:, 0].numpy()
+        np.testing.assert_allclose(ff["u"][:], want, rtol=0, atol=2e-6)
+        np.testing.assert_array_equal(ff["u"][:, :, 0], 1.0)  # Dirichlet values stay exact
+        np.testing.assert_array_equal(ff["u"][:, :, -1], 0.0)
+    # without --work-grid the network runs on the inference grid itself, with a note saying so
+    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "48x48",
+                      "--out", str(tmp_path / "n.h5")], capsys)
+    assert rc == 0 and "trained on 16x16" in err and "--work-grid trained" in err
+
+
+@pytest.mark.parametrize("value, message", [
+    ("foo", "--work-grid must be HxW"),
+    ("18x18", "--work-grid 18x18: grid 18x18 is not divisible by 2**depth = 4"),
+])
+def test_bad_work_grid(ckpt, tmp_path, capsys, value, message):
+    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "32x32", "--work-grid", value,
+                      "--out", str(tmp_path / "x.h5")], capsys)
+    assert rc == 2 and message in err and not os.path.exists(tmp_path / "x.h5")
