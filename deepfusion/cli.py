@@ -57,12 +57,32 @@ def _build(cfg, rank: int):
     model = build_generator(cfg.model.name, **model_kwargs)
     dtype = torch.float64 if cfg.train.dtype == "float64" else torch.float32
     model = model.to(dtype)
+    if cfg.model.init_from:
+        _init_from(model, cfg.model.name, cfg.model.init_from)
     if cfg.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config() if hasattr(model, "config")
                        else model_kwargs},
              "problem": {"name": task.name, "kwargs": task.config()}}
     return task, model, specs
+
+
+def _init_from(model, name: str, path: str) -> None:
+    """Copy the generator weights of checkpoint ``path`` into ``model`` (model.init_from)."""
+    from .checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    spec = state["meta"].get("model") or {}
+    ours = model.config() if hasattr(model, "config") else None
+    theirs = spec.get("kwargs")
+    if spec.get("name") != name or (ours is not None and theirs is not None and
+                                    {k: v for k, v in theirs.items() if k != "checkpoint_levels"}
+                                    != {k: v for k, v in ours.items() if k != "checkpoint_levels"}):
+        raise ValueError(f"model.init_from = {path!r} holds generator {spec.get('name')!r} "
+                         f"{theirs}, but this run builds {name!r} {ours}; set [model] name and "
+                         f"options to match it, or start from scratch with model.init_from = \"\"")
+    dtype = next(model.parameters()).dtype
+    model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
 
 
 def _prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int):

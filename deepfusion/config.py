@@ -79,6 +79,9 @@ class ModelConfig(_Section):
     name: str = _f("unet", "registered generator architecture")
     options: dict[str, Any] = _f({}, "generator keyword arguments, e.g. {depth = 4, base_width = 32}")
     channels_last: bool = _f(True, "use the channels_last (NHWC) memory format (faster oneDNN convs)")
+    init_from: str = _f("", "checkpoint whose generator weights start this run (warm start, e.g. "
+                            "coarse-to-fine from a coarser grid); its step and optimiser state are "
+                            "not taken; same generator architecture required; empty = random init")
 
     def _validate(self):
         if not self.name.strip():

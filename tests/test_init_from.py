@@ -1,0 +1,46 @@
+"""model.init_from: a run starts from another run's generator weights (coarse-to-fine)."""
+import glob
+import os
+
+import pytest
+import torch
+
+from deepfusion.checkpoint import load_checkpoint
+from deepfusion.cli import _build
+from deepfusion.config import load_config
+from tests.mpi_util import deepfusion
+from tests.test_engine_mpi import TINY
+
+
+@pytest.fixture(scope="module")
+def coarse(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coarse")
+    (d / "tiny.toml").write_text(TINY)
+    p = deepfusion(0, ["train", str(d / "tiny.toml"), "--set", f"run.dir={d / 'run'}",
+                       "--set", "train.epochs=1"])
+    assert p.returncode == 0, p.stderr
+    return str(d / "tiny.toml"), sorted(glob.glob(str(d / "run/checkpoints/step_*.h5")))[-1]
+
+
+def test_weights_are_taken_on_another_grid(coarse):
+    config, ckpt = coarse
+    cfg = load_config(config, ["problem.grid=[32, 32]", f"model.init_from={ckpt!r}".replace("'", '"')])
+    _, model, _ = _build(cfg, 0)
+    saved = load_checkpoint(ckpt)["model_state"]
+    assert set(saved) == set(model.state_dict())
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, saved[k].to(v.dtype), rtol=0, atol=0)
+    fresh = _build(load_config(config, ["problem.grid=[32, 32]"]), 0)[1].state_dict()
+    assert any(not torch.equal(fresh[k], v) for k, v in model.state_dict().items())
+
+
+def test_other_architecture_refused_with_the_fix(coarse, tmp_path):
+    config, ckpt = coarse
+    p = deepfusion(0, ["train", config, "--set", f"run.dir={tmp_path / 'b'}",
+                       "--set", f'model.init_from="{ckpt}"',
+                       "--set", "model.options={depth = 2, base_width = 8}"])
+    assert p.returncode == 2, p.stderr
+    assert "model.init_from" in p.stderr and "set [model] name and options to match" in p.stderr
+    p = deepfusion(0, ["train", config, "--set", f"run.dir={tmp_path / 'c'}",
+                       "--set", f'model.init_from="{tmp_path / "missing.h5"}"'])
+    assert p.returncode == 2 and "checkpoint not found" in p.stderr, p.stderr
