@@ -18,8 +18,9 @@ class ReactionDiffusion(KLDiffusionProblem):
     constant ``source`` (default 1). param_names = ("omega_1", ..., "omega_m").
 
     Input channels ("nu", "log_nu"). ``impose`` always makes u = 0 on the boundary exact:
-    ``bc_mode = "overwrite"`` (default) zeroes the boundary nodes of the network's output;
-    ``"lift"`` returns u = output_scale * 16 x (1 - x) y (1 - y) * raw, smooth up to the walls.
+    ``bc_mode = "overwrite"`` (default) returns u = output_scale * raw with the boundary nodes
+    zeroed (so a boundary layer one cell wide costs the network nothing); ``"lift"`` returns
+    u = output_scale * 16 x (1 - x) y (1 - y) * raw, smooth up to the walls.
     ``output_scale`` (default 1) sets the size of the network's output (u ~ f / kappa^2 here).
 
     Loss: "pde" = the energy
@@ -57,12 +58,12 @@ class ReactionDiffusion(KLDiffusionProblem):
         if key not in self._masks:
             h, w = self.grid
             m = torch.zeros((1, 1, h, w), dtype=like.dtype, device=like.device)
-            m[..., 1:-1, 1:-1] = 1
+            m[..., 1:-1, 1:-1] = self.output_scale
             self._masks[key] = m
         return self._masks[key]
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        # impose_dirichlet(u, boundary, 0) == u * interior: one multiply (or the bubble).
+        # impose_dirichlet(u, boundary, 0) * scale == u * (scale * interior): one multiply.
         return u * self._bubble(u) if self.bc_mode == "lift" else u * self._interior(u)
 
     def _bubble(self, like: torch.Tensor) -> torch.Tensor:
