@@ -1,7 +1,8 @@
 """Peak memory (RSS high-water mark) of one training step per rank, with and without activation
-checkpointing (model option checkpoint_levels = true).
+checkpointing (model option checkpoint_levels = true), and of inference on large grids.
 
     python -m bench.memory_bench [--sizes 256,512,1024] [--batch 1] [--threads 2]
+                                 [--infer-sizes 1024,2048]
 
 Each (grid, checkpointing) configuration runs in its own subprocess, so high-water marks do
 not mix: the worker builds the default generator and the Burgers problem at N x N, records its
@@ -39,7 +40,43 @@ def worker(a) -> int:
     return 0
 
 
-def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print) -> dict:
+def infer_worker(a) -> int:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from bench.common import build, inputs
+
+    task, model = build("poisson", a.size, "unet", {})
+    model.eval()
+    x = inputs(task, 1).contiguous(memory_format=torch.channels_last)
+    base = rss_mb()
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        u = task.impose(model(x), x)
+        dt = time.perf_counter() - t0
+    assert u.shape[-2:] == x.shape[-2:]
+    peak = peak_rss_mb()
+    print(json.dumps({"size": a.size, "batch": 1, "threads": a.threads, "setup_rss_mb": base,
+                      "peak_rss_mb": peak, "infer_increase_mb": peak - base, "forward_s": dt,
+                      "field_mb": 4 * a.size * a.size / 2**20, "loadavg": load()}), flush=True)
+    return 0
+
+
+def run_infer(sizes=(1024, 2048), threads=2, log=print) -> list:
+    rows = []
+    for n in sizes:
+        r = run_json([sys.executable, "-m", "bench.memory_bench", "--worker", "--infer",
+                      "--size", str(n), "--threads", str(threads)])
+        rows.append(r if "error" not in r else {"size": n, **r})
+        if "error" in r:
+            log(f"  inference memory {n}^2: failed: {r['error'][-300:]}")
+        else:
+            log(f"  inference {n}^2 b1: peak {r['peak_rss_mb']:.0f} MiB "
+                f"(+{r['infer_increase_mb']:.0f} over setup), forward {r['forward_s']:.1f} s")
+    return rows
+
+
+def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print, infer_sizes=()) -> dict:
     rows = []
     for n in sizes:
         for ck in (0, 1):
@@ -51,7 +88,8 @@ def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print) -> dict:
             else:
                 log(f"  memory {n}^2 b{batch} ckpt={bool(ck)}: peak {r['peak_rss_mb']:.0f} MiB "
                     f"(+{r['step_increase_mb']:.0f} over setup), step {r['step_s']:.1f} s")
-    return {"batch": batch, "threads": threads, "rows": rows}
+    return {"batch": batch, "threads": threads, "rows": rows,
+            "inference": run_infer(infer_sizes, threads, log)}
 
 
 def main(argv=None):
@@ -59,14 +97,17 @@ def main(argv=None):
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--checkpoint", type=int, default=0)
+    p.add_argument("--infer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--infer-sizes", default="1024,2048")
     p.add_argument("--sizes", default="256,512,1024")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out")
     a = p.parse_args(argv)
     if a.worker:
-        return worker(a)
-    res = run(tuple(int(s) for s in a.sizes.split(",")), a.batch, a.threads)
+        return infer_worker(a) if a.infer else worker(a)
+    res = run(tuple(int(s) for s in a.sizes.split(",")), a.batch, a.threads,
+              infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s))
     emit_json(res, a.out)
     return 0
 

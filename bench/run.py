@@ -94,6 +94,10 @@ def table(res: dict) -> str:
                          f"{str(r['checkpoint_levels']).lower():5}: peak RSS "
                          f"{r['peak_rss_mb']:.0f} MiB (+{r['step_increase_mb']:.0f}), "
                          f"step {r['step_s']:.1f} s")
+    for r in res.get("memory", {}).get("inference", []):
+        if "peak_rss_mb" in r:
+            lines.append(f"inference {r['size']}^2 b1: peak RSS {r['peak_rss_mb']:.0f} MiB "
+                         f"(+{r['infer_increase_mb']:.0f}), forward {r['forward_s']:.1f} s")
     for k, g in res.get("goals", {}).items():
         lines.append(f"goal {k}: {g['value']:.3g} (goal {g['goal']}) "
                      f"{'MET' if g['met'] else 'not met'}")
@@ -113,6 +117,7 @@ def main(argv=None) -> int:
     p.add_argument("--layout-repeats", type=int, default=3)
     p.add_argument("--mem-sizes", default="256,512,1024")
     p.add_argument("--mem-batch", type=int, default=2)
+    p.add_argument("--infer-sizes", default="1024,2048", help="inference peak-memory grids")
     p.add_argument("--skip", default="", help="comma list of parts to skip: step,comm,memory")
     p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
     p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
     if a.quick:
         a.grids, a.threads, a.repeats = "32:4", "1", 2
         a.layout_grid, a.layout_batch, a.layout_steps, a.layout_repeats = 32, 4, 2, 1
-        a.mem_sizes, a.mem_batch = "32", 1
+        a.mem_sizes, a.mem_batch, a.infer_sizes = "32", 1, "64"
     os.makedirs(a.out, exist_ok=True)
     if a.compile:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(a.out, "inductor_cache")))
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)
     if "memory" not in skip:
-        res["memory"] = memory_bench.run(tuple(int(s) for s in a.mem_sizes.split(",")), a.mem_batch)
+        res["memory"] = memory_bench.run(tuple(int(s) for s in a.mem_sizes.split(",")), a.mem_batch,
+                                         infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s))
     if a.with_infer:
         path = os.path.join(a.out, "infer.json")
         r = run_json([sys.executable, "-m", "bench.infer_bench", "--out", path, "--sizes", "64",

@@ -26,6 +26,8 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert {row["checkpoint_levels"] for row in rows} == {False, True}
     for row in rows:
         assert row["peak_rss_mb"] > 0 and "step_increase_mb" in row
+    (inf,) = res["memory"]["inference"]
+    assert inf["size"] == 64 and inf["peak_rss_mb"] > 0 and inf["forward_s"] > 0
     assert any(k.startswith("speedup_vs_plain") for k in res["goals"])
     assert "goal" in run.table(res)
 
