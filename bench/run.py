@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="also time a torch.compile'd generator")
+    p.add_argument("--bf16", action="store_true", help="also time train.precision = bf16 "
+                                                       "(CPUs with AVX512-BF16/AMX only)")
     p.add_argument("--layout-grid", type=int, default=64)
     p.add_argument("--layout-batch", type=int, default=16)
     p.add_argument("--layout-steps", type=int, default=6)
@@ -137,7 +139,7 @@ def main(argv=None) -> int:
     if "step" not in skip:
         res["step"] = step_bench.run(step_bench.parse_grids(a.grids),
                                      tuple(int(t) for t in a.threads.split(",")), a.repeats,
-                                     compile_=a.compile, profile=not a.quick)
+                                     compile_=a.compile, profile=not a.quick, bf16=a.bf16)
     if "comm" not in skip:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)

@@ -61,7 +61,7 @@ class _Optim:
 
 
 def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
-                    overlap=False, global_batch=None):
+                    overlap=False, global_batch=None, precision="fp32"):
     """The engine's step as Trainer.train_step runs it (minus data loading and logging)."""
     from deepfusion.comm import SerialComm
     from deepfusion.gradsync import GradSync
@@ -72,7 +72,7 @@ def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=
     gs = GradSync(model, comm, bucket_mb=bucket_mb, overlap=overlap)
     opt = build_optimizer(model.parameters(), _Optim())
     lg = LossAndGrad(model, task, comm, gs, global_batch=global_batch or x.shape[0],
-                     term_names=("pde", "bc"), channels_last=channels_last)
+                     term_names=("pde", "bc"), channels_last=channels_last, precision=precision)
     last = {}
 
     def step():
@@ -87,7 +87,7 @@ def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=
 
 
 def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet",
-               problem="burgers", gemm_n=2048, log=print):
+               problem="burgers", gemm_n=2048, bf16=False, log=print):
     import torch
 
     torch.set_num_threads(threads)
@@ -105,6 +105,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["plain"] = make_plain(task, _stock_norms(fresh(False)), x)
     configs["deepfusion"] = make_deepfusion(task, fresh(True), x, channels_last=True)
     configs["deepfusion_nchw"] = make_deepfusion(task, fresh(False), x, channels_last=False)
+    if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
+        configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
     if compile_:
         t0 = time.perf_counter()
         m = torch.compile(fresh(True))
@@ -171,11 +173,15 @@ def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burge
 
 
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=5, compile_=False, profile=True,
-        log=print) -> dict:
+        bf16=False, log=print) -> dict:
+    if bf16:
+        from deepfusion.layout import check_precision
+
+        check_precision("bf16")  # refuses (ValueError, with the reason) on CPUs without bf16
     out = {"runs": []}
     for t in threads:
         for g, b in grids:
-            out["runs"].append(bench_grid(g, b, t, repeats, compile_=compile_, log=log))
+            out["runs"].append(bench_grid(g, b, t, repeats, compile_=compile_, bf16=bf16, log=log))
     if profile:
         g, b = grids[-1]
         out["profile"] = profile_step(g, b, 1)
@@ -192,13 +198,14 @@ def main(argv=None):
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--bf16", action="store_true", help="also time train.precision = bf16")
     p.add_argument("--out")
     a = p.parse_args(argv)
     if a.compile and a.out:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                               os.path.join(os.path.dirname(os.path.abspath(a.out)), "inductor_cache"))
     res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
-              compile_=a.compile)
+              compile_=a.compile, bf16=a.bf16)
     emit_json(res, a.out)
 
 

@@ -1,0 +1,98 @@
+"""Ablations on one held-out set: stencil kinds, residual vs energy loss, hard vs soft boundaries.
+
+    python -m bench.ablation_bench --out bench/out/ablation.json [--only NAME,...]
+                                   [--poisson-steps 960] [--burgers-steps 320] [--threads 2]
+
+Every variant is ``deepfusion train`` on a recipe (``configs/recipes``) with one option changed
+and the same step budget, initialisation, training pool and held-out draws (``data.eval_seed``),
+one process after another on the same machine; the record is the run's ``eval.json`` (held-out
+mean / median / worst relative L2 against the reference solver) plus its wall time.
+
+Variants:
+  * Poisson, residual loss, stencil ``sobel`` ([1,2,1] smoothing), ``sobel3103`` (the talk's
+    [3,10,3]) and ``central`` (plain 3-point differences); and the energy loss (the recipe).
+  * Burgers (the MUSCL recipe), ``hard_bc`` true (recipe) vs false (u0 and the inflow as soft
+    penalty terms, weight ``bc_weight``); and the central ``sobel`` residual, hard vs soft.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "configs", "recipes")
+
+VARIANTS = {
+    "poisson_energy": ("poisson.toml", []),
+    "poisson_residual_sobel": ("poisson.toml", ['problem.options.loss="residual"',
+                                                'problem.options.stencil="sobel"']),
+    "poisson_residual_sobel3103": ("poisson.toml", ['problem.options.loss="residual"',
+                                                    'problem.options.stencil="sobel3103"']),
+    "poisson_residual_central": ("poisson.toml", ['problem.options.loss="residual"',
+                                                  'problem.options.stencil="central"']),
+    "burgers_muscl_hard": ("burgers.toml", []),
+    "burgers_muscl_soft": ("burgers.toml", ["problem.options.hard_bc=false"]),
+    "burgers_sobel_hard": ("burgers.toml", ['problem.options.scheme="stencil"',
+                                            "problem.options.horizon=1"]),
+    "burgers_sobel_soft": ("burgers.toml", ['problem.options.scheme="stencil"',
+                                            "problem.options.horizon=1",
+                                            "problem.options.hard_bc=false"]),
+}
+
+
+def run_variant(name: str, args, tmp: str) -> dict:
+    recipe, sets = VARIANTS[name]
+    steps = args.poisson_steps if recipe == "poisson.toml" else args.burgers_steps
+    run_dir = os.path.join(tmp, name)
+    sets = sets + [f"train.max_steps={steps}", "train.epochs=1000", f"run.dir={run_dir}",
+                   f"parallel.threads_per_rank={args.threads}", "train.eval_every_epochs=0",
+                   "train.log_every=100000", "run.progress=log"]
+    cmd = [sys.executable, "-m", "deepfusion.cli", "train", os.path.join(RECIPES, recipe),
+           "--overwrite"] + [a for s in sets for a in ("--set", s)]
+    env = dict(os.environ, PYTHONPATH=ROOT, DEEPFUSION_NO_MPI="1")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        return {"name": name, "error": p.stderr.strip().splitlines()[-3:]}
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    return {"name": name, "recipe": recipe, "overrides": VARIANTS[name][1], "steps": steps,
+            "wall_s": wall, **{k: ev[k] for k in ("n", "seed", "rel_l2_mean", "rel_l2_median",
+                                                  "rel_l2_max")}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/out/ablation.json")
+    p.add_argument("--only", default="", help="comma list of variants (default: all)")
+    p.add_argument("--poisson-steps", type=int, default=960)
+    p.add_argument("--burgers-steps", type=int, default=320)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", default="runs/ablation", help="where the runs' directories go")
+    args = p.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(VARIANTS)
+    bad = [n for n in names if n not in VARIANTS]
+    if bad:
+        p.error(f"unknown variant(s) {bad}; valid: {', '.join(VARIANTS)}")
+    out = {"machine": {"cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
+           "results": []}
+    os.makedirs(args.runs, exist_ok=True)
+    for name in names:
+        rec = run_variant(name, args, args.runs)
+        out["results"].append(rec)
+        print(json.dumps(rec), flush=True)
+    out["machine"]["loadavg_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
