@@ -16,9 +16,10 @@ default ``unet`` with random weights (timing only: the error is null, marked "un
 The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.inference.predictor``:
 channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
 
-Control (with ``--work-grid``): the direct solver on the work grid, interpolated to N x N the
-same way, timed and compared with the N x N direct solution. It says how much of the speed-up
-comes from the problem being resolved on the coarse grid rather than from the network.
+Controls (with ``--work-grid``): the direct solver on the work grid, interpolated to N x N the
+same way, timed and compared with the N x N direct solution -- it says how much of the speed-up
+comes from the problem being resolved on the coarse grid rather than from the network; and the
+same network run on the N x N grid itself (batch 1, its time and error).
 """
 from __future__ import annotations
 
@@ -185,8 +186,15 @@ def bench_size(size: int, args, tmp: str) -> dict:
         rel = float(np.mean(relative_l2(pred[:m], ref[:m])))
     for r in infers:
         r.pop("_pred", None)
-    coarse = None
+    coarse = full = None
     if args.checkpoint and str(args.work_grid or "none").lower() != "none":
+        # the same network run on the N x N grid itself (no work grid): time and error
+        full_path = os.path.join(tmp, f"full{size}.npy")
+        full = _run({**base, "kind": "infer", "batch": 1, "n": n_solve, "work_grid": "none",
+                     "save": full_path})
+        if "error" not in full and "error" not in direct:
+            ref, f = np.load(ref_path), np.load(full_path)
+            full["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(f, ref)))
         coarse_path = os.path.join(tmp, f"coarse{size}.npy")
         coarse = _run({**base, "kind": "coarse", "method": "direct", "n": n_solve,
                        "save": coarse_path})
@@ -199,6 +207,7 @@ def bench_size(size: int, args, tmp: str) -> dict:
             "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
             "speedup_vs_direct": _ratio(direct, best), "speedup_vs_amg": _ratio(amg, best),
             "rel_l2_mean_vs_direct": rel, "control_direct_on_work_grid": coarse,
+            "network_on_full_grid_batch1": full,
             "error_note": None if args.checkpoint else "untrained network: error not reported"}
 
 

@@ -63,3 +63,15 @@ def test_short_training_lowers_error(tmp_path, name):
     ev = train(tmp_path, recipe, *TINY, *extra)
     assert ev["n"] == 8
     assert ev["rel_l2_mean"] < bound, (name, ev["rel_l2_mean"], bound)
+
+
+def test_coarse_to_fine_recipe_starts_from_the_64_recipe_last_checkpoint():
+    """poisson_256.toml's model.init_from is the checkpoint the 64x64 recipe ends with."""
+    from deepfusion.config import load_config
+
+    coarse = load_config(os.path.join(RECIPES, "poisson.toml"))
+    fine = load_config(os.path.join(RECIPES, "poisson_256.toml"))
+    steps = coarse.train.epochs * (coarse.data.n_samples // coarse.data.global_batch)
+    assert fine.model.init_from == f"{coarse.run.dir}/checkpoints/step_{steps:08d}.h5"
+    assert tuple(fine.problem.grid) == (256, 256)
+    assert fine.problem.options == coarse.problem.options and fine.model.options == coarse.model.options
