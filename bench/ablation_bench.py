@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from bench.common import emit_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "configs", "recipes")
 
@@ -87,10 +89,7 @@ def main(argv=None) -> int:
         out["results"].append(rec)
         print(json.dumps(rec), flush=True)
     out["machine"]["loadavg_end"] = os.getloadavg()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"-> {args.out}")
+    emit_json(out, args.out)
     return 0
 
 

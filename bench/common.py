@@ -73,11 +73,13 @@ def rss_mb() -> float:
 
 
 def emit_json(res: dict, out: str | None) -> None:
-    """A benchmark's result: to ``out`` if given, else to stdout."""
+    """A benchmark's result: to ``out`` if given (directories created), else to stdout."""
     text = json.dumps(res, indent=1)
     if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:
             f.write(text)
+        print(f"-> {out}")
     else:
         print(text)
 

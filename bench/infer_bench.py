@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from bench.common import emit_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -249,10 +251,7 @@ def main(argv=None) -> int:
             print(f"size {size}x{size}", flush=True)
             out["results"].append(bench_size(size, args, tmp))
     out["machine"]["loadavg_end"] = os.getloadavg()  # other jobs on the host skew timings
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"-> {args.out}")
+    emit_json(out, args.out)
     return 0
 
 

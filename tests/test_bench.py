@@ -43,3 +43,18 @@ def test_comm_bench_tiny_has_fields():
     assert res["overlap"]["overlap"]["allreduce_share"] >= 0
     lay = res["layout"]
     assert "P1xT2" in lay and "P2xT1" in lay and "P2xT1_speedup" in lay
+
+
+def test_ablation_bench_records_eval_of_each_variant(tmp_path):
+    from bench import ablation_bench
+
+    out = tmp_path / "abl.json"
+    assert ablation_bench.main(["--out", str(out), "--only", "poisson_residual_central",
+                                "--poisson-steps", "2", "--threads", "1",
+                                "--runs", str(tmp_path / "runs")]) == 0
+    (rec,) = json.loads(out.read_text())["results"]
+    assert rec["name"] == "poisson_residual_central" and rec["steps"] == 2
+    assert 'problem.options.stencil="central"' in rec["overrides"]
+    assert rec["n"] == 16 and 0 < rec["rel_l2_mean"] <= rec["rel_l2_max"]
+    with pytest.raises(SystemExit):
+        ablation_bench.main(["--only", "nope", "--out", str(out)])
