@@ -104,6 +104,16 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _want_bf16(mode: str, quick: bool) -> bool:
+    if mode == "off" or (mode == "auto" and quick):
+        return False
+    if mode == "on":
+        return True
+    from deepfusion.layout import bf16_supported
+
+    return bf16_supported()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/out")
@@ -111,8 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="also time a torch.compile'd generator")
-    p.add_argument("--bf16", action="store_true", help="also time train.precision = bf16 "
-                                                       "(CPUs with AVX512-BF16/AMX only)")
+    p.add_argument("--bf16", default="auto", choices=("auto", "on", "off"),
+                   help="also time train.precision = bf16: auto = where the CPU has "
+                        "AVX512-BF16/AMX (default), on = required, off = never")
     p.add_argument("--layout-grid", type=int, default=64)
     p.add_argument("--layout-batch", type=int, default=16)
     p.add_argument("--layout-steps", type=int, default=6)
@@ -139,7 +150,8 @@ def main(argv=None) -> int:
     if "step" not in skip:
         res["step"] = step_bench.run(step_bench.parse_grids(a.grids),
                                      tuple(int(t) for t in a.threads.split(",")), a.repeats,
-                                     compile_=a.compile, profile=not a.quick, bf16=a.bf16)
+                                     compile_=a.compile, profile=not a.quick,
+                                     bf16=_want_bf16(a.bf16, a.quick))
     if "comm" not in skip:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)
