@@ -148,7 +148,8 @@ def test_interrupted_write_leaves_no_file(ckpt, tmp_path, capsys, monkeypatch):
 def test_p1_and_p2_write_identical_files(ckpt, tmp_path, capsys):
     """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds)."""
     args = ["--sample", "5", "--batch", "2"]
-    for cmd in (["infer", ckpt], ["solve", "--problem", "poisson", "--grid", "16x16"]):
+    for cmd in (["infer", ckpt], ["infer", ckpt, "--grid", "46x46", "--work-grid", "trained"],
+                ["solve", "--problem", "poisson", "--grid", "16x16"]):
         p1, p2 = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
         assert run(cmd + args + ["--out", p1], capsys)[0] == 0
         res = deepfusion(2, cmd + args + ["--out", p2], env=REAL_MPI)
