@@ -188,21 +188,20 @@ def bench_size(size: int, args, tmp: str) -> dict:
         rel = float(np.mean(relative_l2(pred[:m], ref[:m])))
     for r in infers:
         r.pop("_pred", None)
+    def control(name: str, **cfg) -> dict:
+        """Run a control on the solver's samples; add its error against the direct solve."""
+        path = os.path.join(tmp, f"{name}{size}.npy")
+        rec = _run({**base, "n": n_solve, "save": path, **cfg})
+        if "error" not in rec and "error" not in direct:
+            rec["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(np.load(path),
+                                                                     np.load(ref_path))))
+        return rec
+
     coarse = full = None
     if args.checkpoint and str(args.work_grid or "none").lower() != "none":
         # the same network run on the N x N grid itself (no work grid): time and error
-        full_path = os.path.join(tmp, f"full{size}.npy")
-        full = _run({**base, "kind": "infer", "batch": 1, "n": n_solve, "work_grid": "none",
-                     "save": full_path})
-        if "error" not in full and "error" not in direct:
-            ref, f = np.load(ref_path), np.load(full_path)
-            full["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(f, ref)))
-        coarse_path = os.path.join(tmp, f"coarse{size}.npy")
-        coarse = _run({**base, "kind": "coarse", "method": "direct", "n": n_solve,
-                       "save": coarse_path})
-        if "error" not in coarse and "error" not in direct:
-            ref, c = np.load(ref_path), np.load(coarse_path)
-            coarse["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(c, ref)))
+        full = control("full", kind="infer", batch=1, work_grid="none")
+        coarse = control("coarse", kind="coarse", method="direct")
     batch1 = next((r for r in ok if r["batch"] == 1), None)
     return {"size": size, "solver_direct": direct, "solver_amg": amg, "inference": infers,
             "inference_batch1_s": batch1 and batch1["seconds_per_sample"],

@@ -75,9 +75,12 @@ def _init_from(model, name: str, path: str) -> None:
     spec = state["meta"].get("model") or {}
     ours = model.config() if hasattr(model, "config") else None
     theirs = spec.get("kwargs")
-    if spec.get("name") != name or (ours is not None and theirs is not None and
-                                    {k: v for k, v in theirs.items() if k != "checkpoint_levels"}
-                                    != {k: v for k, v in ours.items() if k != "checkpoint_levels"}):
+
+    def arch(kwargs):  # checkpoint_levels changes memory, not the weights
+        return {k: v for k, v in kwargs.items() if k != "checkpoint_levels"}
+
+    if spec.get("name") != name or (ours is not None and theirs is not None
+                                    and arch(theirs) != arch(ours)):
         raise ValueError(f"model.init_from = {path!r} holds generator {spec.get('name')!r} "
                          f"{theirs}, but this run builds {name!r} {ours}; set [model] name and "
                          f"options to match it, or start from scratch with model.init_from = \"\"")

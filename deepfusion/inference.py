@@ -47,17 +47,25 @@ def build_problem(name: str, kwargs: dict, grid=None):
     return get_problem(name, **kwargs)
 
 
-def resolve_work_grid(text, meta) -> list[int] | None | str:
+def training_grid(meta) -> list[int] | None:
+    """The grid a checkpoint's network was trained on (from its metadata), or None."""
+    try:
+        return [int(v) for v in meta["problem"]["kwargs"]["grid"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resolve_work_grid(text, meta) -> list[int] | None:
     """--work-grid 'HxW' / 'trained' / 'none' (or not given) -> [H, W] / the training grid / None."""
     t = "none" if text is None else str(text).strip().lower()
     if t == "none":
         return None
     if t == "trained":
-        try:
-            return [int(v) for v in meta["problem"]["kwargs"]["grid"]]
-        except (KeyError, TypeError, ValueError):
+        grid = training_grid(meta)
+        if grid is None:
             raise ValueError("--work-grid trained: the checkpoint does not record its training "
-                             "grid; give --work-grid HxW") from None
+                             "grid; give --work-grid HxW")
+        return grid
     try:
         return list(parse_grid(t))
     except ValueError:

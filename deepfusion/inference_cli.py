@@ -169,7 +169,7 @@ def _load(args):
 
 def _infer(args, comm) -> int:
     from .cli import _collective_check
-    from .inference import predictor
+    from .inference import predictor, training_grid
 
     _threads(comm, args.threads)
     model, problem, work, meta = _collective_check(comm, _load, args)
@@ -179,8 +179,8 @@ def _infer(args, comm) -> int:
         _say(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed (data.seed): "
                    f"these samples are the training pool, not unseen inputs", err=True)
     cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
-    trained = (meta.get("problem") or {}).get("kwargs", {}).get("grid")
-    if work is None and trained and list(trained) != list(problem.grid):
+    trained = training_grid(meta)
+    if work is None and trained and trained != list(problem.grid):
         _say(comm, f"deepfusion: note: the network was trained on {trained[0]}x{trained[1]} and "
                    f"runs on {problem.grid[0]}x{problem.grid[1]} as is; its filters are tied to "
                    f"the training grid spacing, so check the error (deepfusion compare) or run it "
