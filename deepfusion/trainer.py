@@ -108,6 +108,9 @@ class Trainer:
         self.optimizer = lbfgs.maybe_switch(self.optimizer, self.model.parameters(),
                                             self.cfg.optim, epoch)
         step = self.lbfgs_step if lbfgs.is_lbfgs(self.optimizer) else self.first_order_step
+        # a loss with a schedule (e.g. an annealed smoothing) reads the progress: a function of
+        # the step, so every rank and a resumed run see the same loss
+        getattr(self.task, "set_progress", lambda f: None)(self.step / self.total_steps)
         res = step(self.pool.local_indices(epoch, s), t0)
         res.times["step"] = time.perf_counter() - t0
         return res

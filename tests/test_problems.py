@@ -56,6 +56,11 @@ def test_bad_grid(name, grid):
     ("burgers", {"stencil": "fancy"}, "stencil"),
     ("burgers", {"form": "weak"}, "form"),
     ("burgers", {"viscosity": float("nan")}, "viscosity"),
+    ("burgers", {"smoothing": 0.1}, "smoothing"),                     # needs lax-oleinik
+    ("burgers", {"smoothing": -1, "scheme": "lax-oleinik"}, "smoothing"),
+    ("burgers", {"smoothing_until": 0, "scheme": "lax-oleinik"}, "smoothing_until"),
+    ("burgers", {"horizon": 4, "scheme": "lax-oleinik"}, "horizon"),
+    ("burgers", {"reference": "weno"}, "reference"),
     ("poisson", {"omega_range": (3, -3)}, "omega_range"),
     ("poisson", {"omega_range": (1, 1)}, "omega_range"),
     ("poisson", {"n_terms": 3}, "n_terms"),
@@ -176,6 +181,8 @@ def test_impose():
 OPTION_SETS = [
     ("burgers", {}), ("burgers", {"form": "advective", "viscosity": 1e-3, "stencil": "central"}),
     ("burgers", {"hard_bc": True, "stencil": "sobel3103"}),
+    ("burgers", {"scheme": "lax-oleinik", "hard_bc": True}),
+    ("burgers", {"scheme": "lax-oleinik", "smoothing": 0.2}),
     ("poisson", {}), ("poisson", {"quadrature": "nodes"}), ("poisson", {"loss": "residual"}),
     ("reaction_diffusion", {}), ("reaction_diffusion", {"quadrature": "nodes", "kappa": 1.0}),
 ]

@@ -167,6 +167,14 @@ class Problem(abc.ABC):
     def reference_solution(self, params: np.ndarray) -> np.ndarray:
         """(H, W) float64 solution of one parameter vector (k,) by the classical solver."""
 
+    def set_progress(self, fraction: float) -> None:
+        """Training progress step / total_steps in [0, 1], set by the trainer before each step.
+
+        A loss that follows a schedule (a homotopy annealed over training) reads it; the default
+        loss does not depend on it. Being a function of the step, it is the same on every rank
+        and after a resume.
+        """
+
     def config(self) -> dict:
         """Constructor keyword arguments that rebuild this instance (stored in checkpoints)."""
         return {"grid": list(self.grid)}

@@ -1,13 +1,15 @@
 """Classical reference solvers (numpy / scipy / pyamg only; independent of torch and the networks).
 
 * :func:`solve_burgers` -- inviscid Burgers, first-order Godunov finite volumes (entropy solution).
+* :func:`solve_burgers_exact` -- inviscid Burgers, the exact entropy solution (Lax-Oleinik).
 * :func:`solve_diffusion` -- -div(nu grad u) + kappa^2 u = f, second-order vertex-centred finite
   volumes, direct (SuperLU) or AMG (pyamg) linear solve.
 """
 from .burgers import godunov_flux, riemann_state, solve_burgers
+from .burgers_exact import solve_burgers_exact
 from .elliptic import DIRECT_MAX_UNKNOWNS, assemble_diffusion, solve_diffusion
 
 __all__ = [
-    "solve_burgers", "godunov_flux", "riemann_state",
+    "solve_burgers", "solve_burgers_exact", "godunov_flux", "riemann_state",
     "solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS",
 ]

@@ -72,6 +72,14 @@ def _check_float(name: str, value, *, lo: float, hi: float = math.inf, lo_open: 
     return v
 
 
+def _check_problem(u0, x_nodes, t_nodes, t_end) -> tuple[int, int, float]:
+    """Validated (x_nodes, t_nodes, t_end) of a Burgers solve; ValueError naming the argument."""
+    if not callable(u0):
+        raise ValueError(f"u0 must be a vectorised callable of x, got {type(u0).__name__}")
+    return (_check_int("x_nodes", x_nodes, 2), _check_int("t_nodes", t_nodes, 2),
+            _check_float("t_end", t_end, lo=0.0, what="a finite number > 0"))
+
+
 def _eval_u0(u0, x: np.ndarray, name: str = "u0") -> np.ndarray:
     try:
         val = np.asarray(u0(x), dtype=np.float64)
@@ -114,12 +122,8 @@ def solve_burgers(u0, *, x_nodes: int, t_nodes: int, t_end: float = 1 / 3, refin
     Raises:
         ValueError: on any invalid argument.
     """
-    if not callable(u0):
-        raise ValueError(f"u0 must be a vectorised callable of x, got {type(u0).__name__}")
-    x_nodes = _check_int("x_nodes", x_nodes, 2)
-    t_nodes = _check_int("t_nodes", t_nodes, 2)
+    x_nodes, t_nodes, t_end = _check_problem(u0, x_nodes, t_nodes, t_end)
     refine = _check_int("refine", refine, 1)
-    t_end = _check_float("t_end", t_end, lo=0.0, what="a finite number > 0")
     cfl = _check_float("cfl", cfl, lo=0.0, hi=1.0, what="a number in (0, 1] (monotone Godunov)")
 
     n_cells = refine * (x_nodes - 1)

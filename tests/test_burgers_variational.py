@@ -1,0 +1,70 @@
+"""The Lax-Oleinik (variational) Burgers loss: its per-node minimiser is the exact entropy
+solution, its gradient is the characteristic equation, and its smoothing follows the schedule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from diffnet.problems import get_problem
+from diffnet.problems.burgers import initial_condition
+
+C = 4.3
+
+
+def _setup(grid=(64, 64), **kw):
+    p = get_problem("burgers", grid=grid, scheme="lax-oleinik", hard_bc=True, **kw)
+    x = p.build_input(np.array([[C]]), dtype=torch.float64)
+    exact = torch.tensor(p.reference_solution(np.array([C])))[None, None]
+    return p, x, exact
+
+
+def test_exact_solution_is_the_per_node_minimiser():
+    p, x, exact = _setup()
+    g_exact = p._lax_oleinik(exact, x)
+    assert np.abs(np.diff(exact[0, 0, -1].numpy())).max() > 0.3      # shocks have formed
+    for delta in (-0.3, -0.05, -0.01, 0.01, 0.05, 0.3):
+        g = p._lax_oleinik(exact + delta, x)
+        assert bool((g >= g_exact - 1e-7).all()), delta             # no node does better
+        assert float((g - g_exact).mean()) > 0.1 * delta**2         # and most do worse
+    # moving each shock by one node (the other branch) costs: the Godunov reference, whose
+    # shocks are smeared over nodes, has a larger loss than the exact solution
+    god = get_problem("burgers", grid=(64, 64), reference="godunov")
+    smeared = torch.tensor(god.reference_solution(np.array([C])))[None, None]
+    assert float(p.loss_terms(smeared, x)["pde"]) > float(p.loss_terms(exact, x)["pde"])
+
+
+def test_gradient_is_the_characteristic_equation():
+    p, x, exact = _setup()
+    torch.manual_seed(0)
+    u = (exact + 0.1 * torch.rand_like(exact)).requires_grad_()
+    (grad,) = torch.autograd.grad(p._lax_oleinik(u, x).sum(), u)
+    t = torch.tensor(p.coords()["t"])[1:, None]
+    xs = torch.tensor(p.coords()["x"])
+    v = u.detach()[0, 0, 1:]
+    want = v - torch.tensor(initial_condition(C, (xs - v * t).clamp_min(0).numpy()))
+    torch.testing.assert_close(grad[0, 0, 1:], want, rtol=0, atol=2e-3)
+    assert float(grad[0, 0, 0].abs().max()) == 0.0                   # row 0 carries no term
+
+
+def test_smoothing_schedule_and_final_loss():
+    p, x, exact = _setup(smoothing=0.2, smoothing_until=0.5)
+    plain, _, _ = _setup()
+    assert p.current_smoothing() == pytest.approx(0.2)
+    p.set_progress(0.25)
+    assert p.current_smoothing() == pytest.approx(0.1)
+    smoothed = float(p.loss_terms(exact, x)["pde"])
+    # Gaussian averaging adds sigma^2 / 2 * g'' > 0 around a minimum
+    assert smoothed > float(plain.loss_terms(exact, x)["pde"]) + 1e-4
+    for f in (0.5, 0.9):
+        p.set_progress(f)
+        assert p.current_smoothing() == 0.0
+        torch.testing.assert_close(p.loss_terms(exact, x)["pde"], plain.loss_terms(exact, x)["pde"])
+
+
+def test_no_residual_and_default_reference_is_exact():
+    p, x, exact = _setup(grid=(16, 16))
+    with pytest.raises(ValueError, match="no residual"):
+        p.pde_residual(exact)
+    god = get_problem("burgers", grid=(16, 16), reference="godunov")
+    assert not np.allclose(god.reference_solution(np.array([C])), exact[0, 0].numpy())

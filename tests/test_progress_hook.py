@@ -1,0 +1,50 @@
+"""The trainer tells the problem how far training is (Problem.set_progress) before every step."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from deepfusion.cli import _build
+from deepfusion.comm import SerialComm
+from deepfusion.config import load_config
+from deepfusion.trainer import Trainer
+
+TOML = """
+[problem]
+name = "burgers"
+grid = [16, 16]
+options = { hard_bc = true, scheme = "lax-oleinik", smoothing = 0.2, smoothing_until = 0.5 }
+[model]
+name = "unet"
+options = {depth = 2, base_width = 4}
+[data]
+n_samples = 8
+global_batch = 4
+eval_samples = 0
+[train]
+epochs = 3
+log_every = 100
+[parallel]
+threads_per_rank = 1
+"""
+
+
+def test_trainer_sets_progress_before_every_step(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TOML)
+    cfg = load_config(str(path), [f"run.dir={tmp_path / 'run'}"])
+    os.makedirs(tmp_path / "run" / "checkpoints")
+    task, model, specs = _build(cfg, 0)
+    seen = []
+    original = task.set_progress
+
+    def record(fraction):
+        original(fraction)
+        seen.append((fraction, task.current_smoothing()))
+
+    task.set_progress = record
+    Trainer(cfg, SerialComm(), task, model, specs=specs).fit()
+    assert [f for f, _ in seen] == pytest.approx([s / 6 for s in range(6)])  # 3 epochs x 2 steps
+    # the smoothing width the loss used at each step: 0.2 falling to 0 at half of training
+    assert [s for _, s in seen] == pytest.approx([0.2, 0.2 * 2 / 3, 0.2 / 3, 0, 0, 0])
