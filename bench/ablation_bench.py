@@ -11,8 +11,10 @@ mean / median / worst relative L2 against the reference solver) plus its wall ti
 Variants:
   * Poisson, residual loss, stencil ``sobel`` ([1,2,1] smoothing), ``sobel3103`` (the talk's
     [3,10,3]) and ``central`` (plain 3-point differences); and the energy loss (the recipe).
-  * Burgers (the MUSCL recipe), ``hard_bc`` true (recipe) vs false (u0 and the inflow as soft
-    penalty terms, weight ``bc_weight``); and the central ``sobel`` residual, hard vs soft.
+  * Burgers: the Lax-Oleinik loss (the recipe, ``burgers.toml``) with and without its annealed
+    smoothing, hard vs soft boundary values; the MUSCL residual (``burgers_muscl.toml``), hard
+    (u0 and the inflow written exactly) vs soft (penalty terms, weight ``bc_weight``); and the
+    central ``sobel`` residual, hard vs soft.
 """
 from __future__ import annotations
 
@@ -36,13 +38,16 @@ VARIANTS = {
                                                     'problem.options.stencil="sobel3103"']),
     "poisson_residual_central": ("poisson.toml", ['problem.options.loss="residual"',
                                                   'problem.options.stencil="central"']),
-    "burgers_muscl_hard": ("burgers.toml", []),
-    "burgers_muscl_soft": ("burgers.toml", ["problem.options.hard_bc=false"]),
-    "burgers_sobel_hard": ("burgers.toml", ['problem.options.scheme="stencil"',
-                                            "problem.options.horizon=1"]),
-    "burgers_sobel_soft": ("burgers.toml", ['problem.options.scheme="stencil"',
-                                            "problem.options.horizon=1",
-                                            "problem.options.hard_bc=false"]),
+    "burgers_lax_oleinik": ("burgers.toml", []),
+    "burgers_lax_oleinik_unsmoothed": ("burgers.toml", ["problem.options.smoothing=0.0"]),
+    "burgers_lax_oleinik_soft": ("burgers.toml", ["problem.options.hard_bc=false"]),
+    "burgers_muscl_hard": ("burgers_muscl.toml", []),
+    "burgers_muscl_soft": ("burgers_muscl.toml", ["problem.options.hard_bc=false"]),
+    "burgers_sobel_hard": ("burgers_muscl.toml", ['problem.options.scheme="stencil"',
+                                                  "problem.options.horizon=1"]),
+    "burgers_sobel_soft": ("burgers_muscl.toml", ['problem.options.scheme="stencil"',
+                                                  "problem.options.horizon=1",
+                                                  "problem.options.hard_bc=false"]),
 }
 
 

@@ -281,6 +281,6 @@ def test_expected_example_configs_exist():
     assert {"burgers.toml", "poisson.toml", "reaction_diffusion.toml", "demo.toml"} <= names
     demo = load_config(os.path.join(ROOT, "configs", "demo.toml"))
     assert (demo.problem.name, demo.problem.grid) == ("burgers", [64, 64])
-    assert (demo.data.global_batch, demo.data.n_samples) == (16, 128)
+    assert (demo.data.global_batch, demo.data.n_samples) == (16, 1024)
     burgers = load_config(os.path.join(ROOT, "configs", "burgers.toml"))
     assert burgers.problem.options["c_range"] == [3.0, 6.0]
