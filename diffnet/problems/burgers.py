@@ -284,26 +284,29 @@ class Burgers(Problem):
             r = r - self.viscosity * d[:b, 2:3]
         return r
 
-    def _lax_oleinik(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """(B, H-1, W) per-node Lax-Oleinik functional g(u) on rows t > 0 (class docstring)."""
+    def _lax_oleinik(self, u: torch.Tensor, inputs: torch.Tensor,
+                     sigma: float = 0.0) -> torch.Tensor:
+        """(B, H-1, W) per-node Lax-Oleinik functional g(u) on rows t > 0 (class docstring), or
+        its Gaussian average E[g(u + sigma Z)] (8-point Gauss-Hermite) when sigma > 0."""
         dt, dx = self.spacing
         h, w = self.grid
         u0 = inputs[:, 0, 0, :]
-        big_u0 = node_primitive(u0, dx)                                   # (B, W)
+        big_u0 = node_primitive(u0, dx)            # (B, W), once for all quadrature points
         t = torch.arange(1, h, dtype=u.dtype, device=u.device)[:, None] * dt
         x = torch.arange(w, dtype=u.dtype, device=u.device) * dx
         v = u[:, 0, 1:, :]
-        feet = x - v * t                         # where the characteristic through (x, t) starts
-        return (primitive_at(big_u0, u0, dx, feet) - big_u0[:, None, :]) / t + 0.5 * v * v
+
+        def g(val):  # x - val t: where the characteristic through (x, t) starts
+            return ((primitive_at(big_u0, u0, dx, x - val * t) - big_u0[:, None, :]) / t
+                    + 0.5 * val * val)
+
+        if sigma <= 0:
+            return g(v)
+        return sum(float(wq) * g(v + sigma * float(z)) for z, wq in zip(_GH_Z, _GH_W))
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.scheme == "lax-oleinik":
-            sigma = self.current_smoothing()
-            if sigma > 0:      # E[g(u + sigma Z)] by Gauss-Hermite quadrature (see docstring)
-                g = sum(float(w) * self._lax_oleinik(u + sigma * float(z), inputs)
-                        for z, w in zip(_GH_Z, _GH_W))
-            else:
-                g = self._lax_oleinik(u, inputs)
+            g = self._lax_oleinik(u, inputs, self.current_smoothing())
             if self.row_weight > 0:
                 g = g * self._row_weights(u)[:, 0, 1:]
             return {"pde": g.mean(dim=(1, 2)), "bc": self._bc(u, inputs)}
