@@ -58,7 +58,7 @@ def run_variant(name: str, args, tmp: str) -> dict:
     sets = sets + [f"train.max_steps={steps}", "train.epochs=1000", f"run.dir={run_dir}",
                    f"parallel.threads_per_rank={args.threads}", "train.eval_every_epochs=0",
                    "train.log_every=100000", "run.progress=log"]
-    cmd = [sys.executable, "-m", "deepfusion.cli", "train", os.path.join(RECIPES, recipe),
+    cmd = [sys.executable, "-m", "deepfusion", "train", os.path.join(RECIPES, recipe),
            "--overwrite"] + [a for s in sets for a in ("--set", s)]
     env = dict(os.environ, PYTHONPATH=ROOT, DEEPFUSION_NO_MPI="1")
     t0 = time.perf_counter()

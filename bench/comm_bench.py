@@ -34,8 +34,8 @@ def _free_port() -> int:
 
 
 def _setup(threads: int):
-    from deepfusion.comm import world
-    from deepfusion.layout import setup_threads
+    from deepfusion.engine.comm import world
+    from deepfusion.engine.layout import setup_threads
 
     comm = world()
     setup_threads(comm, threads)  # before the first torch op
@@ -74,7 +74,7 @@ def worker_allreduce(comm, sizes_mb, repeats) -> dict:
 
 def worker_buckets(comm, bucket_mbs, repeats, generator="unet") -> dict:
     from bench.common import build
-    from deepfusion.gradsync import GradSync
+    from deepfusion.engine.gradsync import GradSync
 
     _, model = build("burgers", 64, generator)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -96,10 +96,7 @@ def worker_buckets(comm, bucket_mbs, repeats, generator="unet") -> dict:
 def _engine(comm, grid, global_batch, *, overlap, bucket_mb, generator="unet"):
     from bench.common import build, inputs
     from bench.step_bench import make_deepfusion
-    from deepfusion.step import broadcast_module
-
-    task, model = build("burgers", grid, generator)
-    broadcast_module(model, comm)
+    task, model = build("burgers", grid, generator)  # make_deepfusion broadcasts it
     local = global_batch // comm.size
     x = inputs(task, global_batch)[comm.rank * local:(comm.rank + 1) * local]
     return make_deepfusion(task, model, x, comm=comm, overlap=overlap, bucket_mb=bucket_mb,

@@ -120,7 +120,7 @@ def gemm_flops(n: int) -> float:
 
 def build(problem: str = "burgers", grid: int = 64, generator: str = "unet",
           model_options: dict | None = None, channels_last: bool = True, seed: int = 0):
-    """(task, model) as deepfusion.cli builds them (float32)."""
+    """(task, model) as deepfusion.app.build builds them (float32)."""
     import torch
 
     from diffnet.generators import build_generator

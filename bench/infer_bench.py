@@ -13,7 +13,7 @@ over the RSS right after setup), so configurations do not inherit each other's m
 The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid size; the
 relative L2 error of its predictions against the direct solutions is reported), else the
 default ``unet`` with random weights (timing only: the error is null, marked "untrained").
-The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.inference.predictor``:
+The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.app.inference.predictor``:
 channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
 
 Controls (with ``--work-grid``): the direct solver on the work grid, interpolated to N x N the
@@ -53,7 +53,7 @@ def _setup(cfg):
     torch.set_num_threads(cfg["threads"])
     work = None
     if cfg.get("checkpoint"):
-        from deepfusion.inference import load_model
+        from deepfusion.app.inference import load_model
 
         model, problem, work, _ = load_model(cfg["checkpoint"], grid=(cfg["size"],) * 2,
                                              work_grid=cfg.get("work_grid"))
@@ -73,7 +73,7 @@ def _setup(cfg):
 def _infer(cfg, model, problem, work, params):
     import numpy as np
 
-    from deepfusion.inference import Samples, predictor
+    from deepfusion.app.inference import Samples, predictor
 
     compute = predictor(model, problem, Samples(params), channels_last=True, work=work)
     preds, total, b = [], 0.0, cfg["batch"]

@@ -32,11 +32,12 @@ import time
 import numpy as np
 import torch
 
-from deepfusion.comm import SerialComm
-from deepfusion.data import InputCache, ShardedPool
-from deepfusion.gradsync import GradSync
-from deepfusion.lbfgs import LBFGSStepper, build_lbfgs
-from deepfusion.step import LossAndGrad
+from deepfusion.engine.comm import SerialComm
+from deepfusion.engine.data import InputCache, ShardedPool
+from deepfusion.config import ParallelConfig
+from deepfusion.engine.lbfgs import LBFGSStepper
+from deepfusion.engine.parallel import parallelize
+from deepfusion.engine.step import LossAndGrad
 from diffnet.generators import build_generator
 from diffnet.metrics import relative_l2
 from diffnet.problems import get_problem
@@ -46,26 +47,24 @@ TERMS = ("pde", "bc")
 
 class _OptimCfg:
     def __init__(self, **kw):
-        self.__dict__.update(kw)
+        for k, v in kw.items():
+            setattr(self, k, v)
 
 
 def _setup(task, args, init_state, dtype):
     model = build_generator("unet", in_channels=len(task.input_channels), depth=args.depth,
                             base_width=args.width).to(dtype)
     model.load_state_dict(init_state)
-    gs = GradSync(model, SerialComm())
-    return model, gs
+    return model, parallelize(model, SerialComm(), ParallelConfig())
 
 
-def _lg(model, task, gs, batch):
-    return LossAndGrad(model, task, SerialComm(), gs, global_batch=batch, term_names=TERMS,
-                       channels_last=False)
+def _lg(pm, task, batch):
+    return LossAndGrad(pm, task, global_batch=batch, term_names=TERMS, channels_last=False)
 
 
 @torch.no_grad()
-def _pool_loss(model, task, x_pool):
-    lg = LossAndGrad(model, task, SerialComm(), None, global_batch=len(x_pool), term_names=TERMS,
-                     channels_last=False)
+def _pool_loss(pm, task, x_pool):
+    lg = _lg(pm, task, len(x_pool))
     total = 0.0
     for xb in torch.split(x_pool, 16):
         terms = lg.forward_terms(xb)
@@ -82,7 +81,7 @@ def _rel_l2(model, task, x_eval, refs):
 
 
 def run_method(method, task, args, init_state, x_pool, x_eval, refs, dtype):
-    model, gs = _setup(task, args, init_state, dtype)
+    model, pm = _setup(task, args, init_state, dtype)
     params = list(model.parameters())
     pool_n = len(x_pool)
     adam_pool = ShardedPool(pool_n, args.adam_batch, 0, 1, seed=args.seed)
@@ -91,20 +90,20 @@ def run_method(method, task, args, init_state, x_pool, x_eval, refs, dtype):
                      lbfgs_tolerance_grad=1e-9, lbfgs_tolerance_change=1e-12,
                      lbfgs_line_search="strong_wolfe")
     adam = torch.optim.Adam(params, lr=args.adam_lr, foreach=True)
-    adam_lg = _lg(model, task, gs, args.adam_batch)
-    full_lg = _lg(model, task, gs, pool_n)
-    stepper, lbfgs_opt = LBFGSStepper(full_lg), None
+    adam_lg = _lg(pm, task, args.adam_batch)
+    full_lg = _lg(pm, task, pool_n)
+    stepper = None
     switch = {"adam": None, "lbfgs": 0, "adam_lbfgs": args.switch_epoch}[method]
 
-    hist = [{"epoch": 0, "wall": 0.0, "samples": 0, "loss": _pool_loss(model, task, x_pool),
+    hist = [{"epoch": 0, "wall": 0.0, "samples": 0, "loss": _pool_loss(pm, task, x_pool),
              "rel_l2": _rel_l2(model, task, x_eval, refs)}]
     wall, samples, epoch, stopped = 0.0, 0, 0, ""
     while samples < args.samples and wall < args.budget and epoch < args.max_epochs:
         t0 = time.perf_counter()
         if switch is not None and epoch >= switch:
-            if lbfgs_opt is None:
-                lbfgs_opt = build_lbfgs(params, lcfg)
-            res = stepper(lbfgs_opt, inputs(np.arange(pool_n)))
+            if stepper is None:
+                stepper = LBFGSStepper(params, lcfg, full_lg)
+            res = stepper.run(inputs(np.arange(pool_n)))
             samples += res.metrics["samples_evaluated"]
             kind = "lbfgs"
         else:
@@ -121,7 +120,7 @@ def run_method(method, task, args, init_state, x_pool, x_eval, refs, dtype):
             stopped = f"non-finite loss at epoch {epoch}"
             break
         hist.append({"epoch": epoch, "wall": wall, "samples": samples, "optimizer": kind,
-                     "loss": _pool_loss(model, task, x_pool),
+                     "loss": _pool_loss(pm, task, x_pool),
                      "rel_l2": _rel_l2(model, task, x_eval, refs)})
     return {"history": hist, "epochs": epoch, "wall": wall, "samples": samples,
             "stopped": stopped or ("samples" if samples >= args.samples else

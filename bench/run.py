@@ -109,7 +109,7 @@ def _want_bf16(mode: str, quick: bool) -> bool:
         return False
     if mode == "on":
         return True
-    from deepfusion.layout import bf16_supported
+    from deepfusion.engine.layout import bf16_supported
 
     return bf16_supported()
 

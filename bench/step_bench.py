@@ -6,7 +6,7 @@ loop, as a fraction of the machine's fp32 GEMM rate.
 Configurations (same problem, generator, global batch, initial weights), timed in turn:
   plain            eager NCHW, stock nn.InstanceNorm2d, torch.optim.Adam defaults,
                    loss.backward(); opt.step(); opt.zero_grad()
-  deepfusion       deepfusion.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
+  deepfusion       deepfusion.engine.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
                    channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_compile  (--compile) the engine with torch.compile'd generator
@@ -56,23 +56,21 @@ def make_plain(task, model, x, lr=1e-3):
     return step
 
 
-class _Optim:
-    name, lr, betas, weight_decay, momentum = "adam", 1e-3, [0.9, 0.999], 0.0, 0.9
-
-
 def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
                     overlap=False, global_batch=None, precision="fp32"):
     """The engine's step as Trainer.train_step runs it (minus data loading and logging)."""
-    from deepfusion.comm import SerialComm
-    from deepfusion.gradsync import GradSync
-    from deepfusion.optim import build_optimizer
-    from deepfusion.step import LossAndGrad
+    from deepfusion.config import OptimConfig, ParallelConfig
+    from deepfusion.engine.comm import SerialComm
+    from deepfusion.engine.optim import FirstOrderStepper
+    from deepfusion.engine.parallel import parallelize
+    from deepfusion.engine.step import LossAndGrad
 
     comm = comm or SerialComm()
-    gs = GradSync(model, comm, bucket_mb=bucket_mb, overlap=overlap)
-    opt = build_optimizer(model.parameters(), _Optim())
-    lg = LossAndGrad(model, task, comm, gs, global_batch=global_batch or x.shape[0],
-                     term_names=("pde", "bc"), channels_last=channels_last, precision=precision)
+    pm = parallelize(model, comm, ParallelConfig(bucket_mb=bucket_mb, overlap=overlap))
+    lg = LossAndGrad(pm, task, global_batch=global_batch or x.shape[0],
+                     term_names=task.loss_term_names, channels_last=channels_last,
+                     precision=precision)
+    opt = FirstOrderStepper("adam", model.parameters(), OptimConfig(), lg).optimizer
     last = {}
 
     def step():
@@ -175,7 +173,7 @@ def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burge
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=5, compile_=False, profile=True,
         bf16=False, log=print) -> dict:
     if bf16:
-        from deepfusion.layout import check_precision
+        from deepfusion.engine.layout import check_precision
 
         check_precision("bf16")  # refuses (ValueError, with the reason) on CPUs without bf16
     out = {"runs": []}

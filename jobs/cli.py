@@ -1,16 +1,22 @@
 """``deepfusion jobs render|sweep|model``: the job-script and scaling-study tools as subcommands."""
 from __future__ import annotations
 
+TOOLS = ("render", "sweep", "model")
+
 
 def register(sub):
     p = sub.add_parser("jobs", help="render cluster job scripts, run scaling sweeps, the scaling model")
-    p.add_argument("tool", choices=("render", "sweep", "model"))
+    p.add_argument("tool", choices=TOOLS)
     p.add_argument("rest", nargs="...", help="the tool's own options (see --help of each)")
-    p.set_defaults(run=_run)
+    p.set_defaults(run=run)
 
 
-def _run(args) -> int:
-    import importlib
-
-    mod = importlib.import_module(f"jobs.{args.tool}")
-    return int(mod.main(args.rest) or 0)
+def run(args) -> int:
+    """Run one tool with its own arguments (each tool imports what it needs when it runs)."""
+    if args.tool == "render":
+        from jobs.render import main
+    elif args.tool == "sweep":
+        from jobs.sweep import main
+    else:
+        from jobs.model import main
+    return int(main(args.rest) or 0)

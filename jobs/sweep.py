@@ -220,7 +220,7 @@ def build_command(r: int, t: int, nodes: int, config: str, run_dir: Path, global
         pre = pre + ["-n", str(r)]
         if not oversubscribe and Path(pre[0]).name in ("mpiexec", "mpiexec.hydra"):
             pre += ["-bind-to", f"core:{t}"]
-    train = shlex.split(deepfusion) if deepfusion else [sys.executable, "-m", "deepfusion.cli"]
+    train = shlex.split(deepfusion) if deepfusion else [sys.executable, "-m", "deepfusion"]
     sets = [f"parallel.threads_per_rank={t}", f"data.global_batch={global_batch}", f"train.max_steps={steps}",
             "train.log_every=1", f"run.dir={run_dir}", *extra_sets]
     return pre + train + ["train", config] + [a for kv in sets for a in ("--set", kv)]
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", default=None, help="use this profile's launcher and binding (inside an allocation)")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--profiles", default=None)
-    p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion.cli")')
+    p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion.app.cli")')
     p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per layout")
     p.add_argument("--aggregate-only", action="store_true", help="do not run; aggregate DIR/runs/*")

@@ -30,6 +30,6 @@ def deepfusion(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
     """``deepfusion ARGS`` on n ranks (n=0: a plain process, no launcher at all)."""
     if n == 0:
         e = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
-        return subprocess.run([sys.executable, "-m", "deepfusion.cli"] + args, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "deepfusion"] + args, capture_output=True,
                               text=True, timeout=kw.get("timeout", HANG_GUARD), env=e, cwd=ROOT)
-    return run_mpi(n, ["-m", "deepfusion.cli"] + args, **kw)
+    return run_mpi(n, ["-m", "deepfusion"] + args, **kw)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from deepfusion import checkpoint as ckpt
-from deepfusion.checkpoint import (
+from deepfusion.engine import checkpoint as ckpt
+from deepfusion.engine.checkpoint import (
     CheckpointError,
     capture_rng_state,
     checkpoint_path,
@@ -51,7 +51,7 @@ def _make_opt(name, params):
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True)
     # DeepFusion's L-BFGS (torch's, with gradients gathered so channels_last weights work).
-    from deepfusion.lbfgs import DistLBFGS
+    from deepfusion.engine.lbfgs import DistLBFGS
 
     return DistLBFGS(params, lr=0.5, history_size=5, max_iter=4, line_search_fn="strong_wolfe")
 
@@ -321,7 +321,7 @@ def test_failed_save_leaves_previous_file_intact(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "_write_dict", boom)
+    monkeypatch.setattr(ckpt, "write_dict", boom)
     with pytest.raises(OSError, match="disk full"):
         _save_small(path, 2)
     monkeypatch.undo()

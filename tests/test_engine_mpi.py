@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from deepfusion.engine.faults import ENV as FAULT
 from tests.mpi_util import deepfusion, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -80,17 +81,17 @@ def test_resume_continues_the_same_trajectory(tiny, tmp_path):
     full = str(tmp_path / "full")
     assert train(2, tiny, full).returncode == 0
     cut = str(tmp_path / "cut")
-    p = train(2, tiny, cut, "train.checkpoint_every=8", "train.fail_at_step=13", "train.fail_rank=1")
+    p = train(2, tiny, cut, "train.checkpoint_every=8", env={FAULT: "raise@13:1"})
     assert p.returncode != 0
     assert "injected failure at step 13 on rank 1" in p.stderr
-    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=-1"])
+    p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr
     assert "resumed from" in p.stdout and "step_00000008" in p.stdout
     assert losses(cut) == losses(full)  # bit-for-bit: same P, same threads, same order
 
 
 def test_failing_rank_ends_the_whole_job(tiny, tmp_path):
-    p = train(2, tiny, str(tmp_path / "r"), "train.fail_at_step=3", "train.fail_rank=1", timeout=120)
+    p = train(2, tiny, str(tmp_path / "r"), env={FAULT: "raise@3:1"}, timeout=120)
     assert p.returncode != 0
     assert "error on rank 1" in p.stderr and "InjectedFailure" in p.stderr
 
@@ -122,7 +123,7 @@ def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
 
     d = str(tmp_path / "sig")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "deepfusion.cli", "train", tiny,
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "deepfusion", "train", tiny,
            "--set", f"run.dir={d}", "--set", "train.epochs=1000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     metrics = os.path.join(d, "metrics.jsonl")

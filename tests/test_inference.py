@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.checkpoint import save_checkpoint
-from deepfusion.cli import main
-from deepfusion.h5io import read_fields, write_input_fields
+from deepfusion.engine.checkpoint import save_checkpoint
+from deepfusion.app.cli import main
+from deepfusion.app.fields import read_fields, write_input_fields
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 from tests.mpi_util import deepfusion
@@ -135,7 +135,7 @@ def test_out_of_range_params_warn(ckpt, tmp_path, capsys):
 
 
 def test_interrupted_write_leaves_no_file(ckpt, tmp_path, capsys, monkeypatch):
-    import deepfusion.inference as inf
+    import deepfusion.app.inference as inf
 
     def boom(*a, **k):
         raise KeyboardInterrupt
@@ -169,7 +169,7 @@ def test_p2_input_error_exits_2_everywhere(tmp_path):
 
 
 def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, capsys):
-    from deepfusion.layout import bf16_supported
+    from deepfusion.engine.layout import bf16_supported
 
     p32, p16 = str(tmp_path / "p32.h5"), str(tmp_path / "p16.h5")
     assert run(["infer", ckpt, "--sample", "3", "--out", p32], capsys)[0] == 0

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from deepfusion.checkpoint import load_checkpoint
-from deepfusion.cli import _build
+from deepfusion.app.build import build_model, build_problem
+from deepfusion.engine.checkpoint import load_checkpoint
 from deepfusion.config import load_config
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import TINY
@@ -25,12 +25,13 @@ def coarse(tmp_path_factory):
 def test_weights_are_taken_on_another_grid(coarse):
     config, ckpt = coarse
     cfg = load_config(config, ["problem.grid=[32, 32]", f"model.init_from={ckpt!r}".replace("'", '"')])
-    _, model, _ = _build(cfg, 0)
+    model, _ = build_model(cfg, build_problem(cfg))
     saved = load_checkpoint(ckpt)["model_state"]
     assert set(saved) == set(model.state_dict())
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, saved[k].to(v.dtype), rtol=0, atol=0)
-    fresh = _build(load_config(config, ["problem.grid=[32, 32]"]), 0)[1].state_dict()
+    cfg = load_config(config, ["problem.grid=[32, 32]"])
+    fresh = build_model(cfg, build_problem(cfg))[0].state_dict()
     assert any(not torch.equal(fresh[k], v) for k, v in model.state_dict().items())
 
 

@@ -299,13 +299,13 @@ def test_sweep_commands():
 
 def _has_cli() -> bool:
     try:
-        return importlib.util.find_spec("deepfusion.cli") is not None
+        return importlib.util.find_spec("deepfusion.app.cli") is not None
     except ImportError:
         return False
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(not _has_cli(), reason="deepfusion.cli is not importable yet (the training CLI is being "
+@pytest.mark.skipif(not _has_cli(), reason="deepfusion.app.cli is not importable yet (the training CLI is being "
                                            "written in parallel); this end-to-end sweep runs once it exists")
 def test_sweep_end_to_end_p1_p2(tmp_path):
     """Real `deepfusion train` under mpiexec at P=1 and P=2 (tiny Burgers problem, ~10 s)."""

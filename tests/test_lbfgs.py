@@ -1,4 +1,4 @@
-"""L-BFGS (deepfusion/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
+"""L-BFGS (deepfusion/engine/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
 import json
 import os
 import sys
@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion import checkpoint as ckpt
-from deepfusion import lbfgs
-from deepfusion.comm import SerialComm
 from deepfusion.config import ConfigError, load_config
+from deepfusion.engine import checkpoint as ckpt
+from deepfusion.engine import lbfgs
+from deepfusion.engine.comm import SerialComm
+from deepfusion.engine.data import LazyBatch
+from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.engine.optimizers import OptimizerSchedule, build_stepper
 from tests.mpi_util import deepfusion, run_mpi
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi_scripts"))
@@ -29,7 +32,7 @@ def test_converges_to_the_known_minimiser_of_a_convex_problem():
     model = linear_model(0)
     _, _, opt, step = make_engine(model, lin, SerialComm(), global_batch=16,
                                   cfg=lbfgs_cfg(max_iter=30, tol_grad=1e-14, tol_change=0.0))
-    res = [step(opt, x) for _ in range(2)]
+    res = [step.run(x) for _ in range(2)]
     w = flat_params(model).numpy()[[0, 1, 2]]
     np.testing.assert_allclose(w, lin.minimiser(x), rtol=1e-6, atol=1e-8)
     assert res[0].metrics["func_evals"] > 1 and res[0].metrics["lbfgs_iters"] >= 1
@@ -49,8 +52,8 @@ def test_lazy_micro_batches_give_the_same_step_as_the_whole_batch():
             built.append(len(idx))
             return x[list(idx)]
 
-        batch = lbfgs.LazyBatch(build, range(16), 3) if lazy else x
-        r = step(opt, batch)
+        batch = LazyBatch(build, range(16), 3) if lazy else x
+        r = step.run(batch)
         runs.append((flat_params(model), r.loss))
         if lazy:  # never more than one micro-batch of inputs at a time
             assert max(built) == 3 and sum(built) == 16 * r.metrics["func_evals"]
@@ -66,7 +69,7 @@ def test_channels_last_parameters_are_supported():
     x = torch.randn(4, 2, 6, 6, dtype=torch.float64)
     out = []
     for m, cl in ((conv, True), (ref, False)):
-        opt = lbfgs.build_lbfgs(m.parameters(), lbfgs_cfg(max_iter=5))
+        opt = lbfgs.DistLBFGS(list(m.parameters()), lr=1.0, max_iter=5, line_search_fn="strong_wolfe")
 
         def closure():
             opt.zero_grad()
@@ -100,7 +103,7 @@ def test_nonfinite_inside_the_line_search_abandons_the_step_cleanly():
     model = linear_model(0)
     before = flat_params(model)
     _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16)
-    res = step(opt, x)
+    res = step.run(x)
     assert not res.finite and res.nonfinite_terms == ["pde"]
     assert res.metrics["func_evals"] == 3
     assert torch.equal(flat_params(model), before)  # back at the start of the step
@@ -112,37 +115,39 @@ def test_state_dict_roundtrips_through_the_hdf5_checkpoint(tmp_path):
     model = linear_model(1)
     _, _, opt, step = make_engine(model, lin, SerialComm(), global_batch=16,
                                   cfg=lbfgs_cfg(max_iter=2))
-    step(opt, x)
+    step.run(x)
     path = str(tmp_path / "c.h5")
     ckpt.save_checkpoint(path, model_state=model.state_dict(), optim_state=opt.state_dict(),
                          rng_state={}, meta={"step": 1, "optimizer": "lbfgs"})
-    step(opt, x)
+    step.run(x)
     want = flat_params(model)
     st = ckpt.load_checkpoint(path)
     m2 = linear_model(7)
     m2.load_state_dict(st["model_state"])
     _, _, opt2, step2 = make_engine(m2, lin, SerialComm(), global_batch=16, cfg=lbfgs_cfg(max_iter=2))
     opt2.load_state_dict(st["optim_state"])
-    step2(opt2, x)
+    step2.run(x)
     assert torch.equal(flat_params(m2), want)
 
 
-def test_schedule_and_rebuild_helpers():
+def test_optimizer_schedule_switches_and_restores_by_name():
     cfg = load_config(None, ["optim.name=\"adam\"", "optim.switch_to_lbfgs_epoch=2",
                              "train.epochs=4"]).optim
     m = linear_model(0)
-    opt = lbfgs.build(m.parameters(), cfg, epoch=0)
-    assert isinstance(opt, torch.optim.Adam)
-    assert lbfgs.maybe_switch(opt, m.parameters(), cfg, 1) is opt
-    lb = lbfgs.maybe_switch(opt, m.parameters(), cfg, 2)
-    assert lbfgs.is_lbfgs(lb) and lbfgs.maybe_switch(lb, m.parameters(), cfg, 3) is lb
-    assert lbfgs.optimizer_name(opt, cfg) == "adam" and lbfgs.optimizer_name(lb, cfg) == "lbfgs"
-    # resume/rollback: rebuild whatever kind wrote the state (meta, else the state itself)
-    assert isinstance(lbfgs.optimizer_for_state(lb, m.parameters(), cfg, opt.state_dict(),
-                                                {"optimizer": "adam"}), torch.optim.Adam)
-    assert lbfgs.is_lbfgs(lbfgs.optimizer_for_state(opt, m.parameters(), cfg, lb.state_dict()))
+    _, lg, _, _ = make_engine(m, LinearLSQ(), SerialComm(), global_batch=16)
+    sched = OptimizerSchedule(m.parameters(), cfg, lg)
+    adam = sched.at(0)
+    assert adam.name == "adam" and isinstance(adam.optimizer, torch.optim.Adam)
+    assert sched.at(1) is adam
+    lb = sched.at(2)
+    assert lb.name == "lbfgs" and sched.at(3) is lb
+    # resume/rollback: rebuild whatever stepper wrote the state, by its recorded name
+    sched.restore("adam", adam.state_dict())
+    assert sched.current.name == "adam"
     c2 = load_config(None, ["optim.name=\"lbfgs\"", "optim.lbfgs_line_search=\"none\""]).optim
-    assert lbfgs.build(m.parameters(), c2).param_groups[0]["line_search_fn"] is None
+    assert build_stepper("lbfgs", m.parameters(), c2, lg).optimizer.param_groups[0]["line_search_fn"] is None
+    with pytest.raises(ValueError, match="valid: adam, sgd, lbfgs"):
+        build_stepper("adamw", m.parameters(), c2, lg)
     with pytest.raises(ConfigError, match="switch_to_lbfgs_epoch"):
         load_config(None, ["optim.name=\"lbfgs\"", "optim.switch_to_lbfgs_epoch=1"])
 
@@ -198,9 +203,9 @@ def test_adam_then_lbfgs_on_2_ranks_resumes_across_the_switch(tmp_path):
     cfg.write_text(SWITCH)
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
 
-    def train(run_dir, *sets):
+    def train(run_dir, *sets, **kw):
         args = ["train", str(cfg), "--set", f"run.dir={run_dir}"]
-        return deepfusion(2, args + [a for s in sets for a in ("--set", s)])
+        return deepfusion(2, args + [a for s in sets for a in ("--set", s)], **kw)
 
     p = train(full)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -209,13 +214,13 @@ def test_adam_then_lbfgs_on_2_ranks_resumes_across_the_switch(tmp_path):
     assert all(r["func_evals"] >= 1 and r["lr"] == 1.0 for r in steps[4:])
     assert steps[-1]["loss"] < steps[4]["loss"] < steps[0]["loss"]
     # killed after the Adam checkpoint (step 3), then after the L-BFGS one (step 6)
-    p = train(cut, "train.checkpoint_every=3", "train.fail_at_step=5", "train.fail_rank=1")
+    p = train(cut, "train.checkpoint_every=3", env={FAULT: "raise@5:1"})
     assert p.returncode != 0 and "injected failure at step 5" in p.stderr
-    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=8"])
+    p = deepfusion(2, ["train", "--resume", cut], env={FAULT: "raise@8:1"})
     assert p.returncode != 0 and "step_00000003" in p.stdout
     st = ckpt.load_checkpoint(os.path.join(cut, "checkpoints", "step_00000006.h5"))
     assert st["meta"]["optimizer"] == "lbfgs" and st["optim_state"]["state"][0]["old_dirs"]
-    p = deepfusion(2, ["train", "--resume", cut, "--set", "train.fail_at_step=-1"])
+    p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "step_00000006" in p.stdout
     assert [r["loss"] for r in _steps(cut)] == [r["loss"] for r in steps]  # bit-for-bit

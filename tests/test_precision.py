@@ -3,10 +3,11 @@ refused with a reason on CPUs without bf16 instructions."""
 import pytest
 import torch
 
-from deepfusion.comm import SerialComm
-from deepfusion.gradsync import GradSync
-from deepfusion.layout import bf16_supported, check_precision
-from deepfusion.step import LossAndGrad
+from deepfusion.config import ParallelConfig
+from deepfusion.engine.comm import SerialComm
+from deepfusion.engine.layout import bf16_supported, check_precision
+from deepfusion.engine.parallel import parallelize
+from deepfusion.engine.step import LossAndGrad
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 
@@ -27,8 +28,8 @@ def test_bf16_step_runs_and_matches_fp32_loosely():
     x = task.build_input(task.sample_params(0, range(2)))
     res = {}
     for prec in ("fp32", "bf16"):
-        gs = GradSync(model, SerialComm())
-        res[prec] = LossAndGrad(model, task, SerialComm(), gs, global_batch=2, term_names=("pde", "bc"),
+        pm = parallelize(model, SerialComm(), ParallelConfig())
+        res[prec] = LossAndGrad(pm, task, global_batch=2, term_names=task.loss_term_names,
                                 precision=prec)(x)
     assert res["bf16"].finite
     assert res["bf16"].loss == pytest.approx(res["fp32"].loss, rel=0.05)

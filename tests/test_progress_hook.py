@@ -5,10 +5,11 @@ import os
 
 import pytest
 
-from deepfusion.cli import _build
-from deepfusion.comm import SerialComm
+from deepfusion.app.build import build_model, build_problem, torch_dtype
+from deepfusion.engine.parallel import parallelize
+from deepfusion.engine.comm import SerialComm
 from deepfusion.config import load_config
-from deepfusion.trainer import Trainer
+from deepfusion.engine.trainer import Trainer
 
 TOML = """
 [problem]
@@ -35,7 +36,8 @@ def test_trainer_sets_progress_before_every_step(tmp_path):
     path.write_text(TOML)
     cfg = load_config(str(path), [f"run.dir={tmp_path / 'run'}"])
     os.makedirs(tmp_path / "run" / "checkpoints")
-    task, model, specs = _build(cfg, 0)
+    task = build_problem(cfg)
+    model, specs = build_model(cfg, task)
     seen = []
     original = task.set_progress
 
@@ -44,7 +46,8 @@ def test_trainer_sets_progress_before_every_step(tmp_path):
         seen.append((fraction, task.current_smoothing()))
 
     task.set_progress = record
-    Trainer(cfg, SerialComm(), task, model, specs=specs).fit()
+    pm = parallelize(model, SerialComm(), cfg.parallel)
+    Trainer(cfg, SerialComm(), task, pm, specs=specs, dtype=torch_dtype(cfg)).fit()
     assert [f for f, _ in seen] == pytest.approx([s / 6 for s in range(6)])  # 3 epochs x 2 steps
     # the smoothing width the loss used at each step: 0.2 falling to 0 at half of training
     assert [s for _, s in seen] == pytest.approx([0.2, 0.2 * 2 / 3, 0.2 / 3, 0, 0, 0])

@@ -20,7 +20,7 @@ RECIPES = os.path.join(ROOT, "configs", "recipes")
 
 def train(tmp_path, recipe: str, *sets: str) -> dict:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "deepfusion.cli", "train", os.path.join(RECIPES, recipe),
+    cmd = [sys.executable, "-m", "deepfusion", "train", os.path.join(RECIPES, recipe),
            "--set", "parallel.threads_per_rank=1", "--set", "run.progress=log",
            "--set", "train.checkpoint_every=0", "--set", "data.eval_samples=8",
            "--set", f"run.dir={run}", "--overwrite", *(a for s in sets for a in ("--set", s))]

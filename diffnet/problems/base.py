@@ -91,11 +91,13 @@ class Problem(abc.ABC):
         name: registry name, e.g. "burgers".
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
         input_channels: names of the C channels ``build_input`` returns, e.g. ("u0",) or ("nu",).
+        loss_term_names: the keys of ``loss_terms``, in the order they are logged.
     """
 
     name: str = ""
     param_names: tuple[str, ...] = ()
     input_channels: tuple[str, ...] = ()
+    loss_term_names: tuple[str, ...] = ("pde", "bc")
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)
@@ -159,8 +161,8 @@ class Problem(abc.ABC):
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-sample, already weighted loss terms, each of shape (B,).
 
-        Keys are fixed per problem (always "pde" and "bc"; a hard-imposed or natural
-        condition gives a zero "bc"). The sample's loss is the sum of the values.
+        Keys are ``loss_term_names``, fixed per problem (by default "pde" and "bc"; a
+        hard-imposed or natural condition gives a zero "bc"). The sample's loss is the sum.
         """
 
     @abc.abstractmethod

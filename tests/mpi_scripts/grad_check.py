@@ -4,10 +4,11 @@ import sys
 
 import torch
 
-from deepfusion.comm import SerialComm, world
-from deepfusion.data import ShardedPool
-from deepfusion.gradsync import GradSync
-from deepfusion.step import LossAndGrad, broadcast_module
+from deepfusion.config import ParallelConfig
+from deepfusion.engine.comm import SerialComm, world
+from deepfusion.engine.data import ShardedPool
+from deepfusion.engine.parallel import parallelize
+from deepfusion.engine.step import LossAndGrad
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 
@@ -25,18 +26,18 @@ def make_model(seed):
 
 # Each rank initialises differently on purpose: the broadcast must make them equal.
 model = make_model(comm.rank)
-broadcast_module(model, comm)
 pool = ShardedPool(32, global_batch, comm.rank, comm.size, seed=3)
 x_local = task.build_input(task.sample_params(3, pool.local_indices(0, 1)), dtype=torch.float64)
-gs = GradSync(model, comm, bucket_mb=0.01, overlap=overlap)  # small buckets: several of them
-dist = LossAndGrad(model, task, comm, gs, global_batch=global_batch, term_names=("pde", "bc"),
+# small buckets: several of them
+pmodel = parallelize(model, comm, ParallelConfig(bucket_mb=0.01, overlap=overlap))
+dist = LossAndGrad(pmodel, task, global_batch=global_batch, term_names=task.loss_term_names,
                    micro_batch=1 if "--micro" in sys.argv else 0, channels_last=False)(x_local)
 
 ref_model = make_model(0)
-ref_gs = GradSync(ref_model, SerialComm())
+ref_pmodel = parallelize(ref_model, SerialComm(), ParallelConfig())
 x_all = task.build_input(task.sample_params(3, pool.global_indices(0, 1)), dtype=torch.float64)
-ref = LossAndGrad(ref_model, task, SerialComm(), ref_gs, global_batch=global_batch,
-                  term_names=("pde", "bc"), channels_last=False)(x_all)
+ref = LossAndGrad(ref_pmodel, task, global_batch=global_batch,
+                  term_names=task.loss_term_names, channels_last=False)(x_all)
 
 for a, b in zip(model.parameters(), ref_model.parameters()):
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-13)

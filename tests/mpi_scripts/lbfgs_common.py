@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from deepfusion.gradsync import GradSync
-from deepfusion.lbfgs import LBFGSStepper, build_lbfgs
-from deepfusion.step import LossAndGrad
+from deepfusion.config import ParallelConfig
+from deepfusion.engine.lbfgs import LBFGSStepper
+from deepfusion.engine.parallel import parallelize
+from deepfusion.engine.step import LossAndGrad
 
 
 class LinearLSQ:
@@ -64,11 +65,13 @@ def linear_model(seed=0, dtype=torch.float64):
 
 def make_engine(model, task, comm, *, global_batch, micro_batch=0, cfg=None, overlap=False,
                 channels_last=False):
-    gs = GradSync(model, comm, bucket_mb=0.01, overlap=overlap)
-    lg = LossAndGrad(model, task, comm, gs, global_batch=global_batch, term_names=("pde", "bc"),
+    """(gradient buckets, loss-and-gradient, torch optimiser, L-BFGS stepper) for ``model`` on ``comm``
+    (parameters broadcast from rank 0)."""
+    pm = parallelize(model, comm, ParallelConfig(bucket_mb=0.01, overlap=overlap))
+    lg = LossAndGrad(pm, task, global_batch=global_batch, term_names=("pde", "bc"),
                      micro_batch=micro_batch, channels_last=channels_last)
-    opt = build_lbfgs(model.parameters(), cfg or lbfgs_cfg())
-    return gs, lg, opt, LBFGSStepper(lg)
+    stepper = LBFGSStepper(model.parameters(), cfg or lbfgs_cfg(), lg)
+    return pm.grads, lg, stepper.optimizer, stepper
 
 
 class _Cfg:

@@ -16,11 +16,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
 
-from deepfusion import checkpoint as ckpt  # noqa: E402
-from deepfusion.comm import SerialComm, world  # noqa: E402
-from deepfusion.data import ShardedPool  # noqa: E402
-from deepfusion.lbfgs import LazyBatch, build_lbfgs  # noqa: E402
-from deepfusion.step import broadcast_module  # noqa: E402
+from deepfusion.engine import checkpoint as ckpt  # noqa: E402
+from deepfusion.engine.comm import SerialComm, world  # noqa: E402
+from deepfusion.engine.data import ShardedPool  # noqa: E402
+from deepfusion.engine.data import LazyBatch  # noqa: E402
 from diffnet.generators import build_generator  # noqa: E402
 from diffnet.problems import get_problem  # noqa: E402
 
@@ -50,8 +49,7 @@ def unet(seed):
 
 pool = ShardedPool(32, GB, comm.rank, comm.size, seed=3)
 cfg = lbfgs_cfg(history=5, max_iter=3)
-model = unet(comm.rank)  # different on purpose: the broadcast makes them equal
-broadcast_module(model, comm)
+model = unet(comm.rank)  # different on purpose: parallelize's broadcast makes them equal
 _, lg, opt, stepper = make_engine(model, task, comm, global_batch=GB, micro_batch=micro, cfg=cfg,
                                   overlap=overlap, channels_last=cl)
 ref = unet(0)
@@ -80,8 +78,8 @@ for s in range(STEPS):
             ckpt.save_checkpoint(path, model_state=model.state_dict(), optim_state=opt.state_dict(),
                                  rng_state={}, meta={"step": 2, "optimizer": "lbfgs"})
         comm.barrier()
-    r = stepper(opt, local_batch(s))
-    rr = rstepper(ropt, global_batch(s))
+    r = stepper.run(local_batch(s))
+    rr = rstepper.run(global_batch(s))
     assert r.finite and rr.finite
     assert r.metrics["func_evals"] == rr.metrics["func_evals"], (r.metrics, rr.metrics)
     assert abs(r.loss - rr.loss) <= 1e-10 * abs(rr.loss), (s, r.loss, rr.loss)
@@ -95,13 +93,12 @@ final = flat_params(model)
 state = ckpt.load_checkpoint(path)
 model2 = unet(123)
 model2.load_state_dict(state["model_state"])
-_, lg2, _, stepper2 = make_engine(model2, task, comm, global_batch=GB, micro_batch=micro, cfg=cfg,
-                                  overlap=overlap, channels_last=cl)
-opt2 = build_lbfgs(model2.parameters(), cfg)
+_, lg2, opt2, stepper2 = make_engine(model2, task, comm, global_batch=GB, micro_batch=micro,
+                                     cfg=cfg, overlap=overlap, channels_last=cl)
 opt2.load_state_dict(state["optim_state"])
 assert len(opt2.state[opt2._params[0]]["old_dirs"]) > 0, "history not restored"
 for s in range(2, STEPS):
-    stepper2(opt2, local_batch(s))
+    stepper2.run(local_batch(s))
 assert torch.equal(flat_params(model2), final), "resumed L-BFGS left the trajectory"
 same_on_all_ranks(model2, "resumed")
 if comm.rank == 0:
@@ -114,11 +111,10 @@ lpool = ShardedPool(16, 16, comm.rank, comm.size, seed=5)
 xl = lin.build_input(lin.sample_params(5, lpool.local_indices(0, 0)))
 xg = lin.build_input(lin.sample_params(5, lpool.global_indices(0, 0)))
 lm = linear_model(comm.rank)
-broadcast_module(lm, comm)
 _, _, lopt, lstep = make_engine(lm, lin, comm, global_batch=16, micro_batch=micro,
                                 cfg=lbfgs_cfg(history=10, max_iter=20, tol_grad=1e-14, tol_change=0.0))
 for _ in range(3):
-    res = lstep(lopt, xl)
+    res = lstep.run(xl)
 w = np.concatenate([lm.weight.detach().reshape(-1).numpy(), lm.bias.detach().numpy()])
 wstar = lin.minimiser(xg)
 # a line search on function values resolves the minimiser to ~sqrt(eps) relative, not eps

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import h5io
+from . import fields as h5io
 from .compare import compare_files  # noqa: F401  (re-exported)
 
 
@@ -82,7 +82,7 @@ def load_model(path, grid=None, work_grid=None):
     """
     from diffnet.generators import build_generator
 
-    from .checkpoint import load_checkpoint
+    from ..engine.checkpoint import load_checkpoint
 
     state = load_checkpoint(path)
     meta = state["meta"]

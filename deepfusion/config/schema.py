@@ -1,8 +1,8 @@
 """The generic machinery behind :mod:`deepfusion.config`: typed, validated TOML sections.
 
-A section is a ``@dataclass(kw_only=True)`` subclass of :class:`_Section` whose fields are made
-with :func:`_f` (default, help text and declarative constraints in the field metadata).
-``_Section.__post_init__`` coerces every value to its annotated type and checks the constraints,
+A section is a ``@dataclass(kw_only=True)`` subclass of :class:`Section` whose fields are made
+with :func:`option` (default, help text and declarative constraints in the field metadata).
+``Section.__post_init__`` coerces every value to its annotated type and checks the constraints,
 raising a :class:`ConfigError` that names the dotted key. The rest turns a section registry
 (``{"name": SectionClass}``) into "did you mean" suggestions (:func:`unknown_key`), TOML text
 (:func:`dump_tables`) and reference help (:func:`describe_sections`).
@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 # field helper: default + help + declarative constraints (used by validation and describe())
 # ---------------------------------------------------------------------------------------------
 
-def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None,
+def option(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None,
        item_ge=None, item_gt=None, min_len=None, max_len=None):
     meta = {"help": help}
     for name, value in (("choices", choices), ("ge", ge), ("gt", gt), ("le", le), ("lt", lt),
@@ -64,7 +64,7 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-def _got(value) -> str:
+def describe_value(value) -> str:
     return f"got {value!r} ({type(value).__name__})"
 
 
@@ -75,7 +75,7 @@ def _check_table(key: str, value) -> dict:
     """A free-form options table: string keys, TOML-representable values (no None)."""
     if not isinstance(value, dict):
         raise ConfigError(f"{key} must be a table (e.g. {key.split('.')[-1]} = {{a = 1}}), "
-                          f"{_got(value)}", key=key)
+                          f"{describe_value(value)}", key=key)
 
     def walk(path, v):
         if isinstance(v, dict):
@@ -88,7 +88,7 @@ def _check_table(key: str, value) -> dict:
                 walk(f"{path}[{i}]", item)
         elif not isinstance(v, _TOML_PLAIN) or (isinstance(v, float) and not math.isfinite(v)):
             raise ConfigError(f"{path} must hold only strings, finite numbers, booleans, arrays "
-                              f"and tables, {_got(v)}", key=path)
+                              f"and tables, {describe_value(v)}", key=path)
 
     walk(key, value)
     return {k: copy.deepcopy(list(v) if isinstance(v, tuple) else v) for k, v in value.items()}
@@ -100,16 +100,16 @@ def _coerce_scalar(key: str, value, tp):
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be a bool (true or false), {_got(value)}", key=key)
+        raise ConfigError(f"{key} must be a bool (true or false), {describe_value(value)}", key=key)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key} must be an int, {_got(value)}", key=key)
+        raise ConfigError(f"{key} must be an int, {describe_value(value)}", key=key)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a float, {_got(value)}", key=key)
+            raise ConfigError(f"{key} must be a float, {describe_value(value)}", key=key)
         value = float(value)
         if not math.isfinite(value):
             raise ConfigError(f"{key} must be a finite float, got {value!r}", key=key)
@@ -117,7 +117,7 @@ def _coerce_scalar(key: str, value, tp):
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key} must be a string (quote it in TOML), {_got(value)}", key=key)
+        raise ConfigError(f"{key} must be a string (quote it in TOML), {describe_value(value)}", key=key)
     raise TypeError(f"unsupported config type {tp!r} for {key}")  # pragma: no cover
 
 
@@ -135,7 +135,7 @@ def _bounds_text(meta: dict, prefix: str = "") -> str:
     return " and ".join(parts)
 
 
-class _Section:
+class Section:
     """Base of every section: type coercion and declarative checks in ``__post_init__``."""
 
     _section: ClassVar[str] = ""
@@ -152,7 +152,7 @@ class _Section:
                 (item_tp,) = typing.get_args(tp)
                 if not isinstance(value, (list, tuple)):
                     raise ConfigError(f"{key} must be a list of {_TYPE_NAMES[item_tp]} "
-                                      f"(e.g. [1, 2]), {_got(value)}", key=key)
+                                      f"(e.g. [1, 2]), {describe_value(value)}", key=key)
                 try:
                     value = [_coerce_scalar(f"{key}[{i}]", v, item_tp)
                              for i, v in enumerate(value)]
@@ -267,7 +267,7 @@ def _toml_value(value, key: str = "") -> str:
             return "{}"
         return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v, f'{key}.{k}')}"
                                for k, v in value.items()) + "}"
-    raise ConfigError(f"{key} cannot be written to TOML: {_got(value)}", key=key or None)
+    raise ConfigError(f"{key} cannot be written to TOML: {describe_value(value)}", key=key or None)
 
 
 def dump_tables(header: str, tables: dict) -> str:

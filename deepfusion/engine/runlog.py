@@ -1,7 +1,7 @@
 """What a run leaves behind: metrics.jsonl, the log line, the progress bar, the loss curve.
 
 Only rank 0 writes shared files. One log line per N steps with fixed fields
-(``step loss pde bc grad_norm lr s/step samples/s``) so batch-job logs can be grepped and
+(``step loss <the problem's loss terms> grad_norm lr s/step samples/s``) so batch-job logs can be grepped and
 diffed; a tqdm bar instead when rank 0 is attached to a terminal.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ class RunLog:
     """Rank-0 writer of metrics.jsonl and the console; a no-op elsewhere."""
 
     def __init__(self, run_dir: str, *, rank: int, log_every: int, progress: str,
-                 total_steps: int, term_names=("pde", "bc")):
+                 total_steps: int, term_names: tuple[str, ...]):
         self.run_dir, self.rank, self.log_every = run_dir, rank, max(1, log_every)
         self.term_names = tuple(term_names)
         self.path = os.path.join(run_dir, "metrics.jsonl")
@@ -77,8 +77,9 @@ class RunLog:
             sys.stdout.flush()
 
     def warn(self, msg: str):
-        """Warnings are printed by whichever rank meets them."""
-        print(f"[rank {self.rank}] warning: {msg}", file=sys.stderr, flush=True)
+        """A warning about a decision all ranks took together: printed once, by rank 0."""
+        if self.rank == 0:
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from . import h5io
+from . import fields as h5io
 
 
 def _check_same(a: dict, b: dict, pa, pb) -> None:

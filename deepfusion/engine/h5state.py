@@ -13,7 +13,7 @@ Generic encoding of Python objects (enough for the Adam, SGD and LBFGS state_dic
 so an int stays an int, a float a float, None stays None, a tuple a tuple, and tensors are
 bit-exact. Reading never unpickles: only numeric datasets and JSON text are decoded.
 
-:func:`_write_dict` writes a dict into a group, :func:`_read_item` reads any encoded member back.
+:func:`write_dict` writes a dict into a group, :func:`read_item` reads any encoded member back.
 Used by :mod:`deepfusion.checkpoint`, which re-exports :class:`CheckpointError`.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _is_plain_json(obj) -> bool:
     return False
 
 
-def _json_dumps(obj, where: str) -> str:
+def json_dumps(obj, where: str) -> str:
     try:
         return json.dumps(obj, allow_nan=True)
     except (TypeError, ValueError) as exc:
@@ -51,7 +51,7 @@ def _json_dumps(obj, where: str) -> str:
 
 
 def _write_json(parent, name, value, type_name="json"):
-    ds = parent.create_dataset(name, data=_json_dumps(value, f"{parent.name}/{name}"),
+    ds = parent.create_dataset(name, data=json_dumps(value, f"{parent.name}/{name}"),
                                dtype=h5py.string_dtype("utf-8"))
     ds.attrs["__type__"] = type_name
 
@@ -97,7 +97,7 @@ def _member_names(keys) -> list[str]:
     return names
 
 
-def _write_dict(group, d: dict):
+def write_dict(group, d: dict):
     keys = list(d.keys())
     for k in keys:
         if type(k) not in (str, int, float, bool, type(None)):
@@ -105,7 +105,7 @@ def _write_dict(group, d: dict):
                                   f"cannot be saved (use str or int keys)")
     names = _member_names(keys)
     group.attrs["__type__"] = "dict"
-    group.attrs["__keys__"] = _json_dumps(keys, f"{group.name} keys")
+    group.attrs["__keys__"] = json_dumps(keys, f"{group.name} keys")
     group.attrs["__names__"] = json.dumps(names)
     for k, name in zip(keys, names):
         _write_item(group, name, d[k])
@@ -129,7 +129,7 @@ def _write_item(parent, name: str, value):
     elif type(value) is tuple and all(_is_plain_json(v) for v in value):
         _write_json(parent, name, list(value), "json_tuple")
     elif isinstance(value, dict):
-        _write_dict(parent.create_group(name), value)
+        write_dict(parent.create_group(name), value)
     elif isinstance(value, (list, tuple)):
         g = parent.create_group(name)
         g.attrs["__type__"] = "tuple" if isinstance(value, tuple) else "list"
@@ -142,16 +142,16 @@ def _write_item(parent, name: str, value):
                               f"values, dicts, lists, tuples)")
 
 
-def _attr_str(obj, name):
+def attr_str(obj, name):
     v = obj.attrs[name]
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-def _read_item(obj):
-    kind = _attr_str(obj, "__type__")
+def read_item(obj):
+    kind = attr_str(obj, "__type__")
     if kind == "tensor":
         arr = np.asarray(obj[()])
-        dtype = getattr(torch, _attr_str(obj, "torch_dtype"))
+        dtype = getattr(torch, attr_str(obj, "torch_dtype"))
         if dtype == torch.bfloat16:
             t = torch.from_numpy(arr.astype(np.int16, copy=False)).view(torch.bfloat16)
         else:
@@ -172,10 +172,10 @@ def _read_item(obj):
         value = json.loads(obj.asstr()[()])
         return tuple(value) if kind == "json_tuple" else value
     if kind == "dict":
-        keys = json.loads(_attr_str(obj, "__keys__"))
-        names = json.loads(_attr_str(obj, "__names__"))
-        return {k: _read_item(obj[n]) for k, n in zip(keys, names)}
+        keys = json.loads(attr_str(obj, "__keys__"))
+        names = json.loads(attr_str(obj, "__names__"))
+        return {k: read_item(obj[n]) for k, n in zip(keys, names)}
     if kind in ("list", "tuple"):
-        items = [_read_item(obj[str(i)]) for i in range(int(obj.attrs["__len__"]))]
+        items = [read_item(obj[str(i)]) for i in range(int(obj.attrs["__len__"]))]
         return tuple(items) if kind == "tuple" else items
     raise CheckpointError(f"{obj.name}: unknown stored type {kind!r}")

@@ -1,7 +1,7 @@
 """``deepfusion infer``, ``deepfusion solve`` and ``deepfusion compare`` (registered by cli.py).
 
-Kept light on imports: torch is imported only after the thread layout is set (see layout.py).
-Error policy as in :mod:`deepfusion.cli`: input errors found on any rank end every rank with
+Kept light on imports: torch is imported only after the thread layout is set (engine.layout).
+Error policy as in :mod:`.policy`: input errors found on any rank end every rank with
 exit code 2 and one message; out-of-range parameters are a WARNING; anything else aborts MPI.
 """
 from __future__ import annotations
@@ -11,8 +11,9 @@ import os
 import sys
 import time
 
+from .policy import ExitCode, collective_check, run_guarded
+
 DEFAULT_SEED = 12345
-EXIT_INPUT = 2
 
 
 def _input_args(p, what: str) -> None:
@@ -73,14 +74,13 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _distributed(fn, args) -> int:
-    from .cli import run_guarded
-    from .comm import world
+    from ..engine.comm import world
 
     return run_guarded(fn, args, world())
 
 
 def _threads(comm, requested: int) -> None:
-    from .layout import setup_threads
+    from ..engine.layout import setup_threads
 
     setup_threads(comm, max(0, int(requested or 0)))
 
@@ -111,10 +111,9 @@ def _inputs_note(args) -> str:
 
 def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
     """Open the output (rank 0), run every batch, publish the file; print one line."""
-    from .cli import _collective_check
     from .inference import run_blocks
 
-    writer = _collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
+    writer = collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
     t0 = time.perf_counter()
     try:
         busy = run_blocks(comm, samples.n, args.batch, compute, writer)
@@ -135,10 +134,9 @@ def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
 
 
 def _samples(comm, args, problem):
-    from .cli import _collective_check
     from .inference import resolve_samples
 
-    problem, samples, warns = _collective_check(
+    problem, samples, warns = collective_check(
         comm, lambda: resolve_samples(problem, sample=args.sample, seed=args.seed,
                                       params=args.params, inputs=args.inputs))
     for w in warns:
@@ -155,7 +153,7 @@ def _load(args):
 
     _check_batch(args)
     if args.precision == "bf16":
-        from .layout import check_precision
+        from ..engine.layout import check_precision
 
         check_precision("bf16")
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
@@ -168,11 +166,10 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .cli import _collective_check
     from .inference import predictor, training_grid
 
     _threads(comm, args.threads)
-    model, problem, work, meta = _collective_check(comm, _load, args)
+    model, problem, work, meta = collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
     data_seed = (meta.get("config") or {}).get("data", {}).get("seed")
     if args.sample is not None and data_seed is not None and args.seed == data_seed:
@@ -225,13 +222,12 @@ def _build_solve(args):
 
 
 def _solve(args, comm) -> int:
-    from .cli import _collective_check
     from .inference import make_solver, solver_compute
 
     _threads(comm, args.threads)
-    problem = _collective_check(comm, _build_solve, args)
+    problem = collective_check(comm, _build_solve, args)
     problem, samples = _samples(comm, args, problem)
-    solve = _collective_check(comm, make_solver, problem, samples, args.method)
+    solve = collective_check(comm, make_solver, problem, samples, args.method)
     compute = solver_compute(problem, samples, solve)
     attrs = {"source": f"reference:{args.method}", "kind": "reference"}
     return _execute(comm, args, problem, samples, compute, attrs)
@@ -253,6 +249,6 @@ def run_compare(args) -> int:
         summary, table = compare_files(args.preds, args.ref, out_dir, n_figures=args.figures)
     except (ValueError, OSError, KeyError) as e:
         print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_INPUT
+        return ExitCode.INPUT
     print(table, flush=True)
     return 0

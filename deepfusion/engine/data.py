@@ -7,20 +7,31 @@ step sees the same set of samples whatever P is ("same problem is solved for any
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
 def check_divisible(global_batch: int, size: int) -> int:
-    """Local batch b_s / P, or a ValueError naming both numbers and the nearest valid choices."""
+    """Local batch b_s / P, or a ValueError naming both numbers and the nearest valid choices
+    of either (a batch for this P, or a P for this batch: what an elastic resume can change)."""
     if global_batch % size == 0:
         return global_batch // size
     lo = (global_batch // size) * size
-    hi = lo + size
-    choices = " or ".join(str(c) for c in (lo, hi) if c > 0)
+    batches = " or ".join(str(c) for c in (lo, lo + size) if c > 0)
+    ranks = " or ".join(str(p) for p in nearest_divisors(global_batch, size))
     raise ValueError(
         f"data.global_batch = {global_batch} is not divisible by the number of ranks P = {size}; "
-        f"every rank needs an equal local batch. Use data.global_batch = {choices} "
-        f"(or run on a number of ranks that divides {global_batch}).")
+        f"every rank needs an equal local batch. Run on P = {ranks} ranks, or use "
+        f"data.global_batch = {batches} (a new run: a resumed run keeps its batch).")
+
+
+def nearest_divisors(n: int, p: int) -> list[int]:
+    """The divisors of ``n`` closest to ``p`` from below and above (one or two of them)."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    below = [d for d in divisors if d < p]
+    above = [d for d in divisors if d > p]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
 class ShardedPool:
@@ -80,3 +91,40 @@ class InputCache:
             fresh = {}
         return torch.stack([self.cache[int(i)] if int(i) in self.cache else fresh[int(i)]
                             for i in indices])
+
+
+class LazyBatch:
+    """A local batch whose inputs are built per micro-batch, on demand, by ``build(indices)``
+    (an :class:`InputCache`): ``len(batch)`` samples, ``micro_batch`` per chunk. A step that
+    evaluates the loss many times (L-BFGS's line search) never holds all inputs at once."""
+
+    def __init__(self, build, indices, micro_batch: int):
+        self.build, self.indices = build, list(indices)
+        self.micro_batch = max(1, int(micro_batch)) if micro_batch > 0 else len(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def materialize(self):
+        """All inputs at once, (B, C, H, W)."""
+        return self.build(self.indices)
+
+    def chunks(self) -> "LazyChunks":
+        return LazyChunks(self)
+
+
+class LazyChunks(Sequence):
+    """The micro-batches of a :class:`LazyBatch`, each built when indexed."""
+
+    def __init__(self, batch: LazyBatch):
+        self.b = batch
+
+    def __len__(self):
+        n, m = len(self.b.indices), self.b.micro_batch
+        return (n + m - 1) // m
+
+    def __getitem__(self, k):
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        m = self.b.micro_batch
+        return self.b.build(self.b.indices[k * m:(k + 1) * m])

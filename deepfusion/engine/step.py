@@ -9,7 +9,8 @@
      sees the global loss and takes the same branch on "is it finite?" and "stop requested?".
 
 The task is any object with ``impose(u, x)`` and ``loss_terms(u, x) -> {name: (B,)}``; the
-engine knows nothing of the PDE behind it.
+engine knows nothing of the PDE behind it. The model is a
+:class:`~deepfusion.engine.parallel.ParallelModel`: how the gradients are summed is its business.
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .comm import Communicator
-from .gradsync import GradSync
+from .data import LazyBatch
+from .parallel import ParallelModel
 
-FLAGS = ("stop", "fail")  # per-rank flags reduced with the loss (SIGTERM/SIGUSR1, local errors)
+# Per-rank requests reduced (summed) with the loss, so every rank sees them at the same step:
+# "stop" (SIGTERM/SIGUSR1 on some rank), "checkpoint" (rank 0's clock says one is due).
+FLAGS = ("stop", "checkpoint")
 
 
 @dataclass
@@ -34,6 +37,8 @@ class StepResult:
     grad_norm: float
     flags: dict[str, float]
     times: dict[str, float] = field(default_factory=dict)
+    lr: float = float("nan")                        # the learning rate the step was taken with
+    metrics: dict = field(default_factory=dict)     # optimiser-specific extras (L-BFGS counts)
 
     @property
     def finite(self) -> bool:
@@ -42,25 +47,19 @@ class StepResult:
 
 
 class LossAndGrad:
-    """Global mean loss and gradient over the global batch for a data-parallel model."""
+    """Global mean loss and gradient over the global batch for a parallel model."""
 
-    def __init__(self, model, task, comm: Communicator, gradsync: GradSync, *, global_batch: int,
+    def __init__(self, model: ParallelModel, task, *, global_batch: int,
                  term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True,
-                 precision: str = "fp32", forward=None):
-        self.model, self.task, self.comm, self.gs = model, task, comm, gradsync
-        # The callable that runs the generator: the model itself, or its torch.compile'd wrapper
-        # (same parameters, so gradients still land in the GradSync buckets).
-        self.forward = forward if forward is not None else model
-        self.global_batch, self.term_names = global_batch, tuple(term_names)
-        self.micro_batch, self.channels_last = micro_batch, channels_last
+                 precision: str = "fp32"):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
-        if precision == "bf16":
-            from .layout import check_precision
-
-            check_precision(precision)
+        self.model, self.task, self.comm, self.gs = model, task, model.comm, model.grads
+        self.global_batch, self.term_names = global_batch, tuple(term_names)
+        self.micro_batch, self.channels_last = micro_batch, channels_last
         self.precision = precision
         self.flags = {k: 0.0 for k in FLAGS}
+        self.poison_next = False  # test-only fault injection: make the next loss non-finite
         # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
         self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
 
@@ -70,17 +69,18 @@ class LossAndGrad:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.precision == "bf16":  # the network in bf16 (autocast); the PDE loss in fp32
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = self.forward(x)
+                y = self.model.forward(x)
             y = y.float()
         else:
-            y = self.forward(x)
+            y = self.model.forward(x)
         u = self.task.impose(y, x)
         terms = self.task.loss_terms(u, x)
         assert set(terms) == set(self.term_names), \
             f"task returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"
         return terms
 
-    def __call__(self, x: torch.Tensor) -> StepResult:
+    def __call__(self, x) -> StepResult:
+        """``x``: the local batch, a tensor (B, C, H, W) or a :class:`LazyBatch`."""
         t_fwd = t_bwd = 0.0
         self.gs.zero_()
         sums = torch.zeros(len(self.term_names), dtype=torch.float64)
@@ -98,6 +98,8 @@ class LossAndGrad:
             sums += local.detach().double()
             t_fwd, t_bwd = t_fwd + (t1 - t0), t_bwd + (t2 - t1)
         self.gs.accumulate_only(False)
+        if self.poison_next:
+            sums[0], self.poison_next = float("nan"), False
         self.gs.reduce()
         t_ar = self.gs.seconds
         t3 = time.perf_counter()
@@ -107,6 +109,8 @@ class LossAndGrad:
         return result
 
     def _chunks(self, x):
+        if isinstance(x, LazyBatch):  # inputs built per micro-batch, at every evaluation
+            return x.chunks()
         if self.micro_batch <= 0 or self.micro_batch >= x.shape[0]:
             return [x]
         return list(torch.split(x, self.micro_batch))
@@ -125,27 +129,3 @@ class LossAndGrad:
         loss = float("nan") if bad else sum(terms.values())
         # The reduced gradient is bit-identical on all ranks, so its norm (and finiteness) is too.
         return StepResult(loss, terms, bad, self.gs.grad_norm(), flags)
-
-
-def broadcast_module(module: torch.nn.Module, comm: Communicator, root: int = 0):
-    """Make every rank's parameters and buffers equal to ``root``'s (in place)."""
-    if comm.size == 1:
-        return
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            if t.is_contiguous():
-                comm.bcast_(t.data, root)
-            else:  # e.g. channels_last weights: broadcast a contiguous copy, then copy back
-                tmp = t.data.contiguous()
-                comm.bcast_(tmp, root)
-                t.data.copy_(tmp)
-
-
-def parameter_checksum(module: torch.nn.Module, comm: Communicator) -> tuple[float, float]:
-    """(max, min) over ranks of a float64 checksum of the parameters: equal iff in sync."""
-    with torch.no_grad():
-        c = sum(float(p.double().sum()) + 1e-3 * float(p.double().abs().sum())
-                for p in module.parameters())
-    buf = torch.tensor([c, -c], dtype=torch.float64)
-    comm.allreduce_(buf, op="max")
-    return float(buf[0]), float(-buf[1])

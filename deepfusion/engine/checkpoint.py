@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 import torch
 
-from .h5state import CheckpointError, _attr_str, _json_dumps, _read_item, _write_dict
+from .h5state import CheckpointError, attr_str, json_dumps, read_item, write_dict
 
 FORMAT = "deepfusion-checkpoint"
 FORMAT_VERSION = 1
@@ -83,6 +83,21 @@ def _is_complete(path) -> bool:
             return bool(f.attrs.get("complete", False)) and f.attrs.get("format") == FORMAT
     except Exception:
         return False
+
+
+def load_latest(run_dir) -> tuple[str, dict, list[str]]:
+    """(path, state, skipped) of the newest checkpoint in ``run_dir`` that loads: newer files
+    that are incomplete or corrupt are skipped, each with a one-line reason in ``skipped``.
+    Raises :class:`CheckpointError` naming every file tried when none loads."""
+    skipped = []
+    for _, path in _step_files(run_dir):
+        try:
+            return path, load_checkpoint(path), skipped
+        except CheckpointError as exc:
+            skipped.append(f"{os.path.basename(path)}: {exc}")
+    where = checkpoint_dir(run_dir)
+    tried = "; ".join(skipped) if skipped else "there is none"
+    raise CheckpointError(f"no loadable checkpoint in {where} ({tried})")
 
 
 def latest_checkpoint(run_dir) -> str | None:
@@ -148,7 +163,7 @@ def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: di
     for name, value in (("optim_state", optim_state), ("rng_state", rng_state), ("meta", meta)):
         if not isinstance(value, dict):
             raise CheckpointError(f"{name} must be a dict, got {type(value).__name__}")
-    meta_json = _json_dumps(meta, "checkpoint meta")
+    meta_json = json_dumps(meta, "checkpoint meta")
 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -163,9 +178,9 @@ def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: di
             for key in ("step", "epoch"):  # handy for h5dump / h5ls; meta is the source
                 if type(meta.get(key)) is int:
                     f.attrs[key] = meta[key]
-            _write_dict(f.create_group("model"), model_state)
-            _write_dict(f.create_group("optim"), optim_state)
-            _write_dict(f.create_group("rng"), rng_state)
+            write_dict(f.create_group("model"), model_state)
+            write_dict(f.create_group("optim"), optim_state)
+            write_dict(f.create_group("rng"), rng_state)
             f.attrs["complete"] = True  # LAST: marks the file as fully written
             f.flush()
             try:
@@ -229,10 +244,10 @@ def load_checkpoint(path) -> dict:
                                   f"killed?); {_alternative(path)}")
         try:
             return {
-                "model_state": _read_item(f["model"]),
-                "optim_state": _read_item(f["optim"]),
-                "rng_state": _read_item(f["rng"]),
-                "meta": json.loads(_attr_str(f, "meta")),
+                "model_state": read_item(f["model"]),
+                "optim_state": read_item(f["optim"]),
+                "rng_state": read_item(f["rng"]),
+                "meta": json.loads(attr_str(f, "meta")),
             }
         except CheckpointError:
             raise
@@ -276,6 +291,6 @@ def restore_rng_state(state: dict, np_generator: np.random.Generator | None = No
 
 
 __all__ = [
-    "CheckpointError", "capture_rng_state", "checkpoint_path", "latest_checkpoint",
+    "CheckpointError", "capture_rng_state", "checkpoint_path", "latest_checkpoint", "load_latest",
     "load_checkpoint", "prune_checkpoints", "restore_rng_state", "save_checkpoint",
 ]

@@ -6,15 +6,15 @@ File layout (one file per command, samples along the first axis)::
     /u                float32 (N, H, W)     the solution (prediction or reference)
     /inputs           float32 (N, C, H, W)  the network's input fields
         attr channels                       names of the C channels, e.g. ["nu", "log_nu"]
-                                            (Poisson: "nu" is the diffusivity at the grid nodes)
+                                            (the problem's input_channels)
     /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
         attr names                          names of the k parameters, e.g. ["omega_1", ...]
     /coords/<axis>    float64 (n_axis,)     one 1-D node coordinate array per grid axis
     root attributes:
         format              "deepfusion-fields", format_version 1
         axes                names of the axes of /u's last two dimensions, in order
-                            (e.g. ["t", "x"] for Burgers, ["y", "x"] for Poisson)
-        problem             problem name (e.g. "poisson")
+                            (the problem's axes, e.g. ["y", "x"])
+        problem             the problem's registry name
         problem_kwargs      JSON of the problem's constructor options (incl. "grid")
         source              the checkpoint path (infer) or "reference:<method>" (solve)
         kind                "prediction" or "reference"

@@ -1,0 +1,105 @@
+"""Building a run from a configuration: check everything, then create the run directory.
+
+The order is the contract: the config, the problem, the generator on the problem's grid, the
+batch against the number of ranks, the precision against this CPU and the run directory's state
+are all checked (on every rank, status exchanged) before anything is written, so a refused
+command leaves no trace and the corrected one is not refused as "already holds a run".
+Problems and generators are reached through diffnet's registries by name only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from diffnet.generators import build_generator
+from diffnet.problems import PROBLEMS, get_problem
+
+from ..config import dump_toml, load_config
+from ..engine.checkpoint import load_checkpoint
+from ..engine.data import check_divisible
+from ..engine.layout import check_precision
+
+
+def load(config_path, overrides):
+    return load_config(config_path, overrides or [])
+
+
+def torch_dtype(cfg) -> torch.dtype:
+    return torch.float64 if cfg.train.dtype == "float64" else torch.float32
+
+
+def build_problem(cfg):
+    """The problem of ``[problem]`` on its grid (the registry lists valid names and options)."""
+    if not cfg.problem.name:
+        raise ValueError(f"problem.name is not set: choose one of {sorted(PROBLEMS)} "
+                         f"([problem] name = ... in the config, or --set problem.name=...)")
+    return get_problem(cfg.problem.name, grid=tuple(cfg.problem.grid), **cfg.problem.options)
+
+
+def build_model(cfg, task):
+    """(generator, specs): initialised from ``train.init_seed`` (or ``model.init_from``), checked
+    against the problem's grid; ``specs`` rebuild generator and problem from a checkpoint."""
+    torch.manual_seed(cfg.train.init_seed)
+    kwargs = {"in_channels": len(task.input_channels), **cfg.model.options}
+    model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
+    probe = torch.zeros((1, len(task.input_channels), *task.grid), dtype=torch_dtype(cfg))
+    try:
+        model.check_input(probe)
+    except ValueError as e:
+        raise ValueError(f"problem.grid = {list(task.grid)} does not suit model {cfg.model.name!r} "
+                         f"{cfg.model.options}: {e}") from None
+    if cfg.model.init_from:
+        init_from(model, cfg.model.name, cfg.model.init_from)
+    if cfg.model.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
+             "problem": {"name": task.name, "kwargs": task.config()}}
+    return model, specs
+
+
+def init_from(model, name: str, path: str) -> None:
+    """Copy the generator weights of checkpoint ``path`` into ``model`` (model.init_from)."""
+    state = load_checkpoint(path)
+    spec = state["meta"].get("model") or {}
+    ours, theirs = model.config(), spec.get("kwargs")
+
+    def arch(kwargs):  # checkpoint_levels changes memory, not the weights
+        return {k: v for k, v in kwargs.items() if k != "checkpoint_levels"}
+
+    if spec.get("name") != name or (theirs is not None and arch(theirs) != arch(ours)):
+        raise ValueError(f"model.init_from = {path!r} holds generator {spec.get('name')!r} "
+                         f"{theirs}, but this run builds {name!r} {ours}; set [model] name and "
+                         f"options to match it, or start from scratch with model.init_from = \"\"")
+    dtype = next(model.parameters()).dtype
+    model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
+
+
+def _holds_run(d: str) -> bool:
+    return os.path.exists(os.path.join(d, "metrics.jsonl")) or os.path.isdir(os.path.join(d, "checkpoints"))
+
+
+def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
+    """Everything about this launch that is not the model: ranks, CPU, run directory."""
+    check_divisible(cfg.data.global_batch, size)
+    check_precision(cfg.train.precision)
+    d = cfg.run.dir
+    if resume and not _holds_run(d):
+        raise ValueError(f"--resume {d}: no run there (no metrics.jsonl or checkpoints/)")
+    if _holds_run(d) and not resume and not overwrite:
+        raise ValueError(f"run directory {d!r} already holds a run. Continue it with --resume {d}, "
+                         f"start over with --overwrite, or choose another with --set run.dir=PATH")
+
+
+def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
+    """Create (or empty, with --overwrite) the run directory and write the resolved config;
+    rank 0 only, and only after :func:`check_run` passed on every rank."""
+    if rank != 0:
+        return
+    d = cfg.run.dir
+    if overwrite and not resume and _holds_run(d):
+        shutil.rmtree(d)
+    os.makedirs(os.path.join(d, "checkpoints"), exist_ok=True)
+    with open(os.path.join(d, "config.toml"), "w") as f:
+        f.write(dump_toml(cfg))

@@ -1,0 +1,84 @@
+"""The error policy and the exit codes: every rank, never a hang.
+
+* input errors (config, CLI, files, a checkpoint that cannot be read) are found before the
+  first training collective; ranks exchange their status (:func:`collective_check`) and all
+  exit with :data:`ExitCode.INPUT` and one message;
+* decisions taken on all-reduced values (non-finite loss, diverged parameters, stop signal)
+  end all ranks together with their own exit code;
+* anything else raised on one rank prints that rank's message and calls MPI Abort, which ends
+  every rank of the job promptly: no rank returns while others may wait in a collective.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from enum import IntEnum
+
+from ..engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
+
+
+class ExitCode(IntEnum):
+    """The one definition of every exit code of ``deepfusion``."""
+
+    OK = 0
+    ABORT = 1        # an exception on some rank (MPI_Abort)
+    INPUT = 2        # bad input: config, CLI, files
+    NONFINITE = 3    # non-finite loss/gradient, or ranks' parameters diverged
+    PREEMPTED = 99   # stopped on SIGTERM/SIGUSR1 after a checkpoint: requeue with --resume
+
+
+INPUT_ERRORS = (ValueError, KeyError, TypeError, OSError)
+
+
+def collective_check(comm, fn, *args):
+    """Run ``fn`` on every rank; if any rank fails with an input error, every rank raises
+    InputError with the first failing rank's message. Every rank reaches the exchange, so nobody
+    waits forever."""
+    try:
+        out, err = fn(*args), None
+    except INPUT_ERRORS as e:
+        out, err = None, f"{e}"
+    errors = comm.allgather_obj(err)
+    bad = [(r, m) for r, m in enumerate(errors) if m is not None]
+    if bad:
+        r, msg = bad[0]
+        raise InputError(msg if comm.size == 1 else f"(rank {r}) {msg}")
+    return out
+
+
+def say_once(comm, msg: str) -> None:
+    """A message all ranks agree on, printed by rank 0 only."""
+    if comm.rank == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def run_local(fn, args) -> int:
+    """A one-process command: an input error is one line and exit 2."""
+    try:
+        return fn(args)
+    except INPUT_ERRORS as e:
+        print(f"deepfusion: error: {e}", file=sys.stderr)
+        return ExitCode.INPUT
+
+
+def run_guarded(fn, args, comm) -> int:
+    """Run a distributed command ``fn(args, comm)`` under the policy of the module docstring."""
+    try:
+        return fn(args, comm)
+    except InputError as e:
+        say_once(comm, f"deepfusion: error: {e}")
+        return ExitCode.INPUT
+    except Preempted as e:
+        say_once(comm, f"deepfusion: {e}")
+        return ExitCode.PREEMPTED
+    except (NonFiniteLoss, ParametersDiverged) as e:
+        say_once(comm, f"deepfusion: error: {e}")
+        return ExitCode.NONFINITE
+    except BaseException as e:  # noqa: BLE001 - any other failure must end every rank
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        print(f"deepfusion: error on rank {comm.rank}: {type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc()
+        if comm.size > 1:
+            comm.abort(ExitCode.ABORT)
+        return ExitCode.ABORT

@@ -1,0 +1,156 @@
+"""``deepfusion train``, ``deepfusion demo`` and ``deepfusion evaluate``: a run from a config, on
+any number of ranks, and its accuracy on draws it never saw.
+
+``train`` reads like its steps: load and check everything (:mod:`.build`), set the threads,
+create the run directory, make the model parallel, fit, and report the validation error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from .build import (build_model, build_problem, check_run, load, prepare_run_dir,
+                    torch_dtype)
+from .policy import collective_check
+
+
+def cmd_train(args, comm) -> int:
+    from ..engine.evaluate import evaluate, write_report
+    from ..engine.layout import report, setup_threads
+    from ..engine.parallel import parallelize
+    from ..engine.trainer import Trainer
+
+    if args.resume:
+        if args.config is None:  # requeued jobs: the run directory holds its resolved config
+            args.config = os.path.join(args.resume, "config.toml")
+        args.set = list(args.set or []) + [f"run.dir={args.resume}"]
+    cfg = collective_check(comm, load, args.config, args.set)
+    compile_cache_env(cfg)  # before torch compiles anything
+    layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before any torch op
+    layouts = comm.gather_obj(layout)
+    if layouts is not None:  # rank 0 prints the layout
+        text, warns = report(layouts, comm.library_version())
+        print(text, flush=True)
+        for w in warns:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+    task = collective_check(comm, build_problem, cfg)
+    model, specs = collective_check(comm, build_model, cfg, task)
+    collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
+    collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
+
+    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile)
+    trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg))
+    trainer.fit(resume=bool(args.resume))
+    if cfg.data.eval_samples > 0:
+        summary = evaluate(model, task, comm, n=cfg.data.eval_samples, seed=cfg.data.eval_seed,
+                           dtype=torch_dtype(cfg), channels_last=cfg.model.channels_last)
+        if summary is not None:
+            axes = tuple(a.name for a in task.axes)
+            extent = (task.axes[1].lo, task.axes[1].hi, task.axes[0].lo, task.axes[0].hi)
+            write_report(summary, cfg.run.dir, axes=axes, extent=extent)
+            print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): mean "
+                  f"{summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} worst "
+                  f"{summary['rel_l2_max']:.4f} -> {os.path.join(cfg.run.dir, 'eval.json')}",
+                  flush=True)
+    return 0
+
+
+def compile_cache_env(cfg):
+    """TorchInductor's kernel cache: train.compile_cache if set, else a TORCHINDUCTOR_CACHE_DIR
+    the user exported, else RUN_DIR/compile_cache (so a requeued job does not compile again).
+    Set before anything compiles: inductor reads the variable once."""
+    if not cfg.train.compile:
+        return
+    if cfg.train.compile_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cfg.train.compile_cache)
+    else:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.abspath(os.path.join(cfg.run.dir, "compile_cache")))
+
+
+def cmd_demo(args) -> int:
+    """The demo config on mpiexec -n NP, one thread per rank, then the validation error."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    config = os.path.join(root, "configs", "demo.toml")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        mpiexec = shutil.which("mpiexec") or "mpiexec"
+    cmd = [mpiexec, "-n", str(args.np), sys.executable, "-m", "deepfusion", "train", config,
+           "--set", "parallel.threads_per_rank=1", "--set", f"run.dir={args.run_dir}", "--overwrite"]
+    cmd += sum((["--set", s] for s in (args.set or [])), [])
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def cmd_config(args) -> int:
+    from ..config import describe, dump_toml, load_config
+
+    if args.config:
+        print(dump_toml(load_config(args.config, args.set or [])))
+    else:
+        print(describe())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate: the test draw
+# ---------------------------------------------------------------------------------------------
+
+def _evaluation_target(args):
+    """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
+    from ..config import DataConfig
+    from ..engine.checkpoint import latest_checkpoint
+    from .inference import load_model
+
+    path = args.checkpoint
+    if os.path.isdir(path):
+        found = latest_checkpoint(path)
+        if found is None:
+            raise ValueError(f"{path}: no complete checkpoint in {os.path.join(path, 'checkpoints')}")
+        path = found
+    model, problem, _work, meta = load_model(path)
+    data = {**vars(DataConfig()), **((meta.get("config") or {}).get("data") or {})}
+    seed = data["test_seed"] if args.seed is None else args.seed
+    n = data["test_samples"] if args.samples is None else args.samples
+    if n < 1:
+        raise ValueError(f"--samples must be >= 1, got {n}")
+    notes = []
+    if seed == data["seed"]:
+        notes.append(f"--seed {seed} is the training seed (data.seed): these are training samples")
+    elif seed == data["eval_seed"]:
+        notes.append(f"--seed {seed} is the validation draw (data.eval_seed) the run was tuned on, "
+                     f"not an unseen test draw")
+    return path, model, problem, meta, seed, n, notes
+
+
+def cmd_evaluate(args, comm) -> int:
+    """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
+    import torch
+
+    from ..engine.evaluate import evaluate
+    from ..engine.layout import setup_threads
+
+    setup_threads(comm, max(0, int(args.threads or 0)))
+    path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
+    for note in notes:
+        if comm.rank == 0:
+            print(f"deepfusion: WARNING: {note}", file=sys.stderr, flush=True)
+    cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
+    dtype = next(model.parameters()).dtype
+    model = model.to(memory_format=torch.channels_last) if cl else model
+    summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
+    if summary is None:
+        return 0
+    summary.pop("_examples")
+    out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                                   f"eval_seed{seed}.json")
+    with open(out, "w") as f:
+        json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"), **summary}, f,
+                  indent=1)
+    print(f"test relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: mean "
+          f"{summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} worst "
+          f"{summary['rel_l2_max']:.4f} -> {out}", flush=True)
+    return 0

@@ -1,0 +1,16 @@
+"""The configuration layer: typed, validated TOML sections (no PDE, no MPI, no hardware).
+
+``schema`` holds the generic machinery (field helper, type checks, "did you mean", TOML
+writing), ``sections`` the seven tables and :class:`Config`, ``files`` reading files and
+``--set`` overrides. Everything a caller needs is re-exported here.
+"""
+from .files import apply_overrides, describe, dump_toml, load_config
+from .schema import ConfigError
+from .sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, ParallelConfig,
+                       ProblemConfig, RunConfig, TrainConfig, config_from_dict, config_to_dict)
+
+__all__ = [
+    "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
+    "ParallelConfig", "ProblemConfig", "RunConfig", "TrainConfig", "apply_overrides",
+    "config_from_dict", "config_to_dict", "describe", "dump_toml", "load_config",
+]

@@ -1,0 +1,122 @@
+"""Reading and writing configurations: TOML files, ``--set key=value`` overrides, dumps.
+
+    cfg = load_config("configs/demo.toml", ["optim.lr=3e-4", "train.epochs=5"])
+    text = dump_toml(cfg)            # the resolved config, loadable again
+
+Pure Python: no PDE, no model, no MPI.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import typing
+
+from .schema import ConfigError, describe_sections, dump_tables
+from .sections import SECTIONS, Config, config_from_dict, config_to_dict
+
+
+def import_toml(version_info=sys.version_info):
+    """The TOML reader: ``tomllib`` on Python 3.11+, the ``tomli`` backport on 3.10."""
+    if tuple(version_info[:2]) >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError as exc:  # pragma: no cover - depends on the interpreter
+        raise ImportError(
+            "reading TOML configs on Python < 3.11 needs the 'tomli' package: pip install tomli"
+        ) from exc
+    return tomli
+
+
+tomllib = import_toml()
+
+
+def _parse_value(text: str):
+    """A TOML value (number, bool, string, array, inline table), else the bare string."""
+    text = text.strip()
+    try:
+        parsed = tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    if set(parsed) != {"v"}:  # e.g. a newline smuggling in a second key: keep it literal
+        return text
+    return parsed["v"]
+
+
+def _split_override(item: str) -> tuple[list[str], str]:
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"malformed override {item!r}: use the form key=value, "
+                          f"e.g. optim.lr=3e-4")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p.strip() for p in parts):
+        raise ConfigError(f"malformed override {item!r}: the key must be a dotted path like "
+                          f"optim.lr (form key=value)")
+    return [p.strip() for p in parts], text
+
+
+def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
+    """Return a copy of ``raw`` with each ``"a.b=value"`` applied (value parsed as TOML)."""
+    out = copy.deepcopy(raw)
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    for item in overrides:
+        parts, text = _split_override(item)
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"cannot set {'.'.join(parts)!r}: {where!r} is a value, "
+                                  f"not a table", key=where)
+            node = child
+        node[parts[-1]] = _parse_value(text)
+    return out
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in {path}: {exc}") from None
+
+
+def load_config(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Config:
+    """Read ``path`` (``None``: all defaults), apply ``overrides`` and validate."""
+    raw = {} if path is None else _read_toml(str(path))
+    overrides = [overrides] if isinstance(overrides, str) else list(overrides)
+    raw = apply_overrides(raw, overrides)
+    try:
+        return config_from_dict(raw)
+    except ConfigError as exc:
+        overridden = {".".join(_split_override(o)[0]) for o in overrides}
+        if path is not None and exc.key not in overridden:
+            raise ConfigError(f"{exc} (in {path})", key=exc.key) from None
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# writing and describing (the generic parts are in config_schema)
+# ---------------------------------------------------------------------------------------------
+
+def dump_toml(cfg: Config) -> str:
+    """The resolved config as TOML text (round-trips through :func:`load_config`)."""
+    header = "# DeepFusion resolved configuration (written by deepfusion.config.dump_toml)"
+    return dump_tables(header, config_to_dict(cfg))
+
+
+def describe() -> str:
+    """Every key with its type, default, allowed values and help text."""
+    return describe_sections(SECTIONS)

@@ -1,0 +1,281 @@
+"""The configuration sections: one ``@dataclass(kw_only=True)`` per TOML table.
+
+``[problem]``, ``[model]``, ``[data]``, ``[optim]``, ``[train]``, ``[parallel]``, ``[run]``,
+gathered in :class:`Config`. Every field carries its help text (``option(default, help)``);
+every check lives in ``__post_init__`` so a config built in Python is validated exactly like
+one read from a file, and every error is a :class:`ConfigError` naming the dotted key and the
+fix. Reading files and overrides is :mod:`deepfusion.config.files`.
+
+Pure Python: no PDE, no model, no MPI and no hardware probing (whether the CPU can run bf16
+is decided by the engine when the run is built).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .schema import ConfigError, Section, describe_value, option, unknown_key
+
+
+# ---------------------------------------------------------------------------------------------
+# the sections
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class ProblemConfig(Section):
+    """[problem]: which parametric PDE family to solve, on which node grid."""
+
+    _section: ClassVar[str] = "problem"
+
+    name: str = option("", "PDE family from diffnet's problem registry (required: an unset or "
+                           "unknown name is refused with the list of valid names)")
+    grid: list[int] = option([64, 64], "node grid [H, W], boundary nodes included; >= 4 per axis",
+                         item_ge=4, min_len=1, max_len=3)
+    options: dict[str, Any] = option({}, "problem-specific keyword arguments passed to the problem "
+                                     "constructor (validated there), e.g. {c_range = [3, 6]}")
+
+    def _validate(self):
+        if "grid" in self.options:
+            raise ConfigError("problem.options.grid is not allowed: set problem.grid instead",
+                              key="problem.options.grid")
+
+
+@dataclass(kw_only=True)
+class ModelConfig(Section):
+    """[model]: the generator network."""
+
+    _section: ClassVar[str] = "model"
+
+    name: str = option("unet", "registered generator architecture")
+    options: dict[str, Any] = option({}, "generator keyword arguments, e.g. {depth = 4, base_width = 32}")
+    channels_last: bool = option(True, "use the channels_last (NHWC) memory format (faster oneDNN convs)")
+    init_from: str = option("", "checkpoint whose generator weights start this run (warm start, e.g. "
+                            "coarse-to-fine from a coarser grid); its step and optimiser state are "
+                            "not taken; same generator architecture required; empty = random init")
+
+    def _validate(self):
+        if not self.name.strip():
+            raise self._err("name", "must be a non-empty model name, e.g. \"unet\"")
+
+
+@dataclass(kw_only=True)
+class DataConfig(Section):
+    """[data]: the parameter-sample pool (DiffNet is data-free: samples are PDE parameters)."""
+
+    _section: ClassVar[str] = "data"
+
+    n_samples: int = option(256, "size N_s of the training pool of parameter samples", ge=1)
+    seed: int = option(0, "seed of the training pool draw", ge=0)
+    global_batch: int = option(32, "samples per optimiser step over ALL ranks (split across ranks)",
+                           ge=1)
+    eval_samples: int = option(16, "held-out parameter draws used for evaluation", ge=0)
+    eval_seed: int = option(12345, "seed of the validation draw (evaluated during and at the "
+                                   "end of training; the draw recipes are tuned on); must differ "
+                                   "from data.seed", ge=0)
+    test_samples: int = option(64, "draws of the test set reported by 'deepfusion evaluate'",
+                               ge=1)
+    test_seed: int = option(271828, "seed of the test draw, never looked at while tuning; must "
+                                    "differ from data.seed and data.eval_seed", ge=0)
+
+    def _validate(self):
+        if self.n_samples < self.global_batch:
+            raise self._err("n_samples", f"must be >= data.global_batch ({self.global_batch}), "
+                                         f"got {self.n_samples}; enlarge the pool or shrink "
+                                         f"the batch")
+        if self.eval_seed == self.seed:
+            raise self._err("eval_seed", f"must differ from data.seed (both are {self.seed}), "
+                                         f"otherwise the held-out set repeats training samples")
+        if self.test_seed in (self.seed, self.eval_seed):
+            raise self._err("test_seed", f"must differ from data.seed ({self.seed}) and "
+                                         f"data.eval_seed ({self.eval_seed}): the test draw is "
+                                         f"never trained or tuned on")
+
+
+@dataclass(kw_only=True)
+class OptimConfig(Section):
+    """[optim]: optimiser and learning-rate schedule."""
+
+    _section: ClassVar[str] = "optim"
+
+    name: str = option("adam", "optimiser", choices=("adam", "sgd", "lbfgs"))
+    lr: float = option(1e-3, "peak learning rate", gt=0.0)
+    weight_decay: float = option(0.0, "L2 weight decay", ge=0.0)
+    betas: list[float] = option([0.9, 0.999], "Adam (beta1, beta2), each in [0, 1)",
+                            min_len=2, max_len=2, item_ge=0.0)
+    momentum: float = option(0.9, "SGD momentum, in [0, 1)", ge=0.0, lt=1.0)
+    schedule: str = option("cosine", "learning-rate schedule after warm-up",
+                       choices=("constant", "cosine", "step", "exponential"))
+    warmup_steps: int = option(0, "linear warm-up steps from 0 to optim.lr", ge=0)
+    min_lr: float = option(0.0, "floor of the learning rate (cosine end value)", ge=0.0)
+    step_size: int = option(1000, "steps between decays (schedule = \"step\")", ge=1)
+    gamma: float = option(0.5, "decay factor (step: per step_size; exponential: per step), in (0, 1]",
+                      gt=0.0, le=1.0)
+    grad_clip: float = option(0.0, "clip the global gradient norm to this value; 0 = off", ge=0.0)
+    lbfgs_history: int = option(20, "L-BFGS history size", ge=1)
+    lbfgs_max_iter: int = option(20, "L-BFGS iterations per optimiser step", ge=1)
+    lbfgs_tolerance_grad: float = option(1e-9, "L-BFGS first-order optimality tolerance", ge=0.0)
+    lbfgs_tolerance_change: float = option(1e-12, "L-BFGS function/parameter change tolerance",
+                                       ge=0.0)
+    lbfgs_line_search: str = option("strong_wolfe", "L-BFGS line search",
+                                choices=("strong_wolfe", "none"))
+    switch_to_lbfgs_epoch: int = option(-1, "switch from adam/sgd to L-BFGS at this epoch; -1 = never",
+                                    ge=-1)
+
+    def _validate(self):
+        for i, b in enumerate(self.betas):
+            if not b < 1.0:
+                raise ConfigError(f"optim.betas[{i}] must be in [0, 1), got {b!r}",
+                                  key="optim.betas")
+        if self.min_lr > self.lr:
+            raise self._err("min_lr", f"must be <= optim.lr ({self.lr}), got {self.min_lr}")
+        if self.switch_to_lbfgs_epoch >= 0 and self.name == "lbfgs":
+            raise self._err("switch_to_lbfgs_epoch",
+                            "only applies when optim.name is 'adam' or 'sgd' (it is already "
+                            "'lbfgs'); set it to -1")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(Section):
+    """[train]: the training loop."""
+
+    _section: ClassVar[str] = "train"
+
+    epochs: int = option(10, "passes over the sample pool", ge=1)
+    max_steps: int = option(0, "stop after this many optimiser steps; 0 = no limit", ge=0)
+    dtype: str = option("float32", "floating-point precision", choices=("float32", "float64"))
+    precision: str = option("fp32", "compute precision of forward/backward: \"fp32\" or \"bf16\" "
+                                "(autocast; refused on CPUs without avx512_bf16/amx_bf16)",
+                        choices=("fp32", "bf16"))
+    compile: bool = option(False, "run the generator through torch.compile (needs a C++ compiler; "
+                              "compiles for tens of seconds at start; off unless it pays)")
+    compile_cache: str = option("", "TorchInductor cache directory kept across runs; empty = "
+                                "RUN_DIR/compile_cache")
+    init_seed: int = option(0, "seed of the network initialisation (identical on every rank)", ge=0)
+    micro_batch: int = option(0, "samples per forward/backward (gradient accumulation); "
+                             "0 = the whole local batch at once", ge=0)
+    log_every: int = option(10, "log every this many steps", ge=1)
+    eval_every_epochs: int = option(0, "evaluate every this many epochs; 0 = only at the end", ge=0)
+    checkpoint_every: int = option(0, "checkpoint every this many steps; 0 = only by time "
+                                      "(train.checkpoint_minutes) and at the end", ge=0)
+    checkpoint_minutes: float = option(10.0, "also checkpoint when this many minutes have passed "
+                                             "since the last checkpoint (rank 0's clock, agreed "
+                                             "by all ranks); 0 = off", ge=0.0)
+    keep_checkpoints: int = option(2, "keep only the newest N checkpoints", ge=1)
+    on_nonfinite: str = option("stop", "what to do on a NaN/inf loss or gradient",
+                           choices=("stop", "rollback"))
+    rollback_lr_factor: float = option(0.5, "multiply the learning rate by this at every "
+                                            "rollback, in (0, 1)", gt=0.0, lt=1.0)
+    rollback_min_lr_scale: float = option(1e-3, "stop (exit 3) instead of rolling back once the "
+                                                "learning-rate scale would fall below this",
+                                          gt=0.0, le=1.0)
+    checksum_every: int = option(50, "all-reduce a parameter checksum every N steps to detect rank "
+                                 "divergence; 0 = off", ge=0)
+    def _validate(self):
+        # Whether this CPU has bf16 instructions is the engine's question (engine.layout), asked
+        # when the run is built: the configuration never probes the hardware.
+        if self.precision == "bf16" and self.dtype != "float32":
+            raise self._err("precision", "\"bf16\" needs train.dtype = \"float32\"")
+
+
+@dataclass(kw_only=True)
+class ParallelConfig(Section):
+    """[parallel]: threads and gradient communication."""
+
+    _section: ClassVar[str] = "parallel"
+
+    threads_per_rank: int = option(0, "torch intra-op threads per rank; 0 = auto (cores / ranks "
+                                  "on the node)", ge=0)
+    overlap: bool = option(False, "overlap the gradient allreduce with backward (bucketed, "
+                              "non-blocking)")
+    bucket_mb: float = option(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
+
+
+@dataclass(kw_only=True)
+class RunConfig(Section):
+    """[run]: where outputs go and how progress is shown."""
+
+    _section: ClassVar[str] = "run"
+
+    dir: str = option("runs/default", "run directory (checkpoints/, logs, metrics)")
+    progress: str = option("auto", "progress display: a bar on a terminal, log lines otherwise",
+                       choices=("auto", "bar", "log"))
+
+    def _validate(self):
+        if not self.dir.strip():
+            raise self._err("dir", "must be a non-empty directory path, e.g. \"runs/my-run\"")
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "problem": ProblemConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "parallel": ParallelConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole run configuration, one attribute per TOML section."""
+
+    problem: ProblemConfig = field(default_factory=ProblemConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, _build_section(name, value))
+            elif not isinstance(value, cls):
+                raise ConfigError(f"{name} must be a {cls.__name__} (or a [{name}] table), "
+                                  f"{describe_value(value)}", key=name)
+        if self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
+            raise ConfigError(
+                f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "
+                f"take effect, got {self.optim.switch_to_lbfgs_epoch}; use -1 for never",
+                key="optim.switch_to_lbfgs_epoch")
+
+
+# ---------------------------------------------------------------------------------------------
+# building from raw dicts
+# ---------------------------------------------------------------------------------------------
+
+def _unknown_key(dotted: str) -> ConfigError:
+    """'unknown key ...; did you mean ...?' with the closest valid key."""
+    return unknown_key(dotted, SECTIONS)
+
+
+def _build_section(name: str, table) -> Section:
+    cls = SECTIONS[name]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{name} must be a table (a [{name}] section), {describe_value(table)}", key=name)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in names:
+            raise _unknown_key(f"{name}.{key}")
+    return cls(**table)
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Validate a raw nested dict (as read from TOML) and build a :class:`Config`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a table of sections, {describe_value(raw)}")
+    sections = {}
+    for name, table in raw.items():
+        if name not in SECTIONS:
+            raise _unknown_key(str(name))
+        sections[name] = _build_section(name, table)
+    return Config(**sections)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """A plain nested dict (JSON- and TOML-able) of the config."""
+    return dataclasses.asdict(cfg)
