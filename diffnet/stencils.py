@@ -39,10 +39,10 @@ the output channels (one pass over the field instead of one per derivative).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+
+from .validation import check_choice, check_positive_pair
 
 KINDS = ("sobel", "sobel3103", "central")
 DERIVATIVES = ("r", "c", "rr", "cc", "rc")
@@ -57,24 +57,6 @@ _FIRST = (-0.5, 0.0, 0.5)    # times 1/h:   central first difference
 _SECOND = (1.0, -2.0, 1.0)   # times 1/h^2: central second difference
 # Cubic extrapolation weights of the ghost node from nodes 0..3 (exact on cubics).
 _GHOST = (4.0, -6.0, 4.0, -1.0)
-
-
-def _check_spacing(spacing) -> tuple[float, float]:
-    """Validate spacing = (h_row, h_col), two positive finite numbers."""
-    try:
-        h_r, h_c = (float(v) for v in spacing)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"spacing must be a pair (h_row, h_col) of numbers, got {spacing!r}") from None
-    if not all(math.isfinite(h) and h > 0 for h in (h_r, h_c)):
-        raise ValueError(f"spacing must be two positive finite numbers, got {spacing!r}")
-    return h_r, h_c
-
-
-def _check_kind(kind) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return kind
 
 
 def _check_derivatives(derivatives) -> tuple[str, ...]:
@@ -102,8 +84,8 @@ def stencil_kernel(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
 
     conv2d is a cross-correlation, so the kernel is written in the field's own orientation.
     """
-    h_r, h_c = _check_spacing(spacing)
-    smooth = torch.tensor(_SMOOTH[_check_kind(kind)], dtype=torch.float64)
+    h_r, h_c = check_positive_pair("spacing", spacing, "(h_row, h_col)")
+    smooth = torch.tensor(_SMOOTH[check_choice("kind", kind, KINDS)], dtype=torch.float64)
     first = torch.tensor(_FIRST, dtype=torch.float64)
     second = torch.tensor(_SECOND, dtype=torch.float64)
     if name == "r":
@@ -158,8 +140,8 @@ class FiniteDifference(torch.nn.Module):
     def __init__(self, spacing: tuple[float, float], kind: str = "sobel",
                  derivatives=("r", "c", "rr", "cc")):
         super().__init__()
-        self.spacing = _check_spacing(spacing)
-        self.kind = _check_kind(kind)
+        self.spacing = check_positive_pair("spacing", spacing, "(h_row, h_col)")
+        self.kind = check_choice("kind", kind, KINDS)
         self.derivatives = _check_derivatives(derivatives)
         weight = torch.stack([stencil_kernel(d, self.spacing, self.kind) for d in self.derivatives])
         # (K, 1, 3, 3): one output channel per derivative, one conv for all of them.

@@ -118,7 +118,7 @@ def test_bad_inputs(ckpt, tmp_path, capsys):
                      capsys)
     assert rc == 2 and "does not exist" in err
     rc, _, err = run(["solve", "--problem", "burgers", "--inputs", other, "--out", out], capsys)
-    assert rc == 2 and "supported for problem 'poisson'" in err
+    assert rc == 2 and "not available for problem 'burgers'" in err
     assert not os.path.exists(out)
 
 
@@ -214,3 +214,24 @@ def test_bad_work_grid(ckpt, tmp_path, capsys, value, message):
     rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "32x32", "--work-grid", value,
                       "--out", str(tmp_path / "x.h5")], capsys)
     assert rc == 2 and message in err and not os.path.exists(tmp_path / "x.h5")
+
+
+def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path, capsys):
+    """33x31 fields for a depth-2 network (multiples of 4): every rank stops at the input
+    check with exit 2 and one line naming the grid and the fix, not a traceback (exit 1)."""
+    problem = get_problem("poisson", grid=(33, 31))
+    nu = problem.build_input(problem.sample_params(0, range(2)))[:, :1].numpy()
+    src, out = str(tmp_path / "nu.h5"), tmp_path / "p.h5"
+    write_input_fields(src, nu, ["nu"])
+    res = deepfusion(0, ["infer", ckpt, "--inputs", src, "--out", str(out)], timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "33x31" in lines[0] and "not divisible" in lines[0] and "--work-grid trained" in lines[0]
+    assert "Traceback" not in res.stderr and not out.exists()
+    # the fix the message names: run the network on its training grid, interpolate back
+    rc, _, err = run(["infer", ckpt, "--inputs", src, "--work-grid", "trained",
+                      "--out", str(out)], capsys)
+    assert rc == 0, err
+    with h5py.File(out) as f:
+        assert f["u"].shape == (2, 33, 31) and list(f.attrs["work_grid"]) == GRID

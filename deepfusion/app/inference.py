@@ -10,7 +10,6 @@ reference file (``deepfusion compare``); it lives in :mod:`deepfusion.compare`, 
 """
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -96,18 +95,32 @@ def load_model(path, grid=None, work_grid=None):
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
     problem = build_problem(spec_p["name"], spec_p["kwargs"], grid)
+    grid_text = None if grid is None else f"--grid {grid[0]}x{grid[1]}"
+    return model, problem, work_problem(model, problem, meta, work_grid, grid_text), meta
+
+
+def work_problem(model, problem, meta, work_grid, where=None):
+    """The problem on the grid the network runs on (None: ``problem``'s own grid), checked.
+
+    ``work_grid`` is the ``--work-grid`` text; ``where`` says where ``problem``'s grid came from
+    (e.g. "--grid 18x18" or "--inputs f.h5"), for the message. Raises ValueError naming the
+    grid and the nearest sizes the network takes when it cannot run there.
+    """
     wg = resolve_work_grid(work_grid, meta)
     work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
-        spec_p["name"], spec_p["kwargs"], wg)
-    runs_on = work or problem
-    probe = torch.zeros((1, len(problem.input_channels), *runs_on.grid), dtype=dtype)
+        problem.name, problem.config(), wg)
+    on = work or problem
+    probe = torch.zeros((1, len(problem.input_channels), *on.grid),
+                        dtype=next(model.parameters()).dtype)
     try:
         model.check_input(probe) if hasattr(model, "check_input") else None
     except ValueError as e:
-        flag = "--work-grid" if work else "--grid"
-        hint = "" if work else "; a network trained on another grid can run on it with --work-grid trained"
-        raise ValueError(f"{flag} {runs_on.grid[0]}x{runs_on.grid[1]}: {e}{hint}") from None
-    return model, problem, work, meta
+        if work is not None:
+            raise ValueError(f"--work-grid {on.grid[0]}x{on.grid[1]}: {e}") from None
+        where = where or f"--grid {on.grid[0]}x{on.grid[1]}"
+        raise ValueError(f"{where}: {e}; a network trained on another grid can run on it "
+                         f"with --work-grid trained") from None
+    return work
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,45 +173,30 @@ def _params_from_file(problem, path) -> np.ndarray:
     return params
 
 
-def _complete_channels(problem, x: np.ndarray, channels: list[str], path) -> np.ndarray:
-    """Reorder the file's channels to the problem's; a missing ``log_X`` is log of ``X``."""
-    want = list(problem.input_channels)
-    if not channels:
-        if x.shape[1] != len(want):
-            raise ValueError(f"--inputs {path}: /inputs has {x.shape[1]} channels and no "
-                             f"'channels' attribute; problem {problem.name!r} needs {want}")
-        return x
-    out = []
-    for name in want:
-        if name in channels:
-            out.append(x[:, channels.index(name)])
-        elif name.startswith("log_") and name[4:] in channels:
-            base = x[:, channels.index(name[4:])]
-            if not np.all(base > 0):
-                raise ValueError(f"--inputs {path}: channel {name[4:]!r} must be > 0 everywhere")
-            out.append(np.log(base))
-        else:
-            raise ValueError(f"--inputs {path} has channels {channels}, but problem "
-                             f"{problem.name!r} needs {want} (a missing 'log_X' channel is "
-                             f"derived from 'X')")
-    return np.stack(out, axis=1)
-
-
 def _fields_from_file(problem, path):
-    """(problem with the file's grid, fields (N, C, H, W) float64)."""
+    """(problem with the file's grid, network inputs (N, C, H, W) float64) from --inputs.
+
+    The channels are named by the file's 'channels' attribute (without one, the problem's own
+    channels in order); which of them the problem needs or derives is the problem's business
+    (``Problem.inputs_from_fields``).
+    """
     d = h5io.read_input_fields(path)
     if d["problem"] and d["problem"] != problem.name:
         raise ValueError(f"--inputs {path} was made for problem {d['problem']!r}, not "
                          f"{problem.name!r}")
     x = d["inputs"]
+    names = d["channels"] or list(problem.input_channels)
+    if len(names) != x.shape[1] or len(set(names)) != len(names):
+        raise ValueError(f"--inputs {path}: /inputs has {x.shape[1]} channels, but its "
+                         f"'channels' attribute is {d['channels'] or 'missing'}; give one "
+                         f"distinct name per channel (problem {problem.name!r} needs "
+                         f"{list(problem.input_channels)})")
     if tuple(x.shape[2:]) != tuple(problem.grid):
         problem = build_problem(problem.name, problem.config(), x.shape[2:])
-    x = _complete_channels(problem, x, d["channels"], path)
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"--inputs {path}: /inputs holds non-finite values")
-    if "nu" in problem.input_channels and not np.all(x[:, problem.input_channels.index("nu")] > 0):
-        raise ValueError(f"--inputs {path}: the diffusivity channel 'nu' must be > 0 everywhere")
-    return problem, x
+    try:
+        return problem, problem.inputs_from_fields({n: x[:, i] for i, n in enumerate(names)})
+    except ValueError as e:
+        raise ValueError(f"--inputs {path}: {e}") from None
 
 
 def resolve_samples(problem, *, sample=None, seed=0, params=None, inputs=None):
@@ -283,38 +281,17 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     return compute
 
 
-def _lengths(problem):
-    return tuple(a.hi - a.lo for a in problem.axes)
-
-
 def make_solver(problem, samples: Samples, method: str = "auto"):
-    """solve(j) -> (H, W) reference solution of sample j (from params, or from fields)."""
-    from diffnet.reference import solve_diffusion
+    """solve(j) -> (H, W) reference solution of sample j, from its fields or its parameters.
 
-    if method not in ("auto", "direct", "amg"):
-        raise ValueError(f"--method must be one of auto, direct, amg; got {method!r}")
-    if samples.fields is not None:
-        if problem.name != "poisson":
-            raise ValueError(f"solving from given input fields (--inputs) is supported for "
-                             f"problem 'poisson' (channel nu) only, not {problem.name!r}; give "
-                             f"parameter vectors with --params or --sample instead")
-        ch = problem.input_channels.index("nu")
-        return lambda j: solve_diffusion(samples.fields[j, ch], lengths=_lengths(problem),
-                                         dirichlet="poisson", method=method)
-    p = samples.params
-    if method == "auto":
-        return lambda j: problem.reference_solution(p[j])
-    if "method" in inspect.signature(problem.reference_solution).parameters:
-        return lambda j: problem.reference_solution(p[j], method=method)
-    if problem.name == "poisson":
-        return lambda j: solve_diffusion(problem.nu_nodes(p[j]), lengths=_lengths(problem),
-                                         dirichlet="poisson", method=method)
-    if problem.name == "reaction_diffusion":
-        return lambda j: solve_diffusion(problem.nu_nodes(p[j]), lengths=_lengths(problem),
-                                         kappa=problem.kappa, f=problem.source,
-                                         dirichlet="all_zero", method=method)
-    raise ValueError(f"--method {method}: the reference solver of problem {problem.name!r} has "
-                     f"no linear-solver choice; use --method auto")
+    The method, and whether the problem solves from given fields at all, are checked here,
+    before any solve (``Problem.check_method``), so a bad choice fails up front on every rank.
+    """
+    from_fields = samples.fields is not None
+    problem.check_method(method, from_inputs=from_fields)
+    if from_fields:
+        return lambda j: problem.solve_from_inputs(samples.fields[j], method)
+    return lambda j: problem.reference_solution(samples.params[j], method)
 
 
 def solver_compute(problem, samples: Samples, solve):

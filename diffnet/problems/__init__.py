@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..validation import check_choice
 from .base import Axis, Problem
 from .burgers import Burgers
 from .poisson import Poisson
@@ -23,9 +24,7 @@ def problem_options(name: str) -> tuple[str, ...]:
 
 
 def _lookup(name: str) -> type[Problem]:
-    if not isinstance(name, str) or name not in PROBLEMS:
-        raise ValueError(f"problem name must be one of {sorted(PROBLEMS)}, got {name!r}")
-    return PROBLEMS[name]
+    return PROBLEMS[check_choice("problem name", name, sorted(PROBLEMS))]
 
 
 def get_problem(name: str, **kwargs) -> Problem:

@@ -12,14 +12,23 @@ Losses are returned *per sample* (shape (B,)) and already weighted, so that the 
 sample is ``sum(terms.values())``. The engine sums them over the local batch, all-reduces the
 sums and divides by the global batch size: the mean over the global batch, whatever the number
 of ranks.
+
+Inputs given as fields (``inputs_from_fields``) and the reference solution of given fields
+(``solve_from_inputs``) are part of the contract too, so the application can run a network or a
+reference solver on a user's fields without knowing which PDE (or which channel) it handles.
 """
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+# The checks live in diffnet.validation; re-exported here for code that imported them from base.
+from ..validation import (check_array, check_bool, check_choice, check_grid,  # noqa: F401
+                          check_number, check_range)
 
 
 @dataclass(frozen=True)
@@ -31,59 +40,6 @@ class Axis:
     hi: float
 
 
-def check_range(name: str, value, *, allow_equal: bool = False) -> tuple[float, float]:
-    """Validate a (lo, hi) parameter range; raise ValueError naming the argument otherwise."""
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (lo, hi) of numbers, got {value!r}") from None
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if hi < lo or (hi == lo and not allow_equal):
-        raise ValueError(f"{name} must satisfy lo < hi (an empty or reversed range), got {value!r}")
-    return lo, hi
-
-
-def check_grid(grid) -> tuple[int, int]:
-    """Validate a grid (H, W) of node counts; at least 4 nodes per axis (the one-sided stencils)."""
-    try:
-        h, w = (int(v) for v in grid)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid must be a pair (H, W) of integers, got {grid!r}") from None
-    if h < 4 or w < 4:
-        raise ValueError(f"grid must have at least 4 nodes per axis, got {grid!r}")
-    return h, w
-
-
-def check_choice(name: str, value, allowed) -> str:
-    """Validate that ``value`` is one of ``allowed``; raise ValueError naming the argument."""
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
-    return value
-
-
-def check_number(name: str, value, *, lo: float = -np.inf, hi: float = np.inf,
-                 lo_open: bool = False, what: str = "") -> float:
-    """Validate a finite real number in [lo, hi] (or (lo, hi] with lo_open); ValueError otherwise."""
-    desc = what or f"a finite number {'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if np.isfinite(hi) else "")
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be {desc}, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be {desc}, got {value!r}") from None
-    if not np.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
-        raise ValueError(f"{name} must be {desc}, got {value!r}")
-    return v
-
-
-def check_bool(name: str, value) -> bool:
-    """Validate a real bool (not a truthy number or string)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 class Problem(abc.ABC):
     """A parametric PDE family. Subclasses state their equation in the class docstring.
 
@@ -92,12 +48,21 @@ class Problem(abc.ABC):
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
         input_channels: names of the C channels ``build_input`` returns, e.g. ("u0",) or ("nu",).
         loss_term_names: the keys of ``loss_terms``, in the order they are logged.
+        reference_methods: the ``method`` values ``reference_solution`` and
+            ``solve_from_inputs`` accept; "auto" (the solver's own choice) always comes first.
+        solves_from_inputs: whether ``solve_from_inputs`` is available (False: the reference
+            solver needs parameter vectors).
+        fields_hint: optional text for the message of missing channels in
+            ``inputs_from_fields``, e.g. which channels are derived from which.
     """
 
     name: str = ""
     param_names: tuple[str, ...] = ()
     input_channels: tuple[str, ...] = ()
     loss_term_names: tuple[str, ...] = ("pde", "bc")
+    reference_methods: tuple[str, ...] = ("auto",)
+    solves_from_inputs: bool = False
+    fields_hint: str = ""
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)
@@ -152,6 +117,43 @@ class Problem(abc.ABC):
     def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
         """(n, C, H, W) network input for parameter vectors ``params`` (n, k)."""
 
+    def inputs_from_fields(self, fields: Mapping) -> np.ndarray:
+        """(N, C, H, W) float64 network input from given fields keyed by channel name.
+
+        ``fields`` maps channel names to (N, H, W) arrays on this problem's grid. This default
+        takes every channel of ``input_channels``, no more and no fewer, in that order; a
+        problem that can derive a channel from another (a logarithm, a coordinate) overrides
+        it. ValueError naming the channels given and the ones needed, or the bad field.
+        """
+        return self.stack_fields(self.check_fields(fields))
+
+    def check_fields(self, fields: Mapping) -> dict[str, np.ndarray]:
+        """The fields as finite float64 (N, H, W) arrays on this grid, all with the same N."""
+        if not isinstance(fields, Mapping) or not fields:
+            raise ValueError(f"fields must be a non-empty dict of channel name -> (N, H, W) "
+                             f"array; problem {self.name!r} needs {list(self.input_channels)}")
+        out = {str(k): check_array(f"field {k!r}", v, ndim=3, form="(N, H, W)")
+               for k, v in fields.items()}
+        for k, a in out.items():
+            if a.shape[1:] != self.grid:
+                raise ValueError(f"field {k!r} is on a {a.shape[1]}x{a.shape[2]} grid, but "
+                                 f"problem {self.name!r} is on {self.grid[0]}x{self.grid[1]}: "
+                                 f"build the problem on the fields' grid")
+        counts = {k: a.shape[0] for k, a in out.items()}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"the fields must hold the same number of samples, got {counts}")
+        return out
+
+    def stack_fields(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        """(N, C, H, W): exactly the ``input_channels`` of checked ``fields``, in order."""
+        need = list(self.input_channels)
+        missing = [c for c in need if c not in fields]
+        unknown = [c for c in fields if c not in need]
+        if missing or unknown:
+            raise ValueError(f"problem {self.name!r} needs {need}{self.fields_hint}, got "
+                             f"channels {list(fields)} (missing {missing}, unknown {unknown})")
+        return np.stack([fields[c] for c in need], axis=1)
+
     @abc.abstractmethod
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """Apply the hard-imposed boundary/initial values (if this problem instance uses them)
@@ -165,9 +167,48 @@ class Problem(abc.ABC):
         hard-imposed or natural condition gives a zero "bc"). The sample's loss is the sum.
         """
 
+    # -- reference solutions ----------------------------------------------------------------
     @abc.abstractmethod
-    def reference_solution(self, params: np.ndarray) -> np.ndarray:
-        """(H, W) float64 solution of one parameter vector (k,) by the classical solver."""
+    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
+        """(H, W) float64 solution of one parameter vector (k,) by the classical solver.
+
+        ``method`` is one of ``reference_methods`` (ValueError listing them otherwise).
+        """
+
+    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
+        """(H, W) float64 reference solution of one sample's input fields (C, H, W).
+
+        ``inputs`` is a row of ``build_input`` / ``inputs_from_fields`` (numpy or torch), so a
+        user's fields are solved without parameter vectors. Problems whose solver can do that
+        set ``solves_from_inputs = True`` and override this; the default raises the ValueError
+        of ``check_method(method, from_inputs=True)``.
+        """
+        self.check_method(method, from_inputs=True)
+        raise NotImplementedError(f"{type(self).__name__} sets solves_from_inputs but does not "
+                                  f"implement solve_from_inputs")
+
+    def check_method(self, method, *, from_inputs: bool = False) -> str:
+        """``method`` if it is one of ``reference_methods`` and, with ``from_inputs``, if this
+        problem solves from given fields; ValueError saying what is allowed otherwise.
+
+        Called before any solve, so a bad choice is refused up front, not on the first sample.
+        """
+        if from_inputs and not self.solves_from_inputs:
+            raise ValueError(
+                f"solving from given input fields is not available for problem {self.name!r}: "
+                f"its reference solver needs parameter vectors {self.param_names}; give "
+                f"parameter vectors instead")
+        return check_choice(f"the reference method of problem {self.name!r}", method,
+                            self.reference_methods)
+
+    def check_sample(self, inputs) -> np.ndarray:
+        """One sample's input fields as a finite float64 array (C, H, W) on this grid."""
+        want = (len(self.input_channels), *self.grid)
+        x = check_array("inputs", inputs, ndim=3, form=f"(C, H, W) = {want}")
+        if x.shape != want:
+            raise ValueError(f"inputs of problem {self.name!r} must have shape (C, H, W) = "
+                             f"{want} (channels {list(self.input_channels)}), got {x.shape}")
+        return x
 
     def set_progress(self, fraction: float) -> None:
         """Training progress step / total_steps in [0, 1], set by the trainer before each step.

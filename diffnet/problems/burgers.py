@@ -7,7 +7,8 @@ import torch
 from ..generators import impose_dirichlet
 from ..primitive import node_primitive, primitive_at
 from ..stencils import KINDS, FiniteDifference
-from .base import Axis, Problem, check_bool, check_choice, check_number, check_range
+from ..validation import check_bool, check_choice, check_int, check_number, check_range
+from .base import Axis, Problem
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -99,6 +100,11 @@ class Burgers(Problem):
     smears each shock over a few fine cells and is 4-7% (rel L2) from the exact solution on 64^2).
     With ``hard_bc=True`` ``impose`` writes u0 into row t=0 and 0 into column x=0 exactly
     (impose_dirichlet), and "bc" is then identically zero.
+
+    ``reference_methods`` = ("auto",): neither reference solver has a choice to make. Solving
+    from given fields (``solve_from_inputs``) is not available: both solvers follow u0 between
+    the nodes (characteristic feet, Gauss points), so they take u0 as a function of x, which a
+    sampled u0 row does not determine; give the parameter c instead.
     """
 
     name = "burgers"
@@ -122,8 +128,7 @@ class Burgers(Problem):
         self.scheme = check_choice("scheme", scheme, SCHEMES)
         self.limiter = check_choice("limiter", limiter, LIMITERS)
         self.row_weight = check_number("row_weight", row_weight, lo=0.0)
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        horizon = check_int("horizon", horizon, 1)
         if horizon > 1 and self.scheme not in ("upwind", "muscl"):
             raise ValueError(f"horizon > 1 needs scheme='upwind' or 'muscl' (scheme is "
                              f"{self.scheme!r}), got {horizon!r}")
@@ -324,9 +329,10 @@ class Burgers(Problem):
         bc = (u[:, 0, 0, :] - u0).square().mean(dim=1) + u[:, 0, :, 0].square().mean(dim=1)
         return self.bc_weight * bc
 
-    def reference_solution(self, params: np.ndarray) -> np.ndarray:
+    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
         from ..reference import solve_burgers, solve_burgers_exact
 
+        self.check_method(method)
         c_arr = np.asarray(params, dtype=np.float64).reshape(-1)
         if c_arr.size != 1 or not np.isfinite(c_arr[0]) or c_arr[0] <= 0:
             raise ValueError(f"burgers: params must be one vector (c,) with c > 0, got {params!r}")

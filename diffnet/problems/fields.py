@@ -25,13 +25,15 @@ weighted sum is the *mean* of the integrand (O(1), independent of the grid size)
 """
 from __future__ import annotations
 
+import abc
 import math
 
 import numpy as np
 import torch
 
 from ..stencils import KINDS, FiniteDifference
-from .base import Axis, Problem, check_choice, check_range
+from ..validation import check_array, check_choice, check_int, check_range
+from .base import Axis, Problem
 
 
 def kl_modes(n_terms: int) -> list[tuple[int, int]]:
@@ -119,17 +121,25 @@ class KLDiffusionProblem(Problem):
 
     ``stencil`` (one of stencils.KINDS) is used by the "nodes" quadrature and by Poisson's
     "residual" loss; the default "faces" energy needs no stencil.
+
+    Given fields (``inputs_from_fields``): "nu" alone is enough, "log_nu" is derived from it;
+    nu must be > 0 everywhere. The reference solution (``reference_solution``,
+    ``solve_from_inputs``) is ``diffnet.reference.solve_diffusion`` of the nu channel with the
+    subclass's ``diffusion_options`` (boundary conditions, reaction, source), by
+    ``method`` "auto", "direct" (SuperLU) or "amg" (pyamg + CG).
     """
 
     param_names: tuple[str, ...] = ()
     input_channels = ("nu", "log_nu")
+    reference_methods = ("auto", "direct", "amg")
+    solves_from_inputs = True
+    fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
 
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  quadrature: str = "faces", stencil: str = "sobel"):
         super().__init__(grid=grid)
-        if isinstance(n_terms, bool) or not isinstance(n_terms, (int, np.integer)) or n_terms < 4:
-            raise ValueError(f"n_terms must be an integer >= 4 (KL terms of log nu), got {n_terms!r}")
-        self.n_terms = int(n_terms)
+        self.n_terms = check_int("n_terms", n_terms, 4,
+                                 what="an integer >= 4 (KL terms of log nu)")
         self.param_names = tuple(f"omega_{i + 1}" for i in range(self.n_terms))
         self.omega_range = check_range("omega_range", omega_range)
         self.quadrature = check_choice("quadrature", quadrature, QUADRATURES)
@@ -168,6 +178,34 @@ class KLDiffusionProblem(Problem):
         lg = self.log_nu(params)
         out = np.stack([np.exp(lg), lg], axis=1)
         return torch.as_tensor(out, dtype=dtype)
+
+    def inputs_from_fields(self, fields) -> np.ndarray:
+        """(N, 2, H, W) inputs from "nu" (and "log_nu", derived from nu when not given)."""
+        given = self.check_fields(fields)
+        if "nu" in given:
+            check_array("field 'nu' (the diffusivity)", given["nu"], positive=True)
+            given.setdefault("log_nu", np.log(given["nu"]))
+        return self.stack_fields(given)
+
+    # -- reference solutions ----------------------------------------------------------------
+    @abc.abstractmethod
+    def diffusion_options(self) -> dict:
+        """Keyword arguments of ``solve_diffusion`` besides nu: dirichlet, kappa, f."""
+
+    def solve_nu(self, nu: np.ndarray, method: str = "auto") -> np.ndarray:
+        """(H, W) reference solution for the diffusivity ``nu`` (H, W) at the nodes."""
+        from ..reference import solve_diffusion
+
+        lengths = tuple(a.hi - a.lo for a in self.axes)
+        return solve_diffusion(nu, lengths=lengths, method=self.check_method(method),
+                               **self.diffusion_options())
+
+    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
+        return self.solve_nu(self.nu_nodes(params), method)
+
+    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
+        # only nu: log_nu is the network's view of the same field
+        return self.solve_nu(self.check_sample(inputs)[self.input_channels.index("nu")], method)
 
     # -- quadrature -------------------------------------------------------------------------
     def _weights(self, like: torch.Tensor):

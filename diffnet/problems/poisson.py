@@ -1,12 +1,11 @@
 """Variable-diffusivity Poisson family (log-normal KL diffusivity)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..generators import impose_dirichlet
 from ..stencils import FiniteDifference
-from .base import check_choice, check_number
+from ..validation import check_choice, check_number
 from .fields import KLDiffusionProblem
 
 LOSSES = ("energy", "residual")
@@ -102,7 +101,5 @@ class Poisson(KLDiffusionProblem):
         bc = 0.5 * (uy[:, 0].square().mean(dim=1) + uy[:, -1].square().mean(dim=1))
         return {"pde": pde, "bc": self.bc_weight * bc}
 
-    def reference_solution(self, params: np.ndarray) -> np.ndarray:
-        from ..reference import solve_diffusion
-
-        return solve_diffusion(self.nu_nodes(params), lengths=(1.0, 1.0), dirichlet="poisson")
+    def diffusion_options(self) -> dict:
+        return {"dirichlet": "poisson"}

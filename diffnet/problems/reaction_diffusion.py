@@ -1,10 +1,9 @@
 """Reaction-diffusion family: log-normal KL diffusivity, fixed reaction and source."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .base import check_choice, check_number
+from ..validation import check_choice, check_number
 from .fields import KLDiffusionProblem
 
 
@@ -80,8 +79,5 @@ class ReactionDiffusion(KLDiffusionProblem):
         energy = energy + self.integrate(u * (0.5 * self.kappa ** 2 * u - self.source))
         return {"pde": energy, "bc": torch.zeros_like(energy)}
 
-    def reference_solution(self, params: np.ndarray) -> np.ndarray:
-        from ..reference import solve_diffusion
-
-        return solve_diffusion(self.nu_nodes(params), lengths=(1.0, 1.0), kappa=self.kappa,
-                               f=self.source, dirichlet="all_zero")
+    def diffusion_options(self) -> dict:
+        return {"kappa": self.kappa, "f": self.source, "dirichlet": "all_zero"}

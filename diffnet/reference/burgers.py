@@ -33,6 +33,10 @@ import math
 
 import numpy as np
 
+from ..validation import check_int, check_number
+
+# The solver; check_burgers_args, eval_u0 and cell_averages are public helpers shared with the
+# exact solver (burgers_exact), which validates and integrates u0 the same way.
 __all__ = ["solve_burgers", "godunov_flux", "riemann_state"]
 
 _GAUSS_X = np.array([-math.sqrt(0.6), 0.0, math.sqrt(0.6)])  # on [-1, 1]
@@ -53,34 +57,25 @@ def riemann_state(u_left, u_right):
     return np.where(u_left > u_right, shock_state, fan_state)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_float(name: str, value, *, lo: float, hi: float = math.inf, lo_open: bool = True,
-                 what: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number ({what}), got {value!r}") from None
-    if not math.isfinite(v) or (v <= lo if lo_open else v < lo) or v > hi:
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    return v
-
-
-def _check_problem(u0, x_nodes, t_nodes, t_end) -> tuple[int, int, float]:
+def check_burgers_args(u0, x_nodes, t_nodes, t_end) -> tuple[int, int, float]:
     """Validated (x_nodes, t_nodes, t_end) of a Burgers solve; ValueError naming the argument."""
     if not callable(u0):
         raise ValueError(f"u0 must be a vectorised callable of x, got {type(u0).__name__}")
-    return (_check_int("x_nodes", x_nodes, 2), _check_int("t_nodes", t_nodes, 2),
-            _check_float("t_end", t_end, lo=0.0, what="a finite number > 0"))
+    return (check_int("x_nodes", x_nodes, 2), check_int("t_nodes", t_nodes, 2),
+            check_number("t_end", t_end, lo=0.0, lo_open=True, what="a finite number > 0"))
 
 
-def _eval_u0(u0, x: np.ndarray, name: str = "u0") -> np.ndarray:
+def cell_averages(u0, n_cells: int) -> np.ndarray:
+    """(n_cells,) averages of u0 over the n_cells equal cells of [0, 1] (3-point
+    Gauss-Legendre on each cell, error O(dx^6))."""
+    dx = 1.0 / n_cells
+    centres = (np.arange(n_cells) + 0.5) * dx
+    xg = centres[None, :] + 0.5 * dx * _GAUSS_X[:, None]
+    return _GAUSS_W @ eval_u0(u0, xg.ravel()).reshape(xg.shape)
+
+
+def eval_u0(u0, x: np.ndarray, name: str = "u0") -> np.ndarray:
+    """u0(x) as a finite float64 array of the shape of x; ValueError saying what u0 must be."""
     try:
         val = np.asarray(u0(x), dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -122,9 +117,10 @@ def solve_burgers(u0, *, x_nodes: int, t_nodes: int, t_end: float = 1 / 3, refin
     Raises:
         ValueError: on any invalid argument.
     """
-    x_nodes, t_nodes, t_end = _check_problem(u0, x_nodes, t_nodes, t_end)
-    refine = _check_int("refine", refine, 1)
-    cfl = _check_float("cfl", cfl, lo=0.0, hi=1.0, what="a number in (0, 1] (monotone Godunov)")
+    x_nodes, t_nodes, t_end = check_burgers_args(u0, x_nodes, t_nodes, t_end)
+    refine = check_int("refine", refine, 1)
+    cfl = check_number("cfl", cfl, lo=0.0, hi=1.0, lo_open=True,
+                       what="a number in (0, 1] (monotone Godunov)")
 
     n_cells = refine * (x_nodes - 1)
     dx = 1.0 / n_cells
@@ -132,12 +128,10 @@ def solve_burgers(u0, *, x_nodes: int, t_nodes: int, t_end: float = 1 / 3, refin
     t_out = np.linspace(0.0, t_end, t_nodes)
     x_c = (np.arange(n_cells) + 0.5) * dx
 
-    # Initial cell averages by 3-point Gauss-Legendre quadrature on each cell.
-    xg = x_c[None, :] + 0.5 * dx * _GAUSS_X[:, None]
-    u = _GAUSS_W @ _eval_u0(u0, xg.ravel()).reshape(xg.shape)
+    u = cell_averages(u0, n_cells)
 
     out = np.empty((t_nodes, x_nodes), dtype=np.float64)
-    out[0] = _eval_u0(u0, x_nodes_arr)
+    out[0] = eval_u0(u0, x_nodes_arr)
     cells = np.empty((t_nodes, n_cells), dtype=np.float64) if return_info else None
     inflow = np.zeros(t_nodes)
     outflow = np.zeros(t_nodes)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .burgers import _GAUSS_W, _GAUSS_X, _check_int, _check_problem, _eval_u0
+from ..validation import check_int
+from .burgers import cell_averages, check_burgers_args, eval_u0
 
 __all__ = ["solve_burgers_exact"]
 
@@ -34,10 +35,7 @@ _CHUNK = 1 << 22      # candidate evaluations held at once (32 MiB of float64)
 
 def _primitive(u0, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
     """(y, U0(y)) on the fine grid y_k = k / n_cells, k = 0..n_cells."""
-    dy = 1.0 / n_cells
-    centres = (np.arange(n_cells) + 0.5) * dy
-    xg = centres[None, :] + 0.5 * dy * _GAUSS_X[:, None]
-    cell = dy * (_GAUSS_W @ _eval_u0(u0, xg.ravel()).reshape(xg.shape))
+    cell = (1.0 / n_cells) * cell_averages(u0, n_cells)
     return np.linspace(0.0, 1.0, n_cells + 1), np.concatenate([[0.0], np.cumsum(cell)])
 
 
@@ -53,12 +51,12 @@ def _feet(u0, x: np.ndarray, t: float, y: np.ndarray, big_u0: np.ndarray) -> np.
         best[lo:lo + step] = np.argmin(g, axis=1)
     a = np.maximum(y[best] - dy, 0.0)
     b = np.minimum(y[best] + dy, x)
-    da = _eval_u0(u0, a) - (x - a) / t
-    db = _eval_u0(u0, b) - (x - b) / t
+    da = eval_u0(u0, a) - (x - a) / t
+    db = eval_u0(u0, b) - (x - b) / t
     bracket = (da < 0) & (db > 0)               # a root of G' (the minimum) inside [a, b]
     for _ in range(60):
         m = 0.5 * (a + b)
-        dm = _eval_u0(u0, m) - (x - m) / t
+        dm = eval_u0(u0, m) - (x - m) / t
         left = dm > 0
         b = np.where(bracket & left, m, b)
         a = np.where(bracket & ~left, m, a)
@@ -82,16 +80,16 @@ def solve_burgers_exact(u0, *, x_nodes: int, t_nodes: int, t_end: float = 1 / 3,
     Raises:
         ValueError: on an invalid argument, or u0 < 0 somewhere on [0, 1].
     """
-    x_nodes, t_nodes, t_end = _check_problem(u0, x_nodes, t_nodes, t_end)
-    oversample = _check_int("oversample", oversample, 1)
+    x_nodes, t_nodes, t_end = check_burgers_args(u0, x_nodes, t_nodes, t_end)
+    oversample = check_int("oversample", oversample, 1)
     y, big_u0 = _primitive(u0, oversample * (x_nodes - 1))
-    if _eval_u0(u0, y).min() < 0:
+    if eval_u0(u0, y).min() < 0:
         raise ValueError("u0 must be >= 0 on [0, 1] for the Lax-Oleinik solution with inflow "
                          "at x = 0 (characteristics would enter through x = 1); use the "
                          "Godunov solver solve_burgers instead")
     x = np.linspace(0.0, 1.0, x_nodes)
     out = np.empty((t_nodes, x_nodes), dtype=np.float64)
-    out[0] = _eval_u0(u0, x)
+    out[0] = eval_u0(u0, x)
     for k, t in enumerate(np.linspace(0.0, t_end, t_nodes)[1:], start=1):
         out[k] = (x - _feet(u0, x, t, y, big_u0)) / t
     return out

@@ -28,61 +28,51 @@ most 256*256 unknowns, AMG above).
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from ..validation import (check_array, check_choice, check_int, check_number,
+                          check_positive_pair)
+
 __all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS"]
 
 DIRECT_MAX_UNKNOWNS = 256 * 256
-_DIRICHLET = ("poisson", "all_zero")
-_METHODS = ("auto", "direct", "amg")
-_FACE_MEANS = ("harmonic", "arithmetic")
+DIRICHLET = ("poisson", "all_zero")
+METHODS = ("auto", "direct", "amg")
+FACE_MEANS = ("harmonic", "arithmetic")
+
+
+def _check_nu(nu) -> np.ndarray:
+    nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=2, form="(H, W)",
+                     positive=True)
+    if nu.shape[0] < 3 or nu.shape[1] < 3:
+        raise ValueError(f"nu must be a 2-D (H, W) array with H, W >= 3, got shape {nu.shape}")
+    return nu
+
+
+def _check_source(f, shape) -> np.ndarray:
+    """The source at the nodes: None (zero), a number, or an array of the shape of nu."""
+    if f is None:
+        return np.zeros(shape)
+    f = check_array("f", f, form="(None, a number or an (H, W) array)")
+    if f.ndim == 0:
+        f = np.full(shape, float(f))
+    if f.shape != shape:
+        raise ValueError(f"f must be None, a number or an array of the shape of nu "
+                         f"{shape}, got shape {f.shape}")
+    return f
 
 
 def _check_inputs(nu, lengths, kappa, f, dirichlet, face_mean):
-    try:
-        nu = np.array(nu, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError("nu must be a real (H, W) array of diffusivities at the nodes") from None
-    if nu.ndim != 2 or nu.shape[0] < 3 or nu.shape[1] < 3:
-        raise ValueError(f"nu must be a 2-D (H, W) array with H, W >= 3, got shape {nu.shape}")
-    if not np.all(np.isfinite(nu)) or not np.all(nu > 0):
-        raise ValueError("nu must be finite and strictly positive at every node")
-    try:
-        ly, lx = (float(v) for v in lengths)
-    except (TypeError, ValueError):
-        raise ValueError(f"lengths must be a pair (Ly, Lx) of numbers, got {lengths!r}") from None
-    if not (math.isfinite(ly) and math.isfinite(lx) and ly > 0 and lx > 0):
-        raise ValueError(f"lengths must be finite and > 0, got {lengths!r}")
-    try:
-        kappa = float(kappa)
-    except (TypeError, ValueError):
-        raise ValueError(f"kappa must be a real number >= 0, got {kappa!r}") from None
-    if not math.isfinite(kappa) or kappa < 0:
-        raise ValueError(f"kappa must be a finite real number >= 0, got {kappa!r}")
-    if f is None:
-        f = np.zeros(nu.shape)
-    else:
-        try:
-            f = np.array(f, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError("f must be None, a number or an (H, W) array") from None
-        if f.ndim == 0:
-            f = np.full(nu.shape, float(f))
-        if f.shape != nu.shape:
-            raise ValueError(f"f must be None, a number or an array of the shape of nu "
-                             f"{nu.shape}, got shape {f.shape}")
-        if not np.all(np.isfinite(f)):
-            raise ValueError("f must be finite at every node")
-    if dirichlet not in _DIRICHLET:
-        raise ValueError(f"dirichlet must be one of {_DIRICHLET}, got {dirichlet!r}")
-    if face_mean not in _FACE_MEANS:
-        raise ValueError(f"face_mean must be one of {_FACE_MEANS}, got {face_mean!r}")
-    return nu, (ly, lx), kappa, f
+    nu = _check_nu(nu)
+    ly, lx = check_positive_pair("lengths", lengths, "(Ly, Lx)")
+    kappa = check_number("kappa", kappa, lo=0.0)
+    check_choice("dirichlet", dirichlet, DIRICHLET)
+    check_choice("face_mean", face_mean, FACE_MEANS)
+    return nu, (ly, lx), kappa, _check_source(f, nu.shape)
 
 
 def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
@@ -192,16 +182,10 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     Returns:
         (H, W) float64 solution including the boundary nodes (and the info dict if asked).
     """
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    try:
-        rtol = float(rtol)
-    except (TypeError, ValueError):
-        raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}") from None
-    if not (0 < rtol < 1):
-        raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
-    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
-        raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
+    check_choice("method", method, METHODS)
+    rtol = check_number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
+                        what="a number in (0, 1)")
+    maxiter = check_int("maxiter", maxiter, 1)
     t0 = time.perf_counter()
     a, b, free, u_full = assemble_diffusion(nu, lengths=lengths, kappa=kappa, f=f,
                                             dirichlet=dirichlet, face_mean=face_mean)
@@ -214,7 +198,7 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     elif method == "direct":
         x, info = _solve_direct(a, b)
     else:
-        x, info = _solve_amg(a, b, rtol, int(maxiter))
+        x, info = _solve_amg(a, b, rtol, maxiter)
     u = u_full.copy()
     u[free] = x
     if not return_info:
