@@ -5,7 +5,7 @@ File layout (one file per command, samples along the first axis)::
 
     /u                float32 (N, H, W)     the solution (prediction or reference)
     /inputs           float32 (N, C, H, W)  the network's input fields
-        attr channels                       names of the C channels, e.g. ["nu", "log_nu"]
+        attr channels                       names of the C channels (the problem's input_channels)
                                             (the problem's input_channels)
     /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
         attr names                          names of the k parameters, e.g. ["omega_1", ...]
@@ -23,9 +23,10 @@ File layout (one file per command, samples along the first axis)::
         wall_seconds, ranks, batch   the whole command's wall time, MPI ranks, batch size
         complete            True, written last
 
-Writing is atomic: the data go to ``<out>.tmp.<pid>``, which is flushed, fsync'ed, closed and
-``os.replace``'d onto ``<out>`` (then the directory is fsync'ed). An interrupted command leaves
-no half-written file under the output name (at most a ``.tmp.<pid>`` file next to it).
+Writing is atomic (:class:`deepfusion.engine.atomic.Staged`): the data go to
+``<out>.tmp.<pid>``, which is closed, fsync'ed and ``os.replace``'d onto ``<out>`` (then the
+directory is fsync'ed). An interrupted command leaves no half-written file under the output
+name (at most, when killed outright, a ``.tmp.<pid>`` file next to it).
 """
 from __future__ import annotations
 
@@ -35,21 +36,10 @@ import os
 import h5py
 import numpy as np
 
+from ..engine.atomic import Staged
+
 FORMAT = "deepfusion-fields"
 FORMAT_VERSION = 1
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def check_output_path(path) -> str:
@@ -75,7 +65,8 @@ class FieldWriter:
     def __init__(self, path, *, n: int, grid, channels, params, param_names, coords: dict,
                  axes):
         self.path = check_output_path(path)
-        self.tmp = f"{self.path}.tmp.{os.getpid()}"
+        self.staged = Staged(self.path)
+        self.tmp = self.staged.tmp
         h, w = (int(v) for v in grid)
         try:
             self.f = h5py.File(self.tmp, "w")
@@ -106,24 +97,15 @@ class FieldWriter:
         for k, v in attrs.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, dict) else v
         f.attrs["complete"] = True
-        f.flush()
-        try:
-            os.fsync(f.id.get_vfd_handle())
-        finally:
-            f.close()
-        os.replace(self.tmp, self.path)
-        _fsync_dir(os.path.dirname(self.path))
-        return self.path
+        f.close()
+        return self.staged.publish()
 
     def discard(self) -> None:
         try:
             self.f.close()
         except Exception:  # noqa: BLE001 - already closed or broken
             pass
-        try:
-            os.remove(self.tmp)
-        except OSError:
-            pass
+        self.staged.discard()
 
 
 def _str_list(value) -> list[str]:
@@ -180,7 +162,7 @@ def read_input_fields(path) -> dict:
         if "inputs" not in f or not isinstance(f["inputs"], h5py.Dataset):
             raise ValueError(f"--inputs file {path} has no /inputs dataset: it needs /inputs of "
                              f"shape (N, C, H, W) with an attribute 'channels' naming the C "
-                             f"channels (e.g. ['nu'])")
+                             f"channels (the problem's input_channels, or the fields they are derived from)")
         x = f["inputs"]
         if x.ndim != 4:
             raise ValueError(f"--inputs {path}: /inputs must have shape (N, C, H, W), got "

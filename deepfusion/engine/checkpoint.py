@@ -1,19 +1,31 @@
-"""Atomic HDF5 checkpoints. No pickle, ever.
+"""Atomic, self-verifying HDF5 checkpoints. No pickle, ever.
 
 File layout (``run_dir/checkpoints/step_00001234.h5``)::
 
     /model/<param name>     one dataset per state_dict entry (bit-exact, dtype kept)
     /optim/...              the optimiser state_dict, encoded generically (h5state)
     /rng/...                torch CPU RNG state (uint8 dataset), numpy and python states (JSON)
-    attrs: format, format_version, meta (JSON string), step, epoch, complete (written LAST)
+    attrs: format, format_version, created, meta (JSON string), step, epoch,
+           digest_algorithm ("sha256"), digests (JSON string {name: hex digest}),
+           complete (written LAST)
 
-Every group is written with the generic, bit-exact encoding of :mod:`deepfusion.h5state`.
+Every group is written with the generic, bit-exact encoding of :mod:`deepfusion.engine.h5state`.
 
-Atomicity: the file is written to ``<path>.tmp.<pid>``, the root attribute ``complete`` is set
-last, the file is flushed, fsync'ed and closed, then ``os.replace``'d onto ``path`` and the
-directory is fsync'ed. A file without ``complete`` (a job killed mid-write on a filesystem
-without atomic rename) is refused by :func:`load_checkpoint` and skipped by
-:func:`latest_checkpoint`.
+Integrity (format version 2): ``digests`` holds the sha256 of the dtype, shape and bytes of every
+dataset (keyed by its absolute name, e.g. ``/model/0.weight``) and of the ``meta`` text (key
+``@meta``), hashed from the arrays in memory as they are written; it is written before
+``complete``. :func:`load_checkpoint` hashes each dataset as it reads it, before decoding it, and
+refuses a file whose bytes changed after it was written (a bit flip on disk, a bad copy), even
+one of unchanged size, naming the first dataset that differs. Version 1 files (no digests)
+still load, unverified. :func:`latest_checkpoint`, :func:`prune_checkpoints` and the hint
+naming an earlier checkpoint look at the ``complete`` marker only (cheap: no data read);
+:func:`load_latest` verifies, and skips corrupt files.
+
+Atomicity (:mod:`deepfusion.engine.atomic`): the file is written to ``<path>.tmp.<pid>``, closed,
+fsync'ed and ``os.replace``'d onto ``path``, then the directory is fsync'ed. A file without
+``complete`` (a job killed mid-write on a filesystem without atomic rename) is refused by
+:func:`load_checkpoint` and skipped by :func:`latest_checkpoint`. Temp files of killed writers
+are removed by :func:`prune_checkpoints` (which the trainer calls after every save).
 
 Pure Python/torch/h5py: no PDE, no model, no MPI here (the caller decides which rank saves).
 """
@@ -29,11 +41,14 @@ import h5py
 import numpy as np
 import torch
 
-from .h5state import CheckpointError, attr_str, json_dumps, read_item, write_dict
+from .atomic import atomic_path, remove_stale_temps
+from .h5state import (DIGEST_ALGORITHM, CheckpointError, attr_str, digest, json_dumps, read_item,
+                      write_dict)
 
 FORMAT = "deepfusion-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-dataset digests. Version 1 (no digests) is still read.
 _STEP_FILE = re.compile(r"^step_(\d+)\.h5$")
+_META = "@meta"  # the digest key of the meta attribute (dataset names start with "/")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,8 +116,12 @@ def load_latest(run_dir) -> tuple[str, dict, list[str]]:
 
 
 def latest_checkpoint(run_dir) -> str | None:
-    """The newest complete checkpoint in ``run_dir/checkpoints/`` (temp, incomplete and corrupt
-    files are skipped silently), or ``None``."""
+    """The newest complete checkpoint in ``run_dir/checkpoints/`` (temp, incomplete and
+    unreadable files are skipped silently), or ``None``.
+
+    Cheap: it checks the ``complete`` marker only, not the digests, so a file whose bytes were
+    damaged later can still be returned (:func:`load_checkpoint` will refuse it). To get the
+    newest checkpoint that actually loads, use :func:`load_latest`."""
     for _, path in _step_files(run_dir):
         if _is_complete(path):
             return path
@@ -111,13 +130,14 @@ def latest_checkpoint(run_dir) -> str | None:
 
 def prune_checkpoints(run_dir, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` complete checkpoints; incomplete or corrupt step files
-    older than the oldest kept one are removed too. Temp files are left alone (a save may be in
-    progress). Returns the removed paths."""
+    older than the oldest kept one are removed too, and so are the temp files of writers that
+    were killed (:func:`~deepfusion.engine.atomic.remove_stale_temps`: the temp file of a live
+    process, e.g. a save in progress, is left alone). Returns the removed paths."""
     keep = int(keep)
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     kept = 0
-    removed = []
+    removed = remove_stale_temps(checkpoint_dir(run_dir), base=_STEP_FILE)
     for _, path in _step_files(run_dir):
         if kept < keep:
             if _is_complete(path):
@@ -135,17 +155,31 @@ def prune_checkpoints(run_dir, keep: int) -> list[str]:
 # save / load
 # ---------------------------------------------------------------------------------------------
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
+def _check_states(model_state, optim_state, rng_state, meta) -> None:
+    if not isinstance(model_state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model_state.items()):
+        raise CheckpointError("model_state must be a dict of str -> Tensor (a module's "
+                              "state_dict())")
+    for name, value in (("optim_state", optim_state), ("rng_state", rng_state), ("meta", meta)):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{name} must be a dict, got {type(value).__name__}")
+
+
+def _write(f, model_state, optim_state, rng_state, meta, meta_json) -> None:
+    f.attrs["format"] = FORMAT
+    f.attrs["format_version"] = FORMAT_VERSION
+    f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    f.attrs["meta"] = meta_json
+    digests = {_META: digest(meta_json)}
+    for key in ("step", "epoch"):  # handy for h5dump / h5ls; meta is the source
+        if type(meta.get(key)) is int:
+            f.attrs[key] = meta[key]
+    write_dict(f.create_group("model"), model_state, digests)
+    write_dict(f.create_group("optim"), optim_state, digests)
+    write_dict(f.create_group("rng"), rng_state, digests)
+    f.attrs["digest_algorithm"] = DIGEST_ALGORITHM
+    f.attrs["digests"] = json.dumps(digests)  # a variable-length string: no 64 KiB header limit
+    f.attrs["complete"] = True  # LAST: marks the file as fully written
 
 
 def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: dict,
@@ -156,54 +190,12 @@ def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: di
     kwargs, world size, ...); it is stored as one JSON string attribute.
     """
     path = os.fspath(path)
-    if not isinstance(model_state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model_state.items()):
-        raise CheckpointError("model_state must be a dict of str -> Tensor (a module's "
-                              "state_dict())")
-    for name, value in (("optim_state", optim_state), ("rng_state", rng_state), ("meta", meta)):
-        if not isinstance(value, dict):
-            raise CheckpointError(f"{name} must be a dict, got {type(value).__name__}")
+    _check_states(model_state, optim_state, rng_state, meta)
     meta_json = json_dumps(meta, "checkpoint meta")
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        f = _open(tmp, "w")
-        try:
-            f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            f.attrs["meta"] = meta_json
-            for key in ("step", "epoch"):  # handy for h5dump / h5ls; meta is the source
-                if type(meta.get(key)) is int:
-                    f.attrs[key] = meta[key]
-            write_dict(f.create_group("model"), model_state)
-            write_dict(f.create_group("optim"), optim_state)
-            write_dict(f.create_group("rng"), rng_state)
-            f.attrs["complete"] = True  # LAST: marks the file as fully written
-            f.flush()
-            try:
-                os.fsync(f.id.get_vfd_handle())
-                synced = True
-            except Exception:  # pragma: no cover - non-POSIX driver
-                synced = False
-        finally:
-            f.close()
-        if not synced:  # pragma: no cover
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(directory)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp:
+        with _open(tmp, "w") as f:
+            _write(f, model_state, optim_state, rng_state, meta, meta_json)
 
 
 def _alternative(path: str) -> str:
@@ -217,11 +209,58 @@ def _alternative(path: str) -> str:
     return f"no other complete checkpoint found in {d}"
 
 
+def _check_header(f, path: str) -> int:
+    """The format version, once the file is known to be a complete DeepFusion checkpoint."""
+    if f.attrs.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a DeepFusion checkpoint (no format='{FORMAT}' "
+                              f"attribute)")
+    version = int(f.attrs.get("format_version", 0))
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format version {version}; this "
+                              f"DeepFusion reads up to {FORMAT_VERSION}: upgrade it")
+    if not bool(f.attrs.get("complete", False)):
+        raise CheckpointError(f"incomplete checkpoint {path} (written while the job was "
+                              f"killed?); {_alternative(path)}")
+    return version
+
+
+def _recorded_digests(f, version: int) -> dict | None:
+    """The digests written with the file (None for version 1, which had none)."""
+    if version < 2:
+        return None  # written before checkpoints carried digests: read unverified
+    if "digests" not in f.attrs:
+        raise CheckpointError(f"format version {version} but no 'digests' attribute")
+    algorithm = attr_str(f, "digest_algorithm")
+    if algorithm != DIGEST_ALGORITHM:
+        raise CheckpointError(f"digests made with {algorithm!r}; this DeepFusion knows "
+                              f"{DIGEST_ALGORITHM!r}: upgrade it")
+    recorded = json.loads(attr_str(f, "digests"))
+    if not isinstance(recorded, dict):
+        raise CheckpointError("the 'digests' attribute is not a JSON object")
+    return recorded
+
+
+def _read_states(f, version: int) -> dict:
+    """Decode the three groups, verifying every dataset against its recorded digest."""
+    digests = _recorded_digests(f, version)
+    meta = attr_str(f, "meta")
+    if digests is not None and digests.pop(_META, None) != digest(meta):
+        raise CheckpointError("the 'meta' attribute does not match its recorded digest")
+    state = {"model_state": read_item(f["model"], digests),
+             "optim_state": read_item(f["optim"], digests),
+             "rng_state": read_item(f["rng"], digests),
+             "meta": json.loads(meta)}
+    if digests:  # recorded, never read: the structure itself was damaged
+        raise CheckpointError(f"dataset {next(iter(digests))} is missing")
+    return state
+
+
 def load_checkpoint(path) -> dict:
     """Read a checkpoint: ``{"model_state", "optim_state", "rng_state", "meta"}``.
 
     Raises :class:`CheckpointError` with a clear message if the file is missing, not HDF5,
-    truncated, incomplete (no ``complete`` marker) or otherwise unreadable.
+    truncated, incomplete (no ``complete`` marker), damaged after it was written (a dataset
+    whose digest differs) or otherwise unreadable.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -231,31 +270,14 @@ def load_checkpoint(path) -> dict:
     except Exception as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: not a valid HDF5 file "
                               f"(truncated or corrupt?): {exc}; {_alternative(path)}") from None
-    try:
-        if f.attrs.get("format") != FORMAT:
-            raise CheckpointError(f"{path} is not a DeepFusion checkpoint (no format='{FORMAT}' "
-                                  f"attribute)")
-        version = int(f.attrs.get("format_version", 0))
-        if version > FORMAT_VERSION:
-            raise CheckpointError(f"{path} has checkpoint format version {version}; this "
-                                  f"DeepFusion reads up to {FORMAT_VERSION}: upgrade it")
-        if not bool(f.attrs.get("complete", False)):
-            raise CheckpointError(f"incomplete checkpoint {path} (written while the job was "
-                                  f"killed?); {_alternative(path)}")
+    with f:
+        version = _check_header(f, path)
         try:
-            return {
-                "model_state": read_item(f["model"]),
-                "optim_state": read_item(f["optim"]),
-                "rng_state": read_item(f["rng"]),
-                "meta": json.loads(attr_str(f, "meta")),
-            }
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            raise CheckpointError(f"corrupt checkpoint {path}: {type(exc).__name__}: {exc}; "
+            return _read_states(f, version)
+        except Exception as exc:  # h5py, JSON or decoding errors of damaged data, digests
+            why = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+            raise CheckpointError(f"corrupt checkpoint {path}: {why}; "
                                   f"{_alternative(path)}") from None
-    finally:
-        f.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 
+from .atomic import atomic_path
 
 class RunLog:
     """Rank-0 writer of metrics.jsonl and the console; a no-op elsewhere."""
@@ -42,10 +43,8 @@ class RunLog:
                 if rec.get("step", 0) > step:  # step, epoch and eval records all carry the step
                     break
                 keep.append(line if line.endswith("\n") else line + "\n")
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             f.writelines(keep)
-        os.replace(tmp, self.path)
 
     def record(self, rec: dict):
         if self.rank != 0:
