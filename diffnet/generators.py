@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .validation import check_bool, check_choice, check_int
+
 NORMS = ("instance", "none")
 ACTIVATIONS = {
     "gelu": nn.GELU,
@@ -26,21 +28,6 @@ ACTIVATIONS = {
 }
 DOWNSAMPLES = ("conv", "avgpool")
 UPSAMPLES = ("bilinear", "transpose")
-
-
-def _check_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """An integer in [lo, hi] (bools rejected: True is not a width)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
-            hi is not None and value > hi):
-        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return value
-
-
-def _check_choice(name: str, value, allowed) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
-    return value
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -80,6 +67,7 @@ class _InstanceNormNHWC(torch.autograd.Function):
         return y.view(b, h, w, c).permute(0, 3, 1, 2)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # mean/rstd are saved without a graph
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, g):
         x, mean, rstd, weight = ctx.saved_tensors
@@ -200,25 +188,25 @@ class UNet(nn.Module):
                  checkpoint_levels: bool = False):
         super().__init__()
         self._config = dict(
-            in_channels=_check_int("in_channels", in_channels, 1),
-            out_channels=_check_int("out_channels", out_channels, 1),
-            depth=_check_int("depth", depth, 0, 10),
-            base_width=_check_int("base_width", base_width, 1),
-            max_width=_check_int("max_width", max_width, 1),
-            norm=_check_choice("norm", norm, NORMS),
-            activation=_check_choice("activation", activation, ACTIVATIONS),
-            downsample=_check_choice("downsample", downsample, DOWNSAMPLES),
-            upsample=_check_choice("upsample", upsample, UPSAMPLES),
-            checkpoint_levels=checkpoint_levels,
+            in_channels=check_int("in_channels", in_channels, 1),
+            out_channels=check_int("out_channels", out_channels, 1),
+            depth=check_int("depth", depth, 0, 10),
+            base_width=check_int("base_width", base_width, 1),
+            max_width=check_int("max_width", max_width, 1),
+            norm=check_choice("norm", norm, NORMS),
+            activation=check_choice("activation", activation, ACTIVATIONS),
+            downsample=check_choice("downsample", downsample, DOWNSAMPLES),
+            upsample=check_choice("upsample", upsample, UPSAMPLES),
+            checkpoint_levels=check_bool("checkpoint_levels", checkpoint_levels),
         )
-        if max_width < base_width:
+        c = self._config
+        if c["max_width"] < c["base_width"]:
             raise ValueError(f"max_width must be >= base_width ({base_width}), got {max_width}")
-        if not isinstance(checkpoint_levels, bool):
-            raise ValueError(f"checkpoint_levels must be a bool, got {checkpoint_levels!r}")
-        self.depth = depth
-        self.checkpoint_levels = checkpoint_levels
-        self.widths = [min(base_width * 2**level, max_width) for level in range(depth + 1)]
-        self._build(in_channels, out_channels, norm, activation, downsample, upsample)
+        self.depth = c["depth"]
+        self.checkpoint_levels = c["checkpoint_levels"]
+        self.widths = [min(c["base_width"] * 2**level, c["max_width"])
+                       for level in range(self.depth + 1)]
+        self._build(c["in_channels"], c["out_channels"], norm, activation, downsample, upsample)
 
     def _build(self, c_in, c_out, norm, activation, downsample, upsample):
         w = self.widths
@@ -283,9 +271,7 @@ GENERATORS: dict[str, type] = {"unet": UNet, "unet-small": UNetSmall}
 
 def build_generator(name: str, **kwargs) -> nn.Module:
     """Instantiate the registered generator ``name`` with keyword arguments ``kwargs``."""
-    if name not in GENERATORS:
-        raise ValueError(f"generator name must be one of {sorted(GENERATORS)}, got {name!r}")
-    return GENERATORS[name](**kwargs)
+    return GENERATORS[check_choice("generator name", name, sorted(GENERATORS))](**kwargs)
 
 
 def impose_dirichlet(u: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

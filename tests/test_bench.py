@@ -1,8 +1,11 @@
-"""Smoke tests of the benchmark (bench/run.py and parts) at tiny sizes: the JSON has its fields.
+"""The benchmark (bench/run.py and parts) at tiny sizes: the JSON has its fields, and the
+relations that hold on any machine hold (a part of a step is shorter than the step, smaller
+buckets are more buckets, every configuration is timed over the same steps).
 
 Never a timing assertion: the numbers depend on the machine and its load.
 """
 import json
+import math
 import os
 
 import pytest
@@ -32,17 +35,71 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert "goal" in run.table(res)
 
 
+OVERLAP_KEYS = {"step_s", "allreduce_s", "allreduce_share"}
+
+
+def _check_overlap_record(rec):
+    """One overlap/no_overlap record: exactly its keys, a finite positive step time, an
+    allreduce time inside the step (the allreduce is timed within the timed step, so its
+    median is below the step's), and the share that ratio."""
+    assert set(rec) == OVERLAP_KEYS, rec
+    assert math.isfinite(rec["step_s"]) and rec["step_s"] > 0, rec
+    assert 0 <= rec["allreduce_s"] < rec["step_s"], rec
+    assert rec["allreduce_share"] == pytest.approx(rec["allreduce_s"] / rec["step_s"], rel=1e-12)
+    assert 0 <= rec["allreduce_share"] < 1, rec
+
+
 @pytest.mark.mpi
 def test_comm_bench_tiny_has_fields():
+    """bench.comm_bench at P=2: every part reports; the overlap and no-overlap records are
+    well formed with a real (non-zero) allreduce; 0.25 MB buckets are more than 4 MB ones."""
     res = comm_bench.run(grid=32, batch=4, steps=1, repeats=1, sizes_mb="0.5",
                          bucket_mbs="0.25,4", repeats_ar=2, log=lambda *a: None)
     assert "error" not in res, res.get("error")
-    assert {"mpi_ms", "gloo_ms", "gloo_over_mpi"} <= set(res["allreduce"]["0.5"])
-    assert set(res["buckets"]["bucket_mb"]) == {"0.25", "4"}
+    ar = res["allreduce"]["0.5"]
+    assert {"mpi_ms", "gloo_ms", "gloo_over_mpi"} <= set(ar)
+    assert ar["bytes"] == 4 * int(0.5 * 2**20 / 4)
+    assert ar["mpi_ms"] > 0 and ar["gloo_ms"] > 0
+    assert ar["gloo_over_mpi"] == pytest.approx(ar["gloo_ms"] / ar["mpi_ms"], rel=1e-12)
+    buckets = res["buckets"]["bucket_mb"]
+    assert set(buckets) == {"0.25", "4"}
+    assert buckets["0.25"]["buckets"] > buckets["4"]["buckets"] >= 1
     assert {"overlap", "no_overlap"} == set(res["overlap"])
-    assert res["overlap"]["overlap"]["allreduce_share"] >= 0
+    for rec in res["overlap"].values():
+        _check_overlap_record(rec)
+        assert rec["allreduce_s"] > 0  # P=2: the gradient and the loss are really reduced
     lay = res["layout"]
     assert "P1xT2" in lay and "P2xT1" in lay and "P2xT1_speedup" in lay
+    assert lay["P2xT1_speedup"] == pytest.approx(lay["P1xT2"]["step_s"] / lay["P2xT1"]["step_s"])
+    assert len(lay["launches"]["P1xT2"]) == len(lay["launches"]["P2xT1"]) == 1  # repeats=1
+
+
+def test_comm_bench_overlap_times_both_engines_over_the_same_steps(monkeypatch):
+    """worker_overlap (one process, SerialComm) takes the median of exactly `steps` step times
+    and `steps` allreduce times for each of overlap and no_overlap (the warm-up round
+    dropped), and returns well-formed records."""
+    import torch
+
+    from deepfusion.engine.comm import SerialComm
+
+    lengths = []
+
+    def counting_median(xs):
+        lengths.append(len(xs))
+        return real_median(xs)
+
+    real_median = comm_bench.median
+    monkeypatch.setattr(comm_bench, "median", counting_median)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = comm_bench.worker_overlap(SerialComm(), grid=32, global_batch=2, steps=3, bucket_mb=0.25)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(res) == {"overlap", "no_overlap"}
+    for rec in res.values():
+        _check_overlap_record(rec)
+    assert lengths == [3, 3, 3, 3]  # (step, allreduce) x (no_overlap, overlap)
 
 
 def test_ablation_bench_records_eval_of_each_variant(tmp_path):

@@ -1,13 +1,16 @@
-"""diffnet.generators: shape contract, registry, argument checks, checkpointing, dtypes."""
+"""diffnet.generators: shape contract, registry, argument checks, checkpointing, dtypes, and the
+hand-written NHWC instance norm (forward and backward) against autograd and ATen."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from diffnet.generators import (ACTIVATIONS, GENERATORS, UNet, UNetSmall, build_generator,
-                                count_parameters, impose_dirichlet)
+from diffnet.generators import (ACTIVATIONS, GENERATORS, InstanceNorm, UNet, UNetSmall,
+                                _InstanceNormNHWC, build_generator, count_parameters,
+                                impose_dirichlet)
 
 
 def small(**kwargs):
@@ -166,3 +169,134 @@ def test_impose_dirichlet():
     v.sum().backward()
     assert torch.equal(u.grad, (1 - mask).expand_as(u))
     torch.testing.assert_close(impose_dirichlet(u, mask.bool(), values), v)
+
+
+# ----------------------------------------------------------------------------- NHWC instance norm
+F64 = torch.float64
+EPS = 1e-5
+
+
+def _nhwc_input(shape, means=0.0, stds=1.0, seed=0):
+    """A float64 channels_last (B, C, H, W) tensor whose channel c has mean ~means[c], std ~stds[c]."""
+    g = torch.Generator().manual_seed(seed)
+    c = shape[1]
+    mean = torch.as_tensor(means, dtype=F64).expand(c).reshape(1, c, 1, 1)
+    std = torch.as_tensor(stds, dtype=F64).expand(c).reshape(1, c, 1, 1)
+    x = torch.randn(shape, dtype=F64, generator=g) * std + mean
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _affine(c, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(c, dtype=F64, generator=g), torch.randn(c, dtype=F64, generator=g)
+
+
+def _value_and_grads(fn, x, weight, bias, g):
+    """fn(x, weight, bias) and the gradients of <fn(...), g> with respect to x, weight, bias."""
+    x, weight, bias = (t.detach().clone().requires_grad_() for t in (x, weight, bias))
+    y = fn(x, weight, bias)
+    (y * g).sum().backward()
+    return y.detach(), x.grad, weight.grad, bias.grad
+
+
+def _nhwc(x, weight, bias):
+    return _InstanceNormNHWC.apply(x, weight, bias, EPS)
+
+
+def _aten(x, weight, bias):
+    return F.instance_norm(x.contiguous(), weight=weight, bias=bias, eps=EPS)
+
+
+def _assert_rel_close(actual, expected, tol, what):
+    """max |actual - expected| <= tol * max |expected| (a norm-wise bound: entries near zero do
+    not make an elementwise relative error meaningless)."""
+    err = (actual - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    assert err <= tol * scale, f"{what}: max error {err:.3e} > {tol:g} * {scale:.3e}"
+
+
+# (shape, per-channel means, per-channel stds): batch > 1, channels > 1, H != W everywhere
+NORM_CASES = {
+    "centred": ((2, 3, 5, 7), [0.0, 0.3, -0.2], [1.0, 0.5, 2.0]),
+    "tall": ((3, 2, 8, 3), [1.0, -2.0], [0.1, 3.0]),
+    # |mean| / std = 1e4: the one-pass variance without the shift loses ~8 digits here
+    "mean>>std": ((2, 3, 5, 7), [1e4, -3e3, 0.5], [1.0, 0.2, 2.0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NORM_CASES))
+def test_instance_norm_nhwc_gradcheck(case):
+    """torch.autograd.gradcheck (float64 finite differences) of the custom NHWC function's
+    backward with respect to x, weight and bias, on channels_last input."""
+    shape, means, stds = NORM_CASES[case]
+    x = _nhwc_input(shape, means, stds).requires_grad_()
+    weight, bias = (t.requires_grad_() for t in _affine(shape[1]))
+    assert torch.autograd.gradcheck(_nhwc, (x, weight, bias), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("grad_layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("case,tol", [("centred", 1e-12), ("tall", 1e-12), ("mean>>std", 1e-9)])
+def test_instance_norm_nhwc_matches_aten_instance_norm(case, tol, grad_layout):
+    """Output and x/weight/bias gradients of the NHWC function equal F.instance_norm's (weight
+    and bias given) in float64 for either memory layout of the incoming gradient; the output
+    stays channels_last. At |mean|/std = 1e4 a variance E[x^2] - E[x]^2 without the shift
+    would be off by ~1e-7 (relative), 100x the tolerance."""
+    shape, means, stds = NORM_CASES[case]
+    x = _nhwc_input(shape, means, stds)
+    weight, bias = _affine(shape[1])
+    g = torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(2))
+    if grad_layout == "channels_last":
+        g = g.contiguous(memory_format=torch.channels_last)
+    got = _value_and_grads(_nhwc, x, weight, bias, g)
+    ref = _value_and_grads(_aten, x, weight, bias, g)
+    assert got[0].is_contiguous(memory_format=torch.channels_last)
+    assert got[1].shape == x.shape and got[2].shape == got[3].shape == (shape[1],)
+    for name, a, e in zip(("output", "grad x", "grad weight", "grad bias"), got, ref):
+        _assert_rel_close(a, e, tol, name)
+
+
+def test_instance_norm_nhwc_extreme_mean_to_std_ratio():
+    """|mean|/std = 1e8 (mean +-1e6, std 1e-2), where a one-pass variance without the shift
+    is wrong by O(1): output and gradients still match a two-pass float64 reference and ATen."""
+    shape = (2, 3, 6, 4)
+    x = _nhwc_input(shape, [1e6, -1e6, 3.0], [1e-2, 1e-2, 1.0], seed=5)
+    weight, bias = _affine(3, seed=6)
+    g = torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(7))
+
+    def two_pass(x, weight, bias):
+        xc = x - x.mean((2, 3), keepdim=True)
+        var = (xc * xc).mean((2, 3), keepdim=True)
+        return xc * torch.rsqrt(var + EPS) * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+
+    got = _value_and_grads(_nhwc, x, weight, bias, g)
+    for reference in (two_pass, _aten):
+        ref = _value_and_grads(reference, x.contiguous(), weight, bias, g)
+        for name, a, e in zip(("output", "grad x", "grad weight", "grad bias"), got, ref):
+            _assert_rel_close(a, e, 1e-6, f"{reference.__name__} {name}")
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+def test_instance_norm_module_picks_path_by_layout_and_matches_instance_norm_2d(layout):
+    """InstanceNorm runs the NHWC function exactly for channels_last 4-D input (group norm
+    otherwise) and both paths give nn.InstanceNorm2d(affine=True)'s output and gradients."""
+    shape = (2, 3, 6, 10)
+    x = _nhwc_input(shape, [2.0, -1.0, 0.0], [0.5, 1.0, 3.0], seed=3)
+    if layout == "nchw":
+        x = x.contiguous()
+    weight, bias = _affine(3, seed=4)
+    ours, ref = InstanceNorm(3).double(), torch.nn.InstanceNorm2d(3, affine=True).double()
+    with torch.no_grad():
+        for m in (ours, ref):
+            m.weight.copy_(weight)
+            m.bias.copy_(bias)
+    xa, xb = x.clone().requires_grad_(), x.contiguous().requires_grad_()
+    ya, yb = ours(xa), ref(xb)
+    nhwc = type(ya.grad_fn).__name__.startswith("_InstanceNormNHWC")
+    assert nhwc == (layout == "channels_last"), type(ya.grad_fn).__name__
+    g = torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(8))
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    _assert_rel_close(ya.detach(), yb.detach(), 1e-12, "output")
+    _assert_rel_close(xa.grad, xb.grad, 1e-12, "grad x")
+    _assert_rel_close(ours.weight.grad, ref.weight.grad, 1e-12, "grad weight")
+    _assert_rel_close(ours.bias.grad, ref.bias.grad, 1e-12, "grad bias")
