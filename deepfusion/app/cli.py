@@ -12,14 +12,16 @@ import sys
 from jobs.cli import register as register_jobs
 
 from . import inference_cli
-from .policy import run_guarded, run_local
+from .policy import run_distributed, run_local
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepfusion", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train a DiffNet generator (any number of MPI ranks)")
-    t.add_argument("config", nargs="?", default=None, help="TOML config (defaults if omitted)")
+    t.add_argument("config", nargs="?", default=None,
+                   help="TOML config (keys not in it take their defaults; problem.name has none; "
+                        "with --resume, RUN_DIR/config.toml is read if no config is given)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     t.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest complete checkpoint (on any "
@@ -61,10 +63,9 @@ def _local(name: str):
 
 def _distributed(name: str):
     def run(args) -> int:
-        from ..engine.comm import world
         from . import train
 
-        return run_guarded(getattr(train, name), args, world())
+        return run_distributed(getattr(train, name), args)
     return run
 
 

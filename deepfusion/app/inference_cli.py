@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from .policy import ExitCode, collective_check, run_guarded
+from .policy import ExitCode, collective_check, run_distributed
 
 DEFAULT_SEED = 12345
 
@@ -28,7 +28,8 @@ def _input_args(p, what: str) -> None:
                         "or an HDF5 file with /params (n, k)")
     g.add_argument("--inputs", metavar="FILE.h5",
                    help="input fields given directly: /inputs (N, C, H, W) with attribute "
-                        "'channels' (e.g. ['nu']; a missing 'log_nu' is derived)")
+                        "'channels' naming them after the problem's input channels (a problem "
+                        "may derive a missing channel from another, e.g. a logarithm)")
     p.add_argument("--out", required=True, metavar="FILE.h5", help=f"the {what} file to write")
     p.add_argument("--grid", metavar="HxW", help="solve on another grid (rebuilds the problem)")
     p.add_argument("--batch", type=int, default=8, metavar="B",
@@ -53,11 +54,13 @@ def register(sub) -> None:
                         "default 'none': the network runs on the inference grid itself)")
     i.set_defaults(run=run_infer)
     s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
-    s.add_argument("--problem", required=True, help="problem name (burgers, poisson, ...)")
+    s.add_argument("--problem", required=True,
+                   help="a name from the problem registry (diffnet.problems.PROBLEMS)")
     s.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="problem option (VALUE as JSON, e.g. n_terms=6, omega_range=[-2,2])")
-    s.add_argument("--method", default="auto", choices=("auto", "direct", "amg"),
-                   help="linear solver where the problem has one (diffusion problems)")
+    s.add_argument("--method", default="auto",
+                   help="reference solver method, one of the problem's reference_methods "
+                        "(default auto; e.g. the linear solver where the problem has a choice)")
     _input_args(s, "reference")
     s.set_defaults(run=run_solve)
     c = sub.add_parser("compare", help="errors and timings of predictions against references")
@@ -72,12 +75,6 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------
 # shared steps
 # ---------------------------------------------------------------------------------------------
-
-def _distributed(fn, args) -> int:
-    from ..engine.comm import world
-
-    return run_guarded(fn, args, world())
-
 
 def _threads(comm, requested: int) -> None:
     from ..engine.layout import setup_threads
@@ -166,11 +163,15 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import predictor, training_grid
+    from .inference import predictor, training_grid, work_problem
 
     _threads(comm, args.threads)
     model, problem, work, meta = collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
+    if args.inputs:  # the file set the grid: refuse one the network cannot run on, up front
+        h, w = problem.grid
+        work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,
+                                f"--inputs {args.inputs} holds {h}x{w} fields")
     data_seed = (meta.get("config") or {}).get("data", {}).get("seed")
     if args.sample is not None and data_seed is not None and args.seed == data_seed:
         _say(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed (data.seed): "
@@ -190,7 +191,7 @@ def _infer(args, comm) -> int:
 
 
 def run_infer(args) -> int:
-    return _distributed(_infer, args)
+    return run_distributed(_infer, args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ def _solve(args, comm) -> int:
 
 
 def run_solve(args) -> int:
-    return _distributed(_solve, args)
+    return run_distributed(_solve, args)
 
 
 # ---------------------------------------------------------------------------------------------

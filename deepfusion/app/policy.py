@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from enum import IntEnum
 
 from ..engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
@@ -59,6 +60,17 @@ def run_local(fn, args) -> int:
     except INPUT_ERRORS as e:
         print(f"deepfusion: error: {e}", file=sys.stderr)
         return ExitCode.INPUT
+
+
+def run_distributed(fn, args) -> int:
+    """Run ``fn(args, comm)`` on COMM_WORLD under the policy. Python warnings are shown by rank 0
+    only: every rank runs the same code on the same shapes, so they would repeat P times."""
+    from ..engine.comm import world
+
+    comm = world()
+    if comm.rank != 0:
+        warnings.filterwarnings("ignore")
+    return run_guarded(fn, args, comm)
 
 
 def run_guarded(fn, args, comm) -> int:
