@@ -99,7 +99,8 @@ def test_kill_9_of_one_rank_ends_the_job_and_the_newest_checkpoint_resumes(tiny,
     assert len(pids) == 2, pids
     t0 = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)
-    proc.communicate(timeout=HANG_GUARD)
+    # the bound for noticing a dead rank (measured: 0.1 s with MPICH's mpiexec)
+    proc.communicate(timeout=30)
     took = time.monotonic() - t0
     assert proc.returncode != 0
     print(f"job ended {took:.1f} s after kill -9 of one rank, exit {proc.returncode}")

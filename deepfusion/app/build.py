@@ -16,14 +16,10 @@ import torch
 from diffnet.generators import build_generator
 from diffnet.problems import PROBLEMS, get_problem
 
-from ..config import dump_toml, load_config
+from ..config import dump_toml
 from ..engine.checkpoint import load_checkpoint
 from ..engine.data import check_divisible
 from ..engine.layout import check_precision
-
-
-def load(config_path, overrides):
-    return load_config(config_path, overrides or [])
 
 
 def torch_dtype(cfg) -> torch.dtype:

@@ -12,24 +12,25 @@ import shutil
 import subprocess
 import sys
 
-from .build import (build_model, build_problem, check_run, load, prepare_run_dir,
-                    torch_dtype)
+from ..config import load_config
+from ..engine.layout import report, setup_threads
 from .policy import collective_check
 
 
 def cmd_train(args, comm) -> int:
-    from ..engine.evaluate import evaluate, write_report
-    from ..engine.layout import report, setup_threads
-    from ..engine.parallel import parallelize
-    from ..engine.trainer import Trainer
-
     if args.resume:
         if args.config is None:  # requeued jobs: the run directory holds its resolved config
             args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
-    cfg = collective_check(comm, load, args.config, args.set)
+    cfg = collective_check(comm, load_config, args.config, args.set or [])
     compile_cache_env(cfg)  # before torch compiles anything
-    layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before any torch op
+    layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
+    # torch comes in with these: after the thread layout is set (OpenMP reads it once)
+    from ..engine.evaluate import evaluate, write_report
+    from ..engine.parallel import parallelize
+    from ..engine.trainer import Trainer
+    from .build import build_model, build_problem, check_run, prepare_run_dir, torch_dtype
+
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
         text, warns = report(layouts, comm.library_version())
@@ -86,7 +87,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from ..config import describe, dump_toml, load_config
+    from ..config import describe, dump_toml
 
     if args.config:
         print(dump_toml(load_config(args.config, args.set or [])))
@@ -128,12 +129,10 @@ def _evaluation_target(args):
 
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
+    setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     import torch
 
     from ..engine.evaluate import evaluate
-    from ..engine.layout import setup_threads
-
-    setup_threads(comm, max(0, int(args.threads or 0)))
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for note in notes:
         if comm.rank == 0:
