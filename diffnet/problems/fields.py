@@ -16,7 +16,7 @@ a smooth covariance. Every mode has amplitude <= 1, so
 
 and the bound is attained at a domain corner (all cosines are +-1 there). With omega in [-3, 3]:
 m = 4 gives sum lambda = 1/2 + 1/2 + 1/3 + 1/5 = 1.533, |log nu| <= 4.6, nu in [0.010, 99.5];
-m = 6 gives sum lambda = 1.733, |log nu| <= 5.2, nu in [0.0055, 181]. Typical samples are much
+m = 6 gives sum lambda = 1.9, |log nu| <= 5.7, nu in [0.0033, 299] (`log_nu_bound`). Typical samples are much
 milder (the terms rarely align), but the family does contain contrasts of 10^4.
 
 Quadrature: ``trapezoid_weights`` gives the nodal weights of the composite trapezoidal rule on the
