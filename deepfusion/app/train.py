@@ -149,7 +149,8 @@ def cmd_evaluate(args, comm) -> int:
     with open(out, "w") as f:
         json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"), **summary}, f,
                   indent=1)
-    print(f"test relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: mean "
+    kind = "test" if not notes else "NOT a test draw:"
+    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: mean "
           f"{summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} worst "
           f"{summary['rel_l2_max']:.4f} -> {out}", flush=True)
     return 0

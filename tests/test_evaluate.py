@@ -1,0 +1,50 @@
+"""``deepfusion evaluate``: a checkpoint's error on the test draw (data.test_seed), never the
+training pool or the validation draw unless asked, and then with a warning."""
+import json
+import os
+
+import pytest
+
+from tests.mpi_util import deepfusion
+from tests.test_engine_mpi import TINY, train
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ev")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY)
+    run_dir = str(d / "run")
+    p = train(0, str(cfg), run_dir, "train.max_steps=4", "data.test_samples=6")
+    assert p.returncode == 0, p.stderr
+    return run_dir
+
+
+@pytest.mark.mpi
+def test_the_test_draw_by_default_on_any_number_of_ranks(run):
+    outs = {}
+    for n in (0, 2):
+        out = os.path.join(run, f"test_p{n}.json")
+        p = deepfusion(n, ["evaluate", run, "--out", out])
+        assert p.returncode == 0, p.stderr
+        assert "test relative L2 over 6 draws (seed 271828)" in p.stdout and "WARNING" not in p.stderr
+        outs[n] = json.load(open(out))
+    s = outs[0]
+    assert s["n"] == 6 and s["seed"] == 271828 and len(s["rel_l2"]) == 6 and s["step"] == 4
+    assert s["rel_l2_max"] >= s["rel_l2_median"] >= min(s["rel_l2"]) > 0
+    assert outs[2]["rel_l2"] == pytest.approx(s["rel_l2"], rel=1e-9)  # same draws on 2 ranks
+
+
+def test_the_validation_or_training_seed_is_flagged(run):
+    p = deepfusion(0, ["evaluate", run, "--seed", "12345", "--samples", "2"])
+    assert p.returncode == 0, p.stderr
+    assert "validation draw (data.eval_seed)" in p.stderr and "NOT a test draw" in p.stdout
+    assert os.path.exists(os.path.join(run, "eval_seed12345.json"))
+    p = deepfusion(0, ["evaluate", run, "--seed", "0", "--samples", "2"])
+    assert "training seed" in p.stderr
+
+
+def test_a_directory_without_checkpoints_is_bad_input(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    p = deepfusion(0, ["evaluate", str(tmp_path)])
+    assert p.returncode == 2 and "no complete checkpoint" in p.stderr and "Traceback" not in p.stderr
