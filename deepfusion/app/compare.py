@@ -2,7 +2,7 @@
 samples): per-sample relative L2 and max errors, a summary with timings and speed-up
 (``compare.json``), a text table and a figure (``compare.png``).
 
-Files: see :mod:`deepfusion.h5io`.
+Files: see :mod:`deepfusion.app.fields`.
 """
 from __future__ import annotations
 

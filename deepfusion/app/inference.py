@@ -5,8 +5,9 @@ ranks in contiguous blocks, so every sample goes through the network in the same
 the number of ranks (identical bytes for any P). Ranks compute one batch per round; the round's
 blocks are gathered and rank 0 streams them into the output file (memory: P batches at a time).
 
-Files: see :mod:`deepfusion.h5io`. :func:`compare_files` compares a prediction file with a
-reference file (``deepfusion compare``); it lives in :mod:`deepfusion.compare`, re-exported here.
+Files: see :mod:`deepfusion.app.fields`. :func:`compare_files` compares a prediction file with a
+reference file (``deepfusion compare``); it lives in :mod:`deepfusion.app.compare`, re-exported
+here.
 """
 from __future__ import annotations
 
