@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 import numpy as np
+
+ABORT_GRACE_S = 0.5  # seconds between a rank's last message and MPI_Abort
 
 
 def as_buffer(buf) -> np.ndarray:
@@ -169,6 +172,10 @@ class MPIComm(Communicator):
     def abort(self, code=1):
         sys.stdout.flush()
         sys.stderr.flush()
+        # MPICH's launcher forwards a rank's output through its proxy; Abort tears the proxies
+        # down at once, and the dying rank's last message (the reason for the abort) was seen
+        # lost in a test run. A moment's grace lets it through.
+        time.sleep(ABORT_GRACE_S)
         self._comm.Abort(code)
 
     def split(self, color, key=None):
