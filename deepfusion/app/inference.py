@@ -55,6 +55,11 @@ def training_grid(meta) -> list[int] | None:
         return None
 
 
+def trained_config(meta, section: str) -> dict:
+    """One ``[section]`` of the config a checkpoint was trained with (empty if not recorded)."""
+    return (meta.get("config") or {}).get(section) or {}
+
+
 def resolve_work_grid(text, meta) -> list[int] | None:
     """--work-grid 'HxW' / 'trained' / 'none' (or not given) -> [H, W] / the training grid / None."""
     t = "none" if text is None else str(text).strip().lower()

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from .policy import ExitCode, collective_check, run_distributed
+from .policy import ExitCode, collective_check, run_distributed, say_once
 
 DEFAULT_SEED = 12345
 
@@ -82,11 +82,6 @@ def _threads(comm, requested: int) -> None:
     setup_threads(comm, max(0, int(requested or 0)))
 
 
-def _say(comm, msg: str, err: bool = False) -> None:
-    if comm.rank == 0:
-        print(msg, file=sys.stderr if err else sys.stdout, flush=True)
-
-
 def _check_batch(args) -> None:
     if args.batch is None or args.batch < 1:
         raise ValueError(f"--batch must be a positive integer, got {args.batch}")
@@ -123,10 +118,10 @@ def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
         if writer is not None:
             writer.discard()
         raise
-    _say(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
-               f"{problem.grid[0]}x{problem.grid[1]} on {comm.size} rank(s): "
-               f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall -> "
-               f"{os.path.abspath(args.out)}")
+    say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
+                 f"{problem.grid[0]}x{problem.grid[1]} on {comm.size} rank(s): "
+                 f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall -> "
+                 f"{os.path.abspath(args.out)}", err=False)
     return 0
 
 
@@ -137,7 +132,7 @@ def _samples(comm, args, problem):
         comm, lambda: resolve_samples(problem, sample=args.sample, seed=args.seed,
                                       params=args.params, inputs=args.inputs))
     for w in warns:
-        _say(comm, f"deepfusion: WARNING: {w}", err=True)
+        say_once(comm, f"deepfusion: WARNING: {w}")
     return problem, samples
 
 
@@ -163,7 +158,7 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import predictor, training_grid, work_problem
+    from .inference import predictor, trained_config, training_grid, work_problem
 
     _threads(comm, args.threads)
     model, problem, work, meta = collective_check(comm, _load, args)
@@ -172,17 +167,17 @@ def _infer(args, comm) -> int:
         h, w = problem.grid
         work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,
                                 f"--inputs {args.inputs} holds {h}x{w} fields")
-    data_seed = (meta.get("config") or {}).get("data", {}).get("seed")
+    data_seed = trained_config(meta, "data").get("seed")
     if args.sample is not None and data_seed is not None and args.seed == data_seed:
-        _say(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed (data.seed): "
-                   f"these samples are the training pool, not unseen inputs", err=True)
-    cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
+        say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
+                       f"(data.seed): these samples are the training pool, not unseen inputs")
+    cl = bool(trained_config(meta, "model").get("channels_last", False))
     trained = training_grid(meta)
     if work is None and trained and trained != list(problem.grid):
-        _say(comm, f"deepfusion: note: the network was trained on {trained[0]}x{trained[1]} and "
-                   f"runs on {problem.grid[0]}x{problem.grid[1]} as is; its filters are tied to "
-                   f"the training grid spacing, so check the error (deepfusion compare) or run it "
-                   f"on its training grid with --work-grid trained", err=True)
+        say_once(comm, f"deepfusion: note: the network was trained on {trained[0]}x{trained[1]} "
+                       f"and runs on {problem.grid[0]}x{problem.grid[1]} as is; its filters are "
+                       f"tied to the training grid spacing, so check the error (deepfusion "
+                       f"compare) or run it on its training grid with --work-grid trained")
     compute = predictor(model, problem, samples, channels_last=cl, work=work)
     attrs = {"source": os.path.abspath(args.checkpoint), "kind": "prediction",
              "step": int(meta.get("step", -1)),

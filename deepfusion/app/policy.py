@@ -47,10 +47,10 @@ def collective_check(comm, fn, *args):
     return out
 
 
-def say_once(comm, msg: str) -> None:
-    """A message all ranks agree on, printed by rank 0 only."""
+def say_once(comm, msg: str, *, err: bool = True) -> None:
+    """A message all ranks agree on, printed by rank 0 only (stderr, or stdout with err=False)."""
     if comm.rank == 0:
-        print(msg, file=sys.stderr, flush=True)
+        print(msg, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def run_local(fn, args) -> int:

@@ -14,7 +14,7 @@ import sys
 
 from ..config import load_config
 from ..engine.layout import report, setup_threads
-from .policy import collective_check
+from .policy import collective_check, say_once
 
 
 def cmd_train(args, comm) -> int:
@@ -26,7 +26,7 @@ def cmd_train(args, comm) -> int:
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
-    from ..engine.evaluate import evaluate, write_report
+    from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
     from .build import build_model, build_problem, check_run, prepare_run_dir, torch_dtype
@@ -52,9 +52,8 @@ def cmd_train(args, comm) -> int:
             axes = tuple(a.name for a in task.axes)
             extent = (task.axes[1].lo, task.axes[1].hi, task.axes[0].lo, task.axes[0].hi)
             write_report(summary, cfg.run.dir, axes=axes, extent=extent)
-            print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): mean "
-                  f"{summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} worst "
-                  f"{summary['rel_l2_max']:.4f} -> {os.path.join(cfg.run.dir, 'eval.json')}",
+            print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): "
+                  f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
                   flush=True)
     return 0
 
@@ -104,7 +103,7 @@ def _evaluation_target(args):
     """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
     from ..config import DataConfig
     from ..engine.checkpoint import latest_checkpoint
-    from .inference import load_model
+    from .inference import load_model, trained_config
 
     path = args.checkpoint
     if os.path.isdir(path):
@@ -113,7 +112,7 @@ def _evaluation_target(args):
             raise ValueError(f"{path}: no complete checkpoint in {os.path.join(path, 'checkpoints')}")
         path = found
     model, problem, _work, meta = load_model(path)
-    data = {**vars(DataConfig()), **((meta.get("config") or {}).get("data") or {})}
+    data = {**vars(DataConfig()), **trained_config(meta, "data")}
     seed = data["test_seed"] if args.seed is None else args.seed
     n = data["test_samples"] if args.samples is None else args.samples
     if n < 1:
@@ -132,12 +131,13 @@ def cmd_evaluate(args, comm) -> int:
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     import torch
 
-    from ..engine.evaluate import evaluate
+    from ..engine.evaluate import evaluate, summary_text
+    from .inference import trained_config
+
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for note in notes:
-        if comm.rank == 0:
-            print(f"deepfusion: WARNING: {note}", file=sys.stderr, flush=True)
-    cl = bool((meta.get("config") or {}).get("model", {}).get("channels_last", False))
+        say_once(comm, f"deepfusion: WARNING: {note}")
+    cl = bool(trained_config(meta, "model").get("channels_last", False))
     dtype = next(model.parameters()).dtype
     model = model.to(memory_format=torch.channels_last) if cl else model
     summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
@@ -150,7 +150,6 @@ def cmd_evaluate(args, comm) -> int:
         json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"), **summary}, f,
                   indent=1)
     kind = "test" if not notes else "NOT a test draw:"
-    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: mean "
-          f"{summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} worst "
-          f"{summary['rel_l2_max']:.4f} -> {out}", flush=True)
+    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: "
+          f"{summary_text(summary)} -> {out}", flush=True)
     return 0

@@ -67,6 +67,12 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "_examples": [e for p in parts for e in p["examples"]]}
 
 
+def summary_text(summary: dict) -> str:
+    """'mean M median D worst W' of a summary's relative L2 (the one wording every report uses)."""
+    return (f"mean {summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} "
+            f"worst {summary['rel_l2_max']:.4f}")
+
+
 def _examples(idx, inputs, preds, refs, keep: int = 2):
     """A few (input, prediction, reference) triples for the figure (the first ones and worst)."""
     if not len(idx):

@@ -18,7 +18,7 @@ from ..config import config_to_dict
 from . import checkpoint as ckpt
 from .data import InputCache, LazyBatch, ShardedPool
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
-from .evaluate import evaluate
+from .evaluate import evaluate, summary_text
 from .faults import Faults
 from .optimizers import OptimizerSchedule
 from .parallel import ParallelModel
@@ -160,9 +160,7 @@ class Trainer:
         if s is not None:
             self.log.record({"kind": "eval", "epoch": epoch, "step": self.step,
                              **{k: s[k] for k in ("rel_l2_mean", "rel_l2_median", "rel_l2_max")}})
-            self.log.info(f"eval at epoch {epoch + 1}: validation rel L2 mean "
-                          f"{s['rel_l2_mean']:.4f} median {s['rel_l2_median']:.4f} "
-                          f"worst {s['rel_l2_max']:.4f}")
+            self.log.info(f"eval at epoch {epoch + 1}: validation rel L2 {summary_text(s)}")
 
     def check_in_sync(self):
         every = self.cfg.train.checksum_every
