@@ -285,3 +285,14 @@ def test_expected_example_configs_exist():
     assert (demo.data.global_batch, demo.data.n_samples) == (16, 1024)
     burgers = load_config(os.path.join(ROOT, "configs", "burgers.toml"))
     assert burgers.problem.options["c_range"] == [3.0, 6.0]
+
+
+def test_overrides_index_arrays_of_tables():
+    raw = {"train": {"levels": [{"grid": [16, 16], "steps": 5}, {"grid": [32, 32], "steps": 1}]}}
+    out = apply_overrides(raw, ["train.levels[1].steps=40", "train.levels[0]={grid=[8,8],steps=1}"])
+    assert out["train"]["levels"] == [{"grid": [8, 8], "steps": 1}, {"grid": [32, 32], "steps": 40}]
+    assert raw["train"]["levels"][1]["steps"] == 1  # a copy
+    with pytest.raises(ConfigError, match=r"the array has 2 entries \(indices 0..1\)"):
+        apply_overrides(raw, ["train.levels[2].steps=1"])
+    with pytest.raises(ConfigError, match="'train' is a value, not an array"):
+        apply_overrides({"train": 1}, ["train[0].x=1"])

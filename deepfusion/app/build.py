@@ -20,18 +20,35 @@ from ..config import dump_toml
 from ..engine.checkpoint import load_checkpoint
 from ..engine.data import check_divisible
 from ..engine.layout import check_precision
+from ..engine.levels import plan
 
 
 def torch_dtype(cfg) -> torch.dtype:
     return torch.float64 if cfg.train.dtype == "float64" else torch.float32
 
 
-def build_problem(cfg):
-    """The problem of ``[problem]`` on its grid (the registry lists valid names and options)."""
+def build_problem(cfg, grid=None):
+    """The problem of ``[problem]`` on ``grid`` (default ``problem.grid``; a multigrid level
+    asks for its own). The registry lists valid names and options."""
     if not cfg.problem.name:
         raise ValueError(f"problem.name is not set: choose one of {sorted(PROBLEMS)} "
                          f"([problem] name = ... in the config, or --set problem.name=...)")
-    return get_problem(cfg.problem.name, grid=tuple(cfg.problem.grid), **cfg.problem.options)
+    grid = tuple(cfg.problem.grid if grid is None else grid)
+    return get_problem(cfg.problem.name, grid=grid, **cfg.problem.options)
+
+
+def problem_factory(cfg, task):
+    """grid -> the problem on that grid (``task`` itself on ``problem.grid``). The problems of
+    every level are built here, so a grid the problem refuses is reported before training,
+    with the level named."""
+    made = {tuple(task.grid): task}
+    for v in plan(cfg):
+        if v.grid not in made:
+            try:
+                made[v.grid] = build_problem(cfg, v.grid)
+            except ValueError as e:
+                raise ValueError(f"train.levels[{v.level}].grid = {list(v.grid)}: {e}") from None
+    return lambda grid: made[tuple(grid)]
 
 
 def build_model(cfg, task):
@@ -40,12 +57,7 @@ def build_model(cfg, task):
     torch.manual_seed(cfg.train.init_seed)
     kwargs = {"in_channels": len(task.input_channels), **cfg.model.options}
     model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
-    probe = torch.zeros((1, len(task.input_channels), *task.grid), dtype=torch_dtype(cfg))
-    try:
-        model.check_input(probe)
-    except ValueError as e:
-        raise ValueError(f"problem.grid = {list(task.grid)} does not suit model {cfg.model.name!r} "
-                         f"{cfg.model.options}: {e}") from None
+    check_grids(model, cfg, task)
     if cfg.model.init_from:
         init_from(model, cfg.model.name, cfg.model.init_from)
     if cfg.model.channels_last:
@@ -53,6 +65,19 @@ def build_model(cfg, task):
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
              "problem": {"name": task.name, "kwargs": task.config()}}
     return model, specs
+
+
+def check_grids(model, cfg, task) -> None:
+    """Every grid the run trains on suits the network (divisibility by 2**depth, norms)."""
+    grids = [("problem.grid", list(task.grid))]
+    grids += [(f"train.levels[{v.level}].grid", list(v.grid)) for v in plan(cfg)]
+    for key, grid in grids:
+        probe = torch.zeros((1, len(task.input_channels), *grid), dtype=torch_dtype(cfg))
+        try:
+            model.check_input(probe)
+        except ValueError as e:
+            raise ValueError(f"{key} = {grid} does not suit model {cfg.model.name!r} "
+                             f"{cfg.model.options}: {e}") from None
 
 
 def init_from(model, name: str, path: str) -> None:
@@ -78,7 +103,13 @@ def _holds_run(d: str) -> bool:
 
 def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
     """Everything about this launch that is not the model: ranks, CPU, run directory."""
-    check_divisible(cfg.data.global_batch, size)
+    for v in plan(cfg):
+        try:
+            check_divisible(v.global_batch, size)
+        except ValueError as e:
+            if not cfg.train.levels:
+                raise
+            raise ValueError(f"train.levels[{v.level}] (grid {list(v.grid)}): {e}") from None
     check_precision(cfg.train.precision)
     d = cfg.run.dir
     if resume and not _holds_run(d):

@@ -29,7 +29,8 @@ def cmd_train(args, comm) -> int:
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import build_model, build_problem, check_run, prepare_run_dir, torch_dtype
+    from .build import (build_model, build_problem, check_run, prepare_run_dir, problem_factory,
+                        torch_dtype)
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -40,10 +41,12 @@ def cmd_train(args, comm) -> int:
     task = collective_check(comm, build_problem, cfg)
     model, specs = collective_check(comm, build_model, cfg, task)
     collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
+    problems = collective_check(comm, problem_factory, cfg, task)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile)
-    trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg))
+    trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
+                      problems=problems)
     trainer.fit(resume=bool(args.resume))
     if cfg.data.eval_samples > 0:
         summary = evaluate(model, task, comm, n=cfg.data.eval_samples, seed=cfg.data.eval_seed,

@@ -8,6 +8,7 @@ Pure Python: no PDE, no model, no MPI.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import typing
 
@@ -58,23 +59,49 @@ def _split_override(item: str) -> tuple[list[str], str]:
     return [p.strip() for p in parts], text
 
 
+_INDEXED = re.compile(r"^(.+)\[(\d+)\]$")
+
+
 def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
-    """Return a copy of ``raw`` with each ``"a.b=value"`` applied (value parsed as TOML)."""
+    """Return a copy of ``raw`` with each ``"a.b=value"`` applied (value parsed as TOML). A
+    part may index an array of tables: ``train.levels[1].steps=40``."""
     out = copy.deepcopy(raw)
     if isinstance(overrides, str):
         overrides = [overrides]
     for item in overrides:
         parts, text = _split_override(item)
-        node = out
+        node, last = out, parts[-1]
         for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                where = ".".join(parts[: depth + 1])
-                raise ConfigError(f"cannot set {'.'.join(parts)!r}: {where!r} is a value, "
-                                  f"not a table", key=where)
-            node = child
-        node[parts[-1]] = _parse_value(text)
+            node = _child(node, part, ".".join(parts[: depth + 1]), ".".join(parts))
+        m = _INDEXED.match(last)
+        if m:
+            node = _child(node, m.group(1), m.group(1), ".".join(parts), array=True)
+            _check_index(node, int(m.group(2)), ".".join(parts))
+            node[int(m.group(2))] = _parse_value(text)
+        else:
+            node[last] = _parse_value(text)
     return out
+
+
+def _child(node, part: str, where: str, key: str, array: bool = False):
+    """The table (or, with ``array``, the array) ``part`` of ``node``, created if missing."""
+    m = _INDEXED.match(part)
+    if m:
+        items = _child(node, m.group(1), where.rsplit("[", 1)[0], key, array=True)
+        _check_index(items, int(m.group(2)), key)
+        child = items[int(m.group(2))]
+    else:
+        child = node.setdefault(part, [] if array else {})
+    if not isinstance(child, list if array else dict):
+        what = "an array" if array else "a table"
+        raise ConfigError(f"cannot set {key!r}: {where!r} is a value, not {what}", key=where)
+    return child
+
+
+def _check_index(items: list, i: int, key: str) -> None:
+    if i >= len(items):
+        raise ConfigError(f"cannot set {key!r}: the array has {len(items)} entries (indices "
+                          f"0..{len(items) - 1}); set the whole array to add entries", key=key)
 
 
 def _read_toml(path: str) -> dict:

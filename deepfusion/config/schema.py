@@ -47,7 +47,7 @@ def option(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=No
     return field(default=default, metadata=meta)
 
 
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "string"}
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "string", dict: "table"}
 
 
 def _type_str(tp) -> str:
@@ -151,10 +151,12 @@ class Section:
             if origin is list:
                 (item_tp,) = typing.get_args(tp)
                 if not isinstance(value, (list, tuple)):
+                    example = "[[...]] tables" if item_tp is dict else "[1, 2]"
                     raise ConfigError(f"{key} must be a list of {_TYPE_NAMES[item_tp]} "
-                                      f"(e.g. [1, 2]), {describe_value(value)}", key=key)
+                                      f"(e.g. {example}), {describe_value(value)}", key=key)
                 try:
-                    value = [_coerce_scalar(f"{key}[{i}]", v, item_tp)
+                    value = [_check_table(f"{key}[{i}]", v) if item_tp is dict
+                             else _coerce_scalar(f"{key}[{i}]", v, item_tp)
                              for i, v in enumerate(value)]
                     for i, v in enumerate(value):
                         _check_bounds(f"{key}[{i}]", v, meta, prefix="item_")

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .levels import CYCLES, check_levels
 from .schema import ConfigError, Section, describe_value, option, unknown_key
 
 
@@ -171,6 +172,15 @@ class TrainConfig(Section):
                                           gt=0.0, le=1.0)
     checksum_every: int = option(50, "all-reduce a parameter checksum every N steps to detect rank "
                                  "divergence; 0 = off", ge=0)
+    levels: list[dict] = option([], "multigrid schedule: [[train.levels]] tables, each with grid, "
+                                "steps or epochs, and optionally global_batch, micro_batch and "
+                                "optim overrides; the run trains through them in one go (the "
+                                "last one on problem.grid) and train.epochs is not used; "
+                                "empty = one level, problem.grid for train.epochs")
+    cycle: str = option("", "how train.levels are visited: \"\" as listed; \"half-v\" coarse "
+                            "to fine; \"v\" finest, down to the coarsest, back up; \"f\" the "
+                            "F-cycle (levels then listed coarse to fine)", choices=CYCLES)
+
     def _validate(self):
         # Whether this CPU has bf16 instructions is the engine's question (engine.layout), asked
         # when the run is built: the configuration never probes the hardware.
@@ -237,7 +247,8 @@ class Config:
             elif not isinstance(value, cls):
                 raise ConfigError(f"{name} must be a {cls.__name__} (or a [{name}] table), "
                                   f"{describe_value(value)}", key=name)
-        if self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
+        check_levels(self)
+        if not self.train.levels and self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
             raise ConfigError(
                 f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "
                 f"take effect, got {self.optim.switch_to_lbfgs_epoch}; use -1 for never",

@@ -1,7 +1,7 @@
 """What a run leaves behind: metrics.jsonl, the log line, the progress bar, the loss curve.
 
 Only rank 0 writes shared files. One log line per N steps with fixed fields
-(``step loss <the problem's loss terms> grad_norm lr s/step samples/s``) so batch-job logs can be grepped and
+(``step grid loss <the problem's loss terms> grad_norm lr s/step samples/s``) so batch-job logs can be grepped and
 diffed; a tqdm bar instead when rank 0 is attached to a terminal.
 """
 from __future__ import annotations
@@ -63,11 +63,12 @@ class RunLog:
         if rec["step"] % self.log_every == 0 or rec["step"] == 1:
             if not self._header_done:
                 names = " ".join(f"{n:>10}" for n in self.term_names)
-                print(f"{'step':>7} {'loss':>11} {names} {'grad_norm':>10} {'lr':>9} "
+                print(f"{'step':>7} {'grid':>9} {'loss':>11} {names} {'grad_norm':>10} {'lr':>9} "
                       f"{'s/step':>8} {'samples/s':>9}", flush=True)
                 self._header_done = True
             terms = " ".join(f"{rec[n]:10.3e}" for n in self.term_names)
-            print(f"{rec['step']:7d} {rec['loss']:11.4e} {terms} {rec['grad_norm']:10.3e} "
+            grid = "x".join(str(g) for g in rec["grid"])
+            print(f"{rec['step']:7d} {grid:>9} {rec['loss']:11.4e} {terms} {rec['grad_norm']:10.3e} "
                   f"{rec['lr']:9.2e} {rec['time_step']:8.3f} {rec['samples_per_s']:9.1f}", flush=True)
 
     def info(self, msg: str):
@@ -86,29 +87,47 @@ class RunLog:
 
 
 def plot_loss_curve(metrics_path: str, out_png: str):
-    """Loss and its terms against step, log scale (rank 0, end of run)."""
+    """Loss and its terms against step, log scale, and below it the validation error of the
+    evaluations during the run; dashed lines mark where the grid changes (rank 0, end of run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, series = [], {}
+    steps, series, evals, changes = [], {}, [], []
     with open(metrics_path) as f:
         for line in f:
             rec = json.loads(line)
+            if rec.get("kind") == "eval":
+                evals.append((rec["step"], rec["rel_l2_mean"]))
             if rec.get("kind") != "step":
                 continue
+            grid = tuple(rec.get("grid", ()))
+            if not changes or changes[-1][1] != grid:
+                changes.append((rec["step"] - 1, grid))
             steps.append(rec["step"])
             for k in ("loss",) + tuple(k for k in rec.get("terms", {})):
                 v = rec["loss"] if k == "loss" else rec["terms"][k]
                 series.setdefault(k, []).append(v if v > 0 and math.isfinite(v) else float("nan"))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = 2 if evals else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(6, 4 * rows), sharex=True, squeeze=False)
+    ax = axes[0, 0]
     for k, v in series.items():
         ax.semilogy(steps[:len(v)], v, label=k)
-    ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
-    ax.grid(alpha=0.3)
+    if evals:
+        axes[1, 0].semilogy(*zip(*evals), "o-", label="validation rel L2 (mean)")
+        axes[1, 0].set_ylabel("relative L2")
+        axes[1, 0].legend()
+    for a in axes[:, 0]:
+        a.grid(alpha=0.3)
+        if len(changes) > 1:  # a multigrid run: mark every level change with its grid
+            for step, grid in changes:
+                a.axvline(step, color="k", ls="--", lw=0.7)
+                a.text(step, 1.0, " " + "x".join(map(str, grid)), transform=a.get_xaxis_transform(),
+                       fontsize=7, va="top")
+    axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)

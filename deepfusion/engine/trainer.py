@@ -1,6 +1,10 @@
 """The data-parallel training loop. Read ``Trainer.fit`` top to bottom: it is the table of
 contents; every other method is one of its lines.
 
+Multigrid schedules (``train.levels``) are a sequence of visits (:mod:`.levels`); the loop
+enters the visit of the step it is about to take, which rebuilds the problem on the visit's
+grid, the pool split, the inputs, the loss and a fresh optimiser; the weights carry over.
+
 Invariants: parameters are equal on every rank (broadcast by ``parallelize``, identical reduced
 gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps); every
 branch is decided on all-reduced or broadcast values (non-finite loss, stop signal, a checkpoint
@@ -20,36 +24,34 @@ from .data import InputCache, LazyBatch, ShardedPool
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 from .evaluate import evaluate, summary_text
 from .faults import Faults
+from .levels import Visit, plan, signature, visit_at
 from .optimizers import OptimizerSchedule
 from .parallel import ParallelModel
 from .runlog import RunLog, plot_loss_curve
 from .step import LossAndGrad, StepResult
 
 
-def planned_steps(cfg, steps_per_epoch: int) -> int:
-    """Steps of the run: ``train.epochs`` epochs, capped by ``train.max_steps`` if set."""
-    total = cfg.train.epochs * steps_per_epoch
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
-
-
 class Trainer:
-    def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype):
-        self.cfg, self.comm, self.task, self.model, self.dtype = cfg, comm, task, model, dtype
+    """Fits ``model`` on the problem ``problems(grid)`` of every visit of the plan of ``cfg``
+    (one visit on ``task`` without ``train.levels``)."""
+
+    def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype,
+                 problems=None):
+        self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
         self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
+        self.problems = problems or (lambda grid: task)
         self.run_dir = cfg.run.dir
-        self.pool = ShardedPool(cfg.data.n_samples, cfg.data.global_batch, comm.rank, comm.size,
-                                seed=cfg.data.seed, shuffle=True)
-        self.total_steps = planned_steps(cfg, self.pool.steps_per_epoch)
-        self.schedule_steps = self.total_steps  # a resumed run keeps its original schedule
-        self.inputs = InputCache(task, cfg.data.seed, dtype)
+        self.visits = plan(cfg)
+        self.total_steps = self.visits[-1].end
+        self.visit: Visit | None = None  # entered by the loop (enter), with everything below
+        self.task, self.pool, self.inputs, self.loss_and_grad, self.optim = task, None, None, None, None
+        self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
         terms = tuple(task.loss_term_names)
-        self.loss_and_grad = LossAndGrad(model, task, global_batch=cfg.data.global_batch,
-                                         term_names=terms, micro_batch=cfg.train.micro_batch,
-                                         channels_last=cfg.model.channels_last,
-                                         precision=cfg.train.precision)
-        self.optim = OptimizerSchedule(model.parameters(), cfg.optim, self.loss_and_grad)
         self.faults = Faults.from_env(comm.rank)
-        self.step, self.lr_scale = 0, 1.0
+        self.step, self.lr_scale, self.stop_requested = 0, 1.0, False
+        # wall seconds of the trajectory so far, summed over the segments of a resumed run
+        # (a checkpoint carries it); what error-against-time curves are drawn against
+        self.elapsed_before, self.t_start = 0.0, time.perf_counter()
         self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
         self.last_save = time.monotonic()
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
@@ -60,13 +62,17 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict:
         if resume:
             self.resume()
-        elif self.cfg.train.on_nonfinite == "rollback":
-            self.save_checkpoint()  # a rollback needs somewhere to go from the first step on
+        else:
+            self.enter(self.visits[0])
+            if self.cfg.train.on_nonfinite == "rollback":
+                self.save_checkpoint()  # a rollback needs somewhere to go from the first step on
         self.install_signal_handlers()
-        spe = self.pool.steps_per_epoch
         t_epoch = None  # start of the current epoch, if it was run whole
         while self.step < self.total_steps:
-            epoch, s = divmod(self.step, spe)
+            if self.step >= self.visit.end:
+                self.end_visit()
+                self.enter(visit_at(self.visits, self.step))
+            epoch, s = self.visit.epoch_of(self.step)
             t_epoch = time.perf_counter() if s == 0 else t_epoch
             res = self.train_step(epoch, s)
             if not res.finite:
@@ -77,7 +83,7 @@ class Trainer:
             self.log_step(epoch, res)
             self.check_in_sync()
             self.maybe_checkpoint(res)
-            if s == spe - 1:
+            if s == self.visit.steps_per_epoch - 1:
                 self.log_epoch(epoch, t_epoch)
                 self.maybe_evaluate(epoch)
         self.save_checkpoint()
@@ -87,17 +93,47 @@ class Trainer:
                             os.path.join(self.run_dir, "loss.png"))
         return {"step": self.step}
 
+    # -- levels ---------------------------------------------------------------------------------
+    def enter(self, visit: Visit, *, fresh: bool = False):
+        """Make ``visit`` current: the problem on its grid, the pool split for its batch, the
+        inputs, the loss and a fresh optimiser (its schedule runs over the visit). A no-op if
+        it is current already, unless ``fresh``."""
+        if self.visit is not None and self.visit.index == visit.index and not fresh:
+            return
+        self.visit = visit
+        self.task = self.problems(visit.grid)
+        c = self.cfg
+        self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.comm.rank,
+                                self.comm.size, seed=c.data.seed, shuffle=True)
+        self.inputs = InputCache(self.task, c.data.seed, self.dtype)
+        self.loss_and_grad = LossAndGrad(self.model, self.task, global_batch=visit.global_batch,
+                                         term_names=tuple(self.task.loss_term_names),
+                                         micro_batch=visit.micro_batch,
+                                         channels_last=c.model.channels_last,
+                                         precision=c.train.precision)
+        self.optim = OptimizerSchedule(self.model.parameters(), visit.optim, self.loss_and_grad)
+        self.schedule_steps = visit.steps
+        if len(self.visits) > 1:  # (step records carry level and grid: the plots read those)
+            self.log.info(f"entering {visit.describe()}")
+
+    def end_visit(self):
+        """The validation error on the grid of the visit just finished (marks the level
+        change in the error curve). Collective."""
+        self.evaluate_now(self.visit.epoch_of(self.step - 1)[0])
+
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, epoch: int, s: int) -> StepResult:
         t0 = time.perf_counter()
+        v = self.visit
         self.loss_and_grad.poison_next = self.faults.fire(self.step)
-        stepper = self.optim.at(epoch)
-        # a loss with a schedule (e.g. an annealed smoothing) reads the progress: a function of
-        # the step, so every rank and a resumed run see the same loss
-        self.task.set_progress(self.step / self.schedule_steps)
+        stepper = self.optim.at(epoch - v.epoch_base)
+        # a loss with a schedule (e.g. an annealed smoothing) reads the progress through the
+        # whole run: a function of the step, so every rank and a resumed run see the same loss
+        self.task.set_progress(self.step / (self.total_steps - v.steps + self.schedule_steps))
         self.loss_and_grad.flags["checkpoint"] = float(self.checkpoint_due())
-        batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), self.cfg.train.micro_batch)
-        res = stepper.step(batch, step=self.step, schedule_steps=self.schedule_steps,
+        self.loss_and_grad.flags["stop"] = float(self.stop_requested)
+        batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
+        res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
                            lr_scale=self.lr_scale)
         res.times["step"] = time.perf_counter() - t0
         return res
@@ -135,32 +171,47 @@ class Trainer:
 
     def log_step(self, epoch: int, res: StepResult):
         t = res.times
-        bs = self.cfg.data.global_batch
-        self.log.step({"kind": "step", "step": self.step, "epoch": epoch, "loss": res.loss,
+        v = self.visit
+        bs = v.global_batch
+        self.log.step({"kind": "step", "step": self.step, "epoch": epoch, "level": v.level,
+                       "grid": list(v.grid), "loss": res.loss,
                        **res.terms, "terms": res.terms, "grad_norm": res.grad_norm, "lr": res.lr,
                        **{f"time_{k}": v for k, v in t.items()},
-                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0, **res.metrics})
+                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0,
+                       "elapsed_s": self.elapsed(), **res.metrics})
 
     def log_epoch(self, epoch: int, t_epoch):
         if t_epoch is None:  # resumed or rolled back mid-epoch: no whole-epoch time to report
             return
         dt = time.perf_counter() - t_epoch
-        n = self.pool.steps_per_epoch * self.cfg.data.global_batch
+        n = self.pool.steps_per_epoch * self.visit.global_batch
         self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
                          "samples_per_s": n / dt})
 
     def maybe_evaluate(self, epoch: int):
-        """Validation error every ``train.eval_every_epochs`` epochs (a metrics record), so users
-        see how the error falls with training time. Collective: every rank calls it."""
-        every, n = self.cfg.train.eval_every_epochs, self.cfg.data.eval_samples
-        if every <= 0 or n <= 0 or (epoch + 1) % every or self.step >= self.total_steps:
+        """Validation error every ``train.eval_every_epochs`` epochs of a visit (a metrics
+        record), so users see how the error falls with training time. Collective."""
+        every = self.cfg.train.eval_every_epochs
+        if every <= 0 or (epoch - self.visit.epoch_base + 1) % every or self.step >= self.visit.end:
+            return
+        self.evaluate_now(epoch)
+
+    def evaluate_now(self, epoch: int):
+        n = self.cfg.data.eval_samples
+        if n <= 0:
             return
         s = evaluate(self.model.module, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
                      dtype=self.dtype, channels_last=self.cfg.model.channels_last)
         if s is not None:
-            self.log.record({"kind": "eval", "epoch": epoch, "step": self.step,
+            v = self.visit
+            self.log.record({"kind": "eval", "epoch": epoch, "step": self.step, "level": v.level,
+                             "grid": list(v.grid), "elapsed_s": self.elapsed(),
                              **{k: s[k] for k in ("rel_l2_mean", "rel_l2_median", "rel_l2_max")}})
-            self.log.info(f"eval at epoch {epoch + 1}: validation rel L2 {summary_text(s)}")
+            grid = "x".join(map(str, v.grid))
+            self.log.info(f"eval at step {self.step} ({grid}): validation rel L2 {summary_text(s)}")
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t_start
 
     def check_in_sync(self):
         every = self.cfg.train.checksum_every
@@ -200,8 +251,12 @@ class Trainer:
         self.last_save = time.monotonic()
 
     def meta(self) -> dict:
+        v = self.visit
         return {"step": self.step, "lr_scale": self.lr_scale, "world_size": self.comm.size,
                 "schedule_steps": self.schedule_steps, "optimizer": self.optim.current.name,
+                "visit": v.index, "level": v.level, "grid": list(v.grid),
+                "elapsed_s": self.elapsed(),
+                "plan": signature(plan(self.cfg, cut=False)),
                 "config": config_to_dict(self.cfg), **self.specs}
 
     def load_newest(self) -> tuple[str, dict]:
@@ -222,12 +277,19 @@ class Trainer:
         return found
 
     def apply(self, state: dict):
-        """Restore weights, optimiser (the stepper that wrote it), RNG, step and rate scale."""
+        """Restore weights, step, the visit of the step, its optimiser (the stepper that wrote
+        it; a fresh one if the checkpoint closed the previous visit), RNG and rate scale."""
         meta = state["meta"]
         self.model.module.load_state_dict(state["model_state"])
         self.step = int(meta["step"])
-        name = meta.get("optimizer") or self.optim.name_at(self.step // self.pool.steps_per_epoch)
-        self.optim.restore(name, state["optim_state"])
+        visit = visit_at(self.visits, self.step)
+        if int(meta.get("visit", 0)) == visit.index:
+            self.enter(visit)
+            epoch = visit.epoch_of(self.step)[0] - visit.epoch_base
+            self.optim.restore(meta.get("optimizer") or self.optim.name_at(epoch),
+                               state["optim_state"])
+        else:  # written at the end of the previous visit: this one starts with a fresh optimiser
+            self.enter(visit, fresh=True)
         ckpt.restore_rng_state(state["rng_state"])
         self.lr_scale = float(meta.get("lr_scale", 1.0))
 
@@ -236,28 +298,45 @@ class Trainer:
             path, state = self.load_newest()
         except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
             raise InputError(f"--resume {self.run_dir}: {exc}; start without --resume") from None
-        self.apply(state)
         meta = state["meta"]
+        self.check_plan(meta)
+        self.apply(state)
+        # the trajectory's time: the segments before this one, up to the checkpoint (a rollback
+        # keeps counting instead: its lost steps took time in this segment)
+        self.elapsed_before, self.t_start = float(meta.get("elapsed_s", 0.0)), time.perf_counter()
         old = meta.get("world_size")
         if old is not None and old != self.comm.size:
             self.log.info(f"elastic resume: checkpoint written on P = {old} ranks, continuing on "
                           f"P = {self.comm.size}; the data order and the global batch are "
                           f"unchanged, so the run continues the same trajectory")
-        planned = int(meta.get("schedule_steps", self.total_steps))
-        if planned != self.total_steps:
+        planned = int(meta.get("schedule_steps", self.schedule_steps))
+        if int(meta.get("visit", 0)) == self.visit.index and planned != self.schedule_steps:
             self.log.info(f"note: train.epochs / train.max_steps now end the run at step "
                           f"{self.total_steps}; the learning-rate schedule keeps the original "
                           f"run's length of {planned} steps")
-        self.schedule_steps = planned
+            self.schedule_steps = planned
         self.log.truncate_after(self.step)
         self.log.info(f"resumed from {path} at step {self.step}")
+
+    def check_plan(self, meta: dict):
+        """A multigrid run resumes only under the plan it was written with (train.max_steps may
+        change: it cuts the plan, it does not change it)."""
+        if not self.cfg.train.levels or "plan" not in meta:
+            return
+        ours = signature(plan(self.cfg, cut=False))
+        if meta["plan"] != ours:
+            raise InputError(f"--resume {self.run_dir}: the checkpoint was written under another "
+                             f"level plan ([level, grid, first step, steps, batch] per visit: "
+                             f"{meta['plan']}, now {ours}); resume with the run's own "
+                             f"train.levels and train.cycle, or start a new run with "
+                             f"model.init_from")
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self):
         """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
         current step; the request travels in the fused allreduce so all ranks stop together."""
         def handler(signum, frame):
-            self.loss_and_grad.flags["stop"] = 1.0
+            self.stop_requested = True
 
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, handler)
