@@ -27,7 +27,7 @@ def inputs64(p, n=3, seed=1):
 
 
 def test_the_registry_covers_both_kinds():
-    assert set(DIFFUSION) == {"poisson", "reaction_diffusion"}
+    assert set(DIFFUSION) == {"darcy", "poisson", "reaction_diffusion"}
     assert PARAMS_ONLY == ["burgers"]
 
 

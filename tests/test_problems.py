@@ -22,7 +22,7 @@ def make(name, **kw):
 
 # -- registry and validation ----------------------------------------------------------------------
 def test_registry():
-    assert set(PROBLEMS) == {"burgers", "poisson", "reaction_diffusion"}
+    assert set(PROBLEMS) == {"burgers", "darcy", "poisson", "reaction_diffusion"}
     for name in NAMES:
         p = get_problem(name)
         assert isinstance(p, Problem) and p.name == name

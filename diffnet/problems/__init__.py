@@ -6,11 +6,13 @@ import inspect
 from ..validation import check_choice
 from .base import Axis, Problem
 from .burgers import Burgers
+from .darcy import Darcy
 from .poisson import Poisson
 from .reaction_diffusion import ReactionDiffusion
 
 PROBLEMS: dict[str, type[Problem]] = {
     "burgers": Burgers,
+    "darcy": Darcy,
     "poisson": Poisson,
     "reaction_diffusion": ReactionDiffusion,
 }
@@ -39,4 +41,4 @@ def get_problem(name: str, **kwargs) -> Problem:
 
 
 __all__ = ["PROBLEMS", "Problem", "Axis", "get_problem", "problem_options",
-           "Burgers", "Poisson", "ReactionDiffusion"]
+           "Burgers", "Darcy", "Poisson", "ReactionDiffusion"]
