@@ -15,7 +15,7 @@ USE_SITE_MPI ?= 0
 STAMP  := $(VENV)/.installed
 NP     ?= 2
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast test-slurm bench clean
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q tests -m "not mpi and not slow"
+
+# The job scripts under a real Slurm: as root with apt-get (or beside a running cluster) it installs
+# slurm-wlm + munge if missing, starts a one-node cluster on localhost in a temporary directory,
+# runs tests/test_slurm*.py and stops every daemon it started; elsewhere it prints why and skips.
+test-slurm: install
+	$(PY) -m jobs.slurm_local test
 
 bench: install
 	$(PY) -m bench.run --out bench/out

@@ -58,6 +58,10 @@ OPTIONAL_FIELDS: dict[str, tuple[tuple[type, ...], object]] = {
     "shm_bandwidth_GBps": (_NUM, 10.0),
     "shm_latency_us": (_NUM, 0.5),
     "max_nodes": (_INT, 0),  # 0 = no limit
+    # srun --mpi=VALUE (pmi2, pmix, ...); "" = the cluster's MpiDefault. Measured on the local Slurm
+    # 22.05 cluster (jobs/README.md): the pip mpich wheel needs "pmi2"; with "none" every rank
+    # starts its own 1-rank world, and "pmix" is refused by that MPICH build.
+    "srun_mpi": ((str,), ""),
 }
 _POSITIVE = {"cores_per_node", "sockets", "numa_domains", "memory_gb", "link_bandwidth_GBps",
              "link_latency_us", "ranks_per_node", "threads_per_rank", "hw_threads_per_core",
@@ -113,6 +117,9 @@ def validate_profile(name: str, prof: dict, source: str = "") -> dict:
             out[field] = default
             continue
         _check_value(f"cluster profile '{name}'{where}", field, prof[field], types)
+    if not re.fullmatch(r"[a-z0-9_]*", out["srun_mpi"]):
+        raise ProfileError(f"cluster profile '{name}'{where}: field 'srun_mpi' must be an srun --mpi "
+                           f"type such as pmi2 or pmix (or \"\" for the cluster default), got {out['srun_mpi']!r}")
     if out["mpi_impl"] not in MPI_IMPLS:
         raise ProfileError(f"cluster profile '{name}'{where}: field 'mpi_impl' must be one of "
                            f"{', '.join(MPI_IMPLS)}, got {out['mpi_impl']!r}")
@@ -229,7 +236,8 @@ def launch_argv(prof: dict, nodes: int, ranks_per_node: int, threads_per_rank: i
     if launcher == "srun":
         return ["srun", f"--nodes={nodes}", f"--ntasks={np_}", f"--ntasks-per-node={ranks_per_node}",
                 f"--cpus-per-task={_cpus_per_task(prof, t, smt)}",
-                f"--cpu-bind={'threads' if smt else 'cores'}", "--kill-on-bad-exit=1"]
+                f"--cpu-bind={'threads' if smt else 'cores'}", "--kill-on-bad-exit=1"] + \
+            ([f"--mpi={prof['srun_mpi']}"] if prof.get("srun_mpi") else [])
     if launcher == "mpirun":
         rpp, unit = _ranks_per_package(prof, ranks_per_node)
         argv = ["mpirun", "-np", str(np_), "--map-by", f"ppr:{rpp}:{unit}:PE={t}",

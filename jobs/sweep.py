@@ -3,6 +3,7 @@
     python -m jobs.sweep --config CONFIG --layouts 1x2,2x1,2x2,4x1 --mode strong|weak --steps N --out DIR
                          [--global-batch 64 | --local-batch 16] [--launcher "mpiexec"] [--oversubscribe]
                          [--cluster NAME --nodes N]        # on a cluster: that profile's launcher + binding
+                         [--sbatch [--sbatch-args "-p q"]] # ... each layout as its own batch job
     python -m jobs.sweep --aggregate-only --out DIR ...    # re-read DIR/runs/*/metrics.jsonl
 
 A layout is ``RxT`` (R ranks x T threads per rank; on a cluster R is ranks per node). Strong
@@ -237,7 +238,7 @@ def run_sweep(args) -> list[dict]:
             check_layout(profile, args.nodes, r, t)
     else:
         check_layouts(layouts, os.cpu_count() or 1, args.oversubscribe)
-    runs = []
+    plan = []
     for r, t in layouts:
         p = args.nodes * r
         gb = args.global_batch if args.mode == "strong" else args.local_batch * p
@@ -246,6 +247,11 @@ def run_sweep(args) -> list[dict]:
         rd = layout_dir(out, args.nodes, r, t)
         rd.mkdir(parents=True, exist_ok=True)
         (rd / "metrics.jsonl").unlink(missing_ok=True)
+        plan.append((r, t, gb, rd))
+    if args.sbatch:
+        return submit_layouts(args, plan)
+    runs = []
+    for r, t, gb, rd in plan:
         cmd = build_command(r, t, args.nodes, args.config, rd, gb, args.steps, args.launcher, profile,
                             args.oversubscribe, args.deepfusion, tuple(args.extra_sets))
         env = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t), OMP_PROC_BIND="close",
@@ -259,6 +265,61 @@ def run_sweep(args) -> list[dict]:
         runs.append(dict(nodes=args.nodes, ranks=r, threads=t, global_batch=gb, metrics=rd / "metrics.jsonl",
                          status=status, command=shlex.join(cmd)))
     return runs
+
+
+def submit_layouts(args, plan) -> list[dict]:
+    """--sbatch: one batch job per layout, rendered exactly as `jobs render` would for the cluster
+    (its #SBATCH layout, binding and launcher), all submitted first, then polled together (a job
+    that finished early is read before Slurm forgets it, MinJobAge); they run concurrently where
+    the partition has room. Status "ok" means Slurm's COMPLETED; --timeout is per layout."""
+    import shutil
+    from jobs.render import render
+    from jobs.slurm_local.client import FINAL_STATES, SlurmError, job_info, sbatch
+    train = args.deepfusion or f"{shlex.quote(sys.executable)} -m deepfusion"
+    config = str(Path(args.config).resolve())
+    jobs, status = [], {}
+
+    def cancel(jids, reason):  # a failed sweep or a hung layout must not leave jobs queued
+        for jid in jids:
+            subprocess.run(["scancel", str(jid)], capture_output=True, timeout=30)
+            print(f"[sweep] cancelled job {jid} ({reason})", flush=True)
+
+    try:
+        for r, t, gb, rd in plan:
+            shutil.rmtree(rd / "checkpoints", ignore_errors=True)  # else the script would --resume an old run
+            (rd / "stdout.log").unlink(missing_ok=True)  # the script's --open-mode=append would mix runs
+            sets = (f"data.global_batch={gb}", f"train.max_steps={args.steps}", "train.log_every=1",
+                    *args.extra_sets)
+            script = rd / "job.sh"
+            script.write_text(render(args.cluster, args.nodes, r, t, time=args.time_limit, config=config,
+                                     run_dir=str(rd.resolve()), job_name=f"sweep-{args.nodes}n{r}x{t}",
+                                     profiles=args.profiles, deepfusion=train, extra_sets=sets))
+            jid = sbatch(script, "-o", str((rd / "stdout.log").resolve()), *shlex.split(args.sbatch_args), cwd=rd)
+            print(f"[sweep] {r}x{t} global_batch={gb}: submitted job {jid} ({script})", flush=True)
+            jobs.append((r, t, gb, rd, jid))
+        deadline = time.monotonic() + args.timeout * len(jobs)
+        while len(status) < len(jobs) and time.monotonic() < deadline:
+            for r, t, _, _, jid in jobs:
+                if jid in status:
+                    continue
+                info = job_info(jid)
+                if info["JobState"] in FINAL_STATES:
+                    status[jid] = "ok" if info["JobState"] == "COMPLETED" else \
+                        f"slurm {info['JobState']} exit {info['ExitCode']}"
+                    print(f"[sweep] {r}x{t} job {jid}: {status[jid]}", flush=True)
+            time.sleep(0 if len(status) == len(jobs) else 2)
+        late = [jid for *_, jid in jobs if jid not in status]
+        cancel(late, f"not finished after {args.timeout * len(jobs):.0f} s")
+        status.update({jid: "timeout" for jid in late})
+    except SlurmError as exc:
+        cancel([jid for *_, jid in jobs if jid not in status], "the sweep failed")
+        raise ValueError(str(exc)) from None
+    except BaseException:
+        cancel([jid for *_, jid in jobs if jid not in status], "the sweep was interrupted")
+        raise
+    return [dict(nodes=args.nodes, ranks=r, threads=t, global_batch=gb, metrics=rd / "metrics.jsonl",
+                 status=status[jid], command=f"sbatch {args.sbatch_args} {rd / 'job.sh'} (job {jid})")
+            for r, t, gb, rd, jid in jobs]
 
 
 def discover_runs(out: Path, mode: str, global_batch: int, local_batch: int) -> list[dict]:
@@ -291,7 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiles", default=None)
     p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion.app.cli")')
     p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per layout")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds per layout, a hang guard (--sbatch: times the number of layouts, in all)")
+    p.add_argument("--sbatch", action="store_true",
+                   help="submit each layout as its own batch job (needs --cluster), wait, then aggregate")
+    p.add_argument("--sbatch-args", default="", help='--sbatch: extra sbatch options, e.g. "-p debug -A proj"')
+    p.add_argument("--time-limit", default="00:30:00", help="--sbatch: time limit of each layout's job")
     p.add_argument("--aggregate-only", action="store_true", help="do not run; aggregate DIR/runs/*")
     return p
 
@@ -305,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.config:
                 raise ValueError("--config is required unless --aggregate-only")
+            if args.sbatch and not args.cluster:
+                raise ValueError("--sbatch needs --cluster (the profile whose job script each layout runs)")
             runs = run_sweep(args)
     except (ValueError, subprocess.TimeoutExpired) as exc:
         print(f"error: {exc}", file=sys.stderr)

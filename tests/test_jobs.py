@@ -127,6 +127,16 @@ def test_user_profile_file_extends_and_overrides(tmp_path):
     assert "#SBATCH -p skx-dev" in R.render("stampede2", 1, profiles=str(f))
 
 
+def test_srun_mpi_field_sets_the_pmi_plugin(tmp_path):
+    """srun_mpi = "pmi2" adds --mpi=pmi2 (the pip mpich needs it under srun: measured by
+    tests/test_slurm_jobs.py); unset, srun uses the cluster's MpiDefault."""
+    text = R.render("mycluster", 1, profiles=str(_write_profile(tmp_path, srun_mpi='"pmi2"')))
+    assert "--kill-on-bad-exit=1 --mpi=pmi2 " in text
+    assert "--mpi=" not in R.render("generic-slurm", 1)
+    with pytest.raises(ValueError, match="'srun_mpi' must be an srun --mpi type"):
+        R.load_profiles(_write_profile(tmp_path, srun_mpi='"pmi 2"'))
+
+
 @pytest.mark.parametrize("field", ["cores_per_node", "launcher", "link_latency_us", "modules"])
 def test_profile_missing_field_rejected(tmp_path, field, capsys):
     f = _write_profile(tmp_path, drop=field)
@@ -154,10 +164,9 @@ def test_cli_writes_file(tmp_path):
     assert R.main(["--cluster", "generic-slurm", "--time", "noon"]) == 2
 
 
-@pytest.mark.mpi
-def test_requeue_pattern_end_to_end(tmp_path):
-    """The rendered local script under real mpiexec: USR1 -> checkpoint (exit 99) -> scontrol requeue;
-    the next start passes --resume RUN_DIR."""
+def _fake_job(tmp_path, scontrol_rc=0):
+    """The rendered local script around a fake trainer (checkpoints and exits 99 on USR1/TERM) and
+    a fake scontrol that logs its arguments (and exits scontrol_rc); returns (script, env, run_dir)."""
     mpiexec = Path(find_mpiexec())  # the launcher every other MPI test uses (venv's, else PATH's)
     assert mpiexec.is_file(), f"no mpiexec found ({mpiexec})"
     bindir = tmp_path / "bin"
@@ -173,24 +182,38 @@ def test_requeue_pattern_end_to_end(tmp_path):
             os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
             sys.exit(99)
         signal.signal(signal.SIGUSR1, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
         open(os.path.join(run_dir, "ready"), "w").close()
         time.sleep(float(os.environ.get("FAKE_SLEEP", "30")))
         """))
-    (bindir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n")
+    (bindir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\nexit {scontrol_rc}\n")
     for f in bindir.iterdir():
         f.chmod(0o755)
     run_dir = tmp_path / "run"
     script = tmp_path / "job.sh"
     script.write_text(R.render("local", 1, 1, 1, deepfusion=str(fake), run_dir=str(run_dir)))
     env = dict(os.environ, PATH=f"{mpiexec.parent}:{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4242")
+    return script, env, run_dir
+
+
+def _signal_when_ready(script, env, run_dir, sig):
     proc = subprocess.Popen([BASH, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t0 = time.time()
     while not (run_dir / "ready").exists():
         assert time.time() - t0 < 20, "fake training never started"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out
+    return proc.returncode, out
+
+
+@pytest.mark.mpi
+def test_requeue_pattern_end_to_end(tmp_path):
+    """The rendered local script under real mpiexec: USR1 -> checkpoint (exit 99) -> scontrol requeue;
+    the next start passes --resume RUN_DIR. (tests/test_slurm_jobs.py does the same under real Slurm.)"""
+    script, env, run_dir = _fake_job(tmp_path)
+    rc, out = _signal_when_ready(script, env, run_dir, signal.SIGUSR1)
+    assert rc == 0, out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     first = json.loads((run_dir / "calls.log").read_text().splitlines()[0])
     assert "--resume" not in first["argv"] and first["omp"] == "1"
@@ -199,6 +222,27 @@ def test_requeue_pattern_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     second = json.loads((run_dir / "calls.log").read_text().splitlines()[-1])
     assert second["argv"][-2:] == ["--resume", str(run_dir)]
+
+
+@pytest.mark.mpi
+def test_term_keeps_the_checkpoint_but_never_requeues(tmp_path):
+    """TERM is what `scancel` sends: the step checkpoints, the script exits 99 and does not call
+    `scontrol requeue` (which would undo the cancel: seen under real Slurm before this rule)."""
+    script, env, run_dir = _fake_job(tmp_path)
+    rc, out = _signal_when_ready(script, env, run_dir, signal.SIGTERM)
+    assert rc == 99, out
+    assert not (tmp_path / "scontrol.log").exists(), out
+    assert "not requeued" in out and (run_dir / "checkpoints").is_dir()
+
+
+@pytest.mark.mpi
+def test_failed_requeue_is_an_error_not_a_success(tmp_path):
+    """If `scontrol requeue` fails (job submitted with --no-requeue, JobRequeue=0), the script says
+    so and exits 99 rather than 0, so the job does not look COMPLETED with training unfinished."""
+    script, env, run_dir = _fake_job(tmp_path, scontrol_rc=1)
+    rc, out = _signal_when_ready(script, env, run_dir, signal.SIGUSR1)
+    assert rc == 99, out
+    assert "scontrol requeue 4242 failed" in out and (run_dir / "checkpoints").is_dir()
 
 
 # ----------------------------------------------------------------------------- sweep
