@@ -233,3 +233,16 @@ def test_srun_mpi_types_with_the_pip_mpich(slurm):
         sizes[mpi] = sorted(re.findall(r"world (\d+) (\d+)", res.stdout))
     assert sizes["pmi2"] == [("0", "2"), ("1", "2")], sizes
     assert sizes["none"] == [("0", "1"), ("0", "1")], sizes
+
+
+def test_srun_without_pmi_is_refused_instead_of_training_alone(slurm):
+    """`srun --mpi=none deepfusion train` would start two 1-rank worlds training into one run
+    directory; each copy sees SLURM_STEP_NUM_TASKS=2 against a world of 1 and stops with exit 2,
+    naming the fix. Nothing is trained."""
+    run = slurm.work / "mpi-none-run"
+    argv = ["srun", *(["-p", slurm.part] if slurm.part else []), "-N1", "-n2", "-t", "5", "--mpi=none",
+            sys.executable, "-m", "deepfusion", "train", str(slurm.config), "--set", f"run.dir={run}"]
+    res = subprocess.run(argv, capture_output=True, text=True, env=slurm.env, timeout=HANG_GUARD)
+    assert res.returncode != 0, res.stdout
+    assert res.stderr.count("srun started 2 processes (SLURM_STEP_NUM_TASKS=2)") == 2, res.stderr
+    assert "srun --mpi=pmi2" in res.stderr and not run.exists()

@@ -63,6 +63,10 @@ def _local(name: str):
 
 def _distributed(name: str):
     def run(args) -> int:
+        if name == "cmd_train":  # a stop signal during start-up is kept for the first step
+            from ..engine import stop
+
+            stop.install()
         from . import train
 
         return run_distributed(getattr(train, name), args)

@@ -65,9 +65,13 @@ def run_local(fn, args) -> int:
 def run_distributed(fn, args) -> int:
     """Run ``fn(args, comm)`` on COMM_WORLD under the policy. Python warnings are shown by rank 0
     only: every rank runs the same code on the same shapes, so they would repeat P times."""
-    from ..engine.comm import world
+    from ..engine.comm import launcher_mismatch, world
 
     comm = world()
+    wrong = launcher_mismatch(comm)
+    if wrong:
+        print(f"deepfusion: error: {wrong}", file=sys.stderr, flush=True)
+        return ExitCode.INPUT
     if comm.rank != 0:
         warnings.filterwarnings("ignore")
     return run_guarded(fn, args, comm)

@@ -201,5 +201,31 @@ def world() -> Communicator:
     return MPIComm()
 
 
+# Environment variables in which launchers announce how many processes they started.
+LAUNCHER_SIZES = (("SLURM_STEP_NUM_TASKS", "srun"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                  ("PMI_SIZE", "a PMI launcher (MPICH / Intel MPI mpiexec)"))
+
+
+def launcher_mismatch(comm: Communicator, environ=None) -> str | None:
+    """Why this process is a world of 1 although its launcher started several (srun without
+    --mpi=pmi2, or an mpiexec of another MPI than mpi4py's): each copy would train alone into
+    the same run directory. None when the sizes agree or no launcher said anything."""
+    if comm.size != 1:
+        return None
+    env = os.environ if environ is None else environ
+    for var, who in LAUNCHER_SIZES:
+        try:
+            n = int(env.get(var, "1"))
+        except ValueError:
+            continue
+        if n > 1:
+            return (f"{who} started {n} processes ({var}={n}) but MPI sees a world of 1 in "
+                    f"each: every copy would train alone. With srun and the pip mpich use "
+                    f"srun --mpi=pmi2 (a site MPI: its own pairing, srun --mpi=list); with "
+                    f"mpiexec use the one of the MPI mpi4py was built with "
+                    f"(python -c 'import mpi4py; print(mpi4py.get_config())')")
+    return None
+
+
 def hostname() -> str:
     return socket.gethostname()

@@ -15,11 +15,11 @@ a step that was taken: a failed step is never logged, checkpointed or counted.
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from ..config import config_to_dict
 from . import checkpoint as ckpt
+from . import stop
 from .data import InputCache, LazyBatch, ShardedPool
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 from .evaluate import evaluate, summary_text
@@ -48,7 +48,7 @@ class Trainer:
         self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
         terms = tuple(task.loss_term_names)
         self.faults = Faults.from_env(comm.rank)
-        self.step, self.lr_scale, self.stop_requested = 0, 1.0, False
+        self.step, self.lr_scale = 0, 1.0
         # wall seconds of the trajectory so far, summed over the segments of a resumed run
         # (a checkpoint carries it); what error-against-time curves are drawn against
         self.elapsed_before, self.t_start = 0.0, time.perf_counter()
@@ -131,7 +131,7 @@ class Trainer:
         # whole run: a function of the step, so every rank and a resumed run see the same loss
         self.task.set_progress(self.step / (self.total_steps - v.steps + self.schedule_steps))
         self.loss_and_grad.flags["checkpoint"] = float(self.checkpoint_due())
-        self.loss_and_grad.flags["stop"] = float(self.stop_requested)
+        self.loss_and_grad.flags["stop"] = float(stop.requested())
         batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
         res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
                            lr_scale=self.lr_scale)
@@ -334,9 +334,6 @@ class Trainer:
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self):
         """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
-        current step; the request travels in the fused allreduce so all ranks stop together."""
-        def handler(signum, frame):
-            self.stop_requested = True
-
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, handler)
+        current step; the request travels in the fused allreduce so all ranks stop together.
+        (``deepfusion train`` installs them at start-up already: :mod:`.stop`.)"""
+        stop.install()
