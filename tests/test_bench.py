@@ -112,6 +112,8 @@ def test_ablation_bench_records_eval_of_each_variant(tmp_path):
     (rec,) = json.loads(out.read_text())["results"]
     assert rec["name"] == "poisson_residual_central" and rec["steps"] == 2
     assert 'problem.options.stencil="central"' in rec["overrides"]
-    assert rec["n"] == 16 and 0 < rec["rel_l2_mean"] <= rec["rel_l2_max"]
+    assert rec["n"] == 64 and rec["seed"] == 271828  # the test draw (data.test_seed)
+    assert 0 < rec["rel_l2_mean"] <= rec["rel_l2_max"]
+    assert rec["validation"]["n"] == 16 and rec["validation"]["seed"] == 12345
     with pytest.raises(SystemExit):
         ablation_bench.main(["--only", "nope", "--out", str(out)])

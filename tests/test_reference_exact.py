@@ -1,11 +1,15 @@
 """The exact Burgers entropy solution (Lax-Oleinik) against characteristics, an exact Riemann
-solution and the independent Godunov solver under refinement."""
+solution and the independent Godunov solver under refinement; its fast lower-hull search
+(the default) against the brute-force search, and the hull itself against Andrew's monotone
+chain."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from diffnet.reference import solve_burgers, solve_burgers_exact
+from diffnet.reference import burgers_exact
+from diffnet.reference.burgers_exact import _fine_argmin, _lower_hull, _primitive
 
 
 def _u0(c):
@@ -51,3 +55,102 @@ def test_rejects_negative_initial_values():
         solve_burgers_exact(lambda x: np.sin(2 * np.pi * x), x_nodes=16, t_nodes=4)
     with pytest.raises(ValueError, match="x_nodes"):
         solve_burgers_exact(_u0(3), x_nodes=1, t_nodes=4)
+
+
+# --- the lower-hull search (method="hull", the default) against the brute force --------------
+
+def _random_u0(seed):
+    """A smooth positive u0: five random Fourier modes (amplitude ~ 1 / m) over a constant that
+    keeps it > 0, scaled to max <= 1."""
+    rng = np.random.default_rng(seed)
+    m = np.arange(1, 6)
+    a, b = rng.normal(size=(2, 5)) / m
+    a0 = np.abs(a).sum() + np.abs(b).sum() + 0.05
+    return lambda x: (a0 + np.cos(2 * np.pi * np.multiply.outer(x, m)) @ a
+                      + np.sin(2 * np.pi * np.multiply.outer(x, m)) @ b) / (2 * a0)
+
+
+_U0S = {"c3": _u0(3), "c4.7": _u0(4.7), "c6": _u0(6), "c16": _u0(16), "random": _random_u0(0)}
+
+
+def _check_hull_against_brute(u0, nx, nt, t_end=1 / 3, oversample=64, max_tie_frac=0.005):
+    """hull == brute force to 1e-12 except at nodes where the two fine-grid minima of G tie
+    within round-off (a shock through the node): rare, and there both results are one-sided
+    states. Returns the number of tie nodes."""
+    hull = solve_burgers_exact(u0, x_nodes=nx, t_nodes=nt, t_end=t_end, oversample=oversample)
+    brute = solve_burgers_exact(u0, x_nodes=nx, t_nodes=nt, t_end=t_end, oversample=oversample,
+                                method="brute")
+    assert hull.dtype == brute.dtype == np.float64
+    tie = np.abs(hull - brute) > 1e-12
+    assert tie.sum() <= max_tie_frac * tie.size, tie.sum()
+    x, t = np.linspace(0, 1, nx), np.linspace(0, t_end, nt)
+    y, big_u0 = _primitive(u0, oversample * (nx - 1))
+    k_hull = _fine_argmin(x, t, y, big_u0, oversample, "hull", clip=False)
+    k_brute = _fine_argmin(x, t, y, big_u0, oversample, "brute")
+    # the unconstrained hull minimiser respects the brute force's y <= x by itself (u0 >= 0)
+    assert np.all(k_hull[1:] <= oversample * np.arange(nx))
+    n, j = np.nonzero(tie)
+    g = lambda k: big_u0[k] + (x[j] - y[k]) ** 2 / (2 * t[n])   # G as the brute force has it
+    g_hull, g_brute = g(k_hull[n, j]), g(k_brute[n, j])
+    np.testing.assert_array_less(np.abs(g_hull - g_brute), 4 * np.finfo(float).eps * g_brute)
+    assert np.all(np.abs(k_hull[n, j] - k_brute[n, j]) > 1)     # two distant feet: a shock
+    for u in (hull, brute):                                     # each the state of a foot
+        np.testing.assert_allclose(u[n, j], u0(x[j] - u[n, j] * t[n]), rtol=0, atol=1e-12)
+    assert np.all(np.abs(hull[n, j] - brute[n, j]) > 1e-2)      # a jump, not round-off
+    return int(tie.sum())
+
+
+@pytest.mark.parametrize("grid", [(65, 33), (129, 65)])
+@pytest.mark.parametrize("name", list(_U0S))
+def test_hull_equals_brute_force_except_at_round_off_ties(name, grid):
+    ties = _check_hull_against_brute(_U0S[name], *grid)
+    if name == "c16" and grid == (65, 33):
+        # shocks at x = (i + 3/4) / 16 + t / 2 land exactly on nodes here: the ties do occur
+        assert ties > 0
+
+
+@pytest.mark.parametrize("name", ["c6", "random"])
+def test_hull_at_small_times_and_in_one_big_step(name):
+    # 1024 rows: row 1 at t = 3e-4, where y^2 / (2 t) would swamp U0 if it were formed
+    _check_hull_against_brute(_U0S[name], 33, 1025)
+    # one step to t_end: the first hull is pruned from every fine point at once (bulk passes
+    # and the sequential work list), with all shocks already formed
+    _check_hull_against_brute(_U0S[name], 129, 2)
+
+
+def test_hull_of_a_step_with_a_fan_and_a_shock():
+    u0 = lambda x: np.where((x > 0.1) & (x <= 0.3), 1.0, 0.0)
+    _check_hull_against_brute(u0, 101, 21, t_end=0.6, oversample=16)
+
+
+def _monotone_chain(px, py):
+    """Andrew's monotone chain, lower half (reference): indices of the strict hull vertices."""
+    hull = []
+    for i in range(px.size):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (px[b] - px[a]) * (py[i] - py[a]) - (py[b] - py[a]) * (px[i] - px[a]) > 0:
+                break
+            hull.pop()
+        hull.append(i)
+    return np.array(hull)
+
+
+@pytest.mark.parametrize("bulk", [0, 256, 10 ** 9])    # work list only, mixed, passes only
+@pytest.mark.parametrize("seed", range(3))
+def test_lower_hull_matches_monotone_chain(seed, bulk, monkeypatch):
+    monkeypatch.setattr(burgers_exact, "_BULK", bulk)
+    rng = np.random.default_rng(seed)
+    k = np.sort(rng.choice(20000, size=4000, replace=False))
+    uk = np.cumsum(rng.normal(size=k.size)) + 30 * np.sin(k / 700.0)
+    h2t = 10.0 ** rng.uniform(-6, -3)
+    hull_k, hull_u = _lower_hull(k, uk, h2t)
+    ref = _monotone_chain(k.astype(float), uk + h2t * k.astype(float) ** 2)
+    assert 2 < ref.size < k.size // 2
+    np.testing.assert_array_equal(hull_k, k[ref])
+    np.testing.assert_array_equal(hull_u, uk[ref])
+
+
+def test_method_is_checked():
+    with pytest.raises(ValueError, match="method"):
+        solve_burgers_exact(_u0(3), x_nodes=16, t_nodes=4, method="qhull")
