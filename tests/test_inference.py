@@ -53,7 +53,7 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
         assert f["inputs"].shape == (5, 2, 16, 16)
         assert list(f["inputs"].attrs["channels"]) == ["nu", "log_nu"]
         assert f["params"].dtype == np.float64 and f["params"].shape == (5, 4)
-        assert list(f["params"].attrs["names"]) == ["omega_1", "omega_2", "omega_3", "omega_4"]
+        assert [n.decode() for n in f["param_names"][()]] == ["omega_1", "omega_2", "omega_3", "omega_4"]
         assert list(f.attrs["axes"]) == ["y", "x"] and f["coords/x"].shape == (16,)
         assert f.attrs["problem"] == "poisson" and f.attrs["source"] == os.path.abspath(ckpt)
         assert json.loads(f.attrs["problem_kwargs"])["grid"] == GRID

@@ -8,7 +8,8 @@ File layout (one file per command, samples along the first axis)::
         attr channels                       names of the C channels (the problem's input_channels)
                                             (the problem's input_channels)
     /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
-        attr names                          names of the k parameters, e.g. ["omega_1", ...]
+    /param_names      string (k,)           names of the k parameters, e.g. ["omega_1", ...]
+                                            (older files: attribute ``names`` of /params)
     /coords/<axis>    float64 (n_axis,)     one 1-D node coordinate array per grid axis
     root attributes:
         format              "deepfusion-fields", format_version 1
@@ -77,7 +78,10 @@ class FieldWriter:
         x = f.create_dataset("inputs", shape=(n, len(channels), h, w), dtype="float32")
         x.attrs["channels"] = list(channels)
         p = f.create_dataset("params", data=np.asarray(params, dtype=np.float64).reshape(n, -1))
-        p.attrs["names"] = list(param_names)
+        # a dataset, not an attribute: attributes are limited to 64 KB, and a problem whose
+        # parameters are a field's spectral coefficients has thousands of names
+        f.create_dataset("param_names", data=np.array(list(param_names), dtype=object),
+                         dtype=h5py.string_dtype())
         g = f.create_group("coords")
         for name in axes:
             g.create_dataset(name, data=np.asarray(coords[name], dtype=np.float64))
@@ -116,6 +120,13 @@ def _str_list(value) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in value]
 
 
+def _param_names(f) -> list[str]:
+    """The /param_names dataset, or (files written before it) the names attribute of /params."""
+    if "param_names" in f:
+        return _str_list(f["param_names"][()])
+    return _str_list(f["params"].attrs.get("names")) if "params" in f else []
+
+
 def _attr(f, name, default=None):
     v = f.attrs.get(name, default)
     return v.decode() if isinstance(v, bytes) else v
@@ -144,7 +155,7 @@ def read_fields(path) -> dict:
         out = {"u": f["u"][()], "inputs": f["inputs"][()] if "inputs" in f else None,
                "channels": _str_list(f["inputs"].attrs.get("channels")) if "inputs" in f else [],
                "params": f["params"][()] if "params" in f else np.zeros((len(f["u"]), 0)),
-               "param_names": _str_list(f["params"].attrs.get("names")) if "params" in f else [],
+               "param_names": _param_names(f),
                "axes": axes, "coords": {a: f["coords"][a][()] for a in axes if a in f["coords"]}}
         for k in ("problem", "source", "kind", "seconds_per_sample", "wall_seconds", "ranks",
                   "batch"):

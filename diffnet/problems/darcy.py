@@ -67,9 +67,7 @@ class Darcy(ReactionDiffusion):
     needs the fine grid is the threshold itself -- interfaces anywhere between the coarse nodes,
     at contrast 100 -- not modes beyond the coarse grid: with 32 modes the 64x64 solution,
     interpolated, is a median 3.3% from the 512x512 one for "fine-scale" (0.48% for
-    "benchmark"); with 64 modes 4.2% (0.50%). More modes are allowed (the draws are nested),
-    but above 63 ``deepfusion infer/solve --sample`` cannot yet store the parameter names (one
-    HDF5 attribute, limited to 64 KB).
+    "benchmark"); with 64 modes 4.2% (0.50%). More modes are allowed (the draws are nested).
 
     Sampling at the nodes: mu is evaluated exactly at each node (the cosine series, not an
     interpolation) and a takes the value of its side of the threshold there (mu = 0 exactly
