@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+from deepfusion.app.inference import load_model
 from deepfusion.config import ConfigError, load_config
+from deepfusion.engine.checkpoint import latest_checkpoint
 from deepfusion.engine.faults import ENV as FAULT
 from deepfusion.engine.levels import plan, visit_at, visit_order
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
@@ -177,6 +179,11 @@ def test_kill_mid_level_resumes_in_the_same_level_on_the_same_trajectory(
     cut = str(tmp_path / "cut")
     p = train(2, mg, cut, f"train.checkpoint_every={every}", env={FAULT: f"raise@{fail_at}:1"})
     assert p.returncode != 0 and f"injected failure at step {fail_at}" in p.stderr
+    # a checkpoint written mid-schedule answers, by default, on the grid it was training on
+    newest = latest_checkpoint(cut)
+    assert newest.endswith(f"step_{resumed_at:08d}.h5")
+    grid = (32, 32) if resumed_at == 6 else (16, 16)  # step 5 closes the 16x16 visit
+    assert tuple(load_model(newest)[1].grid) == grid
     p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"step_{resumed_at:08d}" in p.stdout

@@ -48,9 +48,11 @@ def build_problem(name: str, kwargs: dict, grid=None):
 
 
 def training_grid(meta) -> list[int] | None:
-    """The grid a checkpoint's network was trained on (from its metadata), or None."""
+    """The grid a checkpoint's network was trained on (from its metadata), or None: the grid
+    of the level it was written in (a multigrid run's checkpoint mid-schedule), else the
+    problem's grid."""
     try:
-        return [int(v) for v in meta["problem"]["kwargs"]["grid"]]
+        return [int(v) for v in meta.get("grid") or meta["problem"]["kwargs"]["grid"]]
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -100,7 +102,8 @@ def load_model(path, grid=None, work_grid=None):
                          f"({type(e).__name__}: {e}); was it written by 'deepfusion train'?") from None
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
-    problem = build_problem(spec_p["name"], spec_p["kwargs"], grid)
+    # default: the grid the network was trained on when the checkpoint was written
+    problem = build_problem(spec_p["name"], spec_p["kwargs"], grid or training_grid(meta))
     grid_text = None if grid is None else f"--grid {grid[0]}x{grid[1]}"
     return model, problem, work_problem(model, problem, meta, work_grid, grid_text), meta
 
