@@ -75,7 +75,8 @@ def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
             node = _child(node, part, ".".join(parts[: depth + 1]), ".".join(parts))
         m = _INDEXED.match(last)
         if m:
-            node = _child(node, m.group(1), m.group(1), ".".join(parts), array=True)
+            where = ".".join(parts[:-1] + [m.group(1)])
+            node = _child(node, m.group(1), where, ".".join(parts), array=True)
             _check_index(node, int(m.group(2)), ".".join(parts))
             node[int(m.group(2))] = _parse_value(text)
         else:

@@ -67,8 +67,6 @@ def build_levels(tables) -> list[LevelConfig]:
     names = {f.name for f in dataclasses.fields(LevelConfig)}
     for i, table in enumerate(tables):
         key = f"train.levels[{i}]"
-        if isinstance(table, LevelConfig):
-            table = {f: getattr(table, f) for f in names}
         if not isinstance(table, dict):
             raise ConfigError(f"{key} must be a table, {describe_value(table)}", key=key)
         bad = sorted(k for k in table if k not in names)

@@ -59,10 +59,8 @@ class Visit:
 
 def visit_order(n: int, cycle: str) -> list[int]:
     """The level indices visited by ``cycle`` over ``n`` levels listed coarse to fine."""
-    if not cycle:
-        return list(range(n))
     top = n - 1
-    if cycle == "half-v":
+    if cycle in ("", "half-v"):  # as listed; half-v lists them coarse to fine
         return list(range(n))
     if cycle == "v":
         return list(range(top, -1, -1)) + list(range(1, n))

@@ -28,8 +28,3 @@ def install() -> None:
 def requested() -> bool:
     return _requested
 
-
-def reset() -> None:
-    """Forget a request (a new run in the same process: tests, notebooks)."""
-    global _requested
-    _requested = False

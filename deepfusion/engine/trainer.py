@@ -42,6 +42,7 @@ class Trainer:
         self.problems = problems or (lambda grid: task)
         self.run_dir = cfg.run.dir
         self.visits = plan(cfg)
+        self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
         self.total_steps = self.visits[-1].end
         self.visit: Visit | None = None  # entered by the loop (enter), with everything below
         self.task, self.pool, self.inputs, self.loss_and_grad, self.optim = task, None, None, None, None
@@ -256,7 +257,7 @@ class Trainer:
                 "schedule_steps": self.schedule_steps, "optimizer": self.optim.current.name,
                 "visit": v.index, "level": v.level, "grid": list(v.grid),
                 "elapsed_s": self.elapsed(),
-                "plan": signature(plan(self.cfg, cut=False)),
+                "plan": self.plan_signature,
                 "config": config_to_dict(self.cfg), **self.specs}
 
     def load_newest(self) -> tuple[str, dict]:
@@ -323,7 +324,7 @@ class Trainer:
         change: it cuts the plan, it does not change it)."""
         if not self.cfg.train.levels or "plan" not in meta:
             return
-        ours = signature(plan(self.cfg, cut=False))
+        ours = self.plan_signature
         if meta["plan"] != ours:
             raise InputError(f"--resume {self.run_dir}: the checkpoint was written under another "
                              f"level plan ([level, grid, first step, steps, batch] per visit: "
