@@ -1,4 +1,5 @@
-"""Finite differences on the node grid as fixed (never trained) 3x3 convolution kernels.
+"""Finite differences on the node grid as fixed (never trained) 3x3 (2-D) and 3x3x3 (3-D)
+convolution kernels.
 
 Grid convention (see ``diffnet/problems/base.py``): a field is (B, 1, H, W), rows run along
 ``axes[0]`` and columns along ``axes[1]``, nodes include the boundary and the spacing of each
@@ -36,16 +37,39 @@ central stencils become the one-sided, second-order
 and the exactness statements above hold on boundary nodes too. This needs at least 4 nodes per
 axis. All requested derivatives come from ONE ``conv2d`` call with the kernels stacked along
 the output channels (one pass over the field instead of one per derivative).
+
+3-D (``FiniteDifference3D``, fields (B, 1, D, H, W), axes depth, row, column with their own
+spacings (h_d, h_r, h_c)): 3x3x3 ``conv3d`` kernels, the tensor products of the same 1-D
+factors. Names ``"d"``, ``"r"``, ``"c"`` (first), ``"dd"``, ``"rr"``, ``"cc"`` (second) and
+``"dr"``, ``"dc"``, ``"rc"`` (mixed); along each axis the name mentions once the factor is the
+central first difference, twice the second difference, and along every axis it does not mention
+the transverse smoothing s of ``kind``:
+
+* first, e.g. ``"c"``:   s(d) x s(r) x [-1, 0, 1] / (2 h_c)   (sobel: the 3-D Sobel operator,
+  [1, 2, 1] / 4 smoothing across BOTH other axes)
+* second, e.g. ``"cc"``: s(d) x s(r) x [1, -2, 1] / h_c^2
+* mixed, e.g. ``"rc"``:  s(d) x [-1, 0, 1] / (2 h_r) x [-1, 0, 1] / (2 h_c)   (unlike 2-D, a
+  3x3x3 kernel has room to smooth the mixed derivative along the third axis)
+
+Order: second, as in 2-D. The smoothing adds s_1 h^2 times the second derivative across each
+smoothed axis (s_1 = 1/4 sobel, 3/16 sobel3103, 0 central), so first derivatives are exact on
+polynomials of total degree <= 2 and second and mixed ones on total degree <= 3, boundaries and
+corners included. Boundary: the same cubic ghost closure, one axis after the other (depth,
+then rows, then columns, so edge and corner ghosts are extrapolated along every axis; exact on
+polynomials of degree <= 3 in each variable), giving the same one-sided formulas at the faces.
+All requested derivatives come from ONE ``conv3d`` call.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .validation import check_choice, check_positive_pair
+from .validation import check_choice, check_positive_pair, check_positive_tuple
 
 KINDS = ("sobel", "sobel3103", "central")
 DERIVATIVES = ("r", "c", "rr", "cc", "rc")
+DERIVATIVES_3D = ("d", "r", "c", "dd", "rr", "cc", "dr", "dc", "rc")
+_AXIS_LETTERS_3D = "drc"   # a 3-D derivative name lists the axes it differentiates along
 
 # Transverse smoothing weights of each kind (they sum to 1, so constants are untouched).
 _SMOOTH = {
@@ -59,8 +83,8 @@ _SECOND = (1.0, -2.0, 1.0)   # times 1/h^2: central second difference
 _GHOST = (4.0, -6.0, 4.0, -1.0)
 
 
-def _check_derivatives(derivatives) -> tuple[str, ...]:
-    """Validate a non-empty sequence of distinct names from DERIVATIVES."""
+def _check_derivatives(derivatives, allowed=DERIVATIVES) -> tuple[str, ...]:
+    """Validate a non-empty sequence of distinct names from ``allowed``."""
     # A bare string would silently iterate over its characters ("rr" -> "r", "r").
     if isinstance(derivatives, str):
         raise ValueError(f"derivatives must be a sequence of names such as ('r', 'rr'), "
@@ -68,11 +92,11 @@ def _check_derivatives(derivatives) -> tuple[str, ...]:
     try:
         names = tuple(derivatives)
     except TypeError:
-        raise ValueError(f"derivatives must be a sequence of names from {DERIVATIVES}, "
+        raise ValueError(f"derivatives must be a sequence of names from {allowed}, "
                          f"got {derivatives!r}") from None
-    bad = [d for d in names if d not in DERIVATIVES]
+    bad = [d for d in names if d not in allowed]
     if not names or bad:
-        raise ValueError(f"derivatives must be a non-empty sequence of names from {DERIVATIVES}, "
+        raise ValueError(f"derivatives must be a non-empty sequence of names from {allowed}, "
                          f"got {derivatives!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"derivatives must not repeat a name, got {derivatives!r}")
@@ -176,3 +200,94 @@ def gradient(u: torch.Tensor, spacing, kind: str = "sobel") -> tuple[torch.Tenso
     """
     d = FiniteDifference(spacing, kind, derivatives=("r", "c"))(u)
     return d[:, 0:1], d[:, 1:2]
+
+
+# ----------------------------------------------------------------------------------------------
+# 3-D: the same stencils as tensor products on (B, 1, D, H, W) fields, one conv3d.
+# ----------------------------------------------------------------------------------------------
+
+SPACING_3D = "(h_depth, h_row, h_col)"
+
+
+def stencil_kernel_3d(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
+    """The (3, 3, 3) float64 kernel of 3-D derivative ``name`` (one of ``DERIVATIVES_3D``);
+    index [a, b, c] multiplies u[i+a-1, j+b-1, k+c-1] (conv3d is a cross-correlation)."""
+    h = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
+    smooth = torch.tensor(_SMOOTH[check_choice("kind", kind, KINDS)], dtype=torch.float64)
+    if name not in DERIVATIVES_3D:
+        raise ValueError(f"derivative name must be one of {DERIVATIVES_3D}, got {name!r}")
+    factors = []
+    for axis, letter in enumerate(_AXIS_LETTERS_3D):
+        times = name.count(letter)
+        if times == 0:
+            factors.append(smooth)
+        elif times == 1:
+            factors.append(torch.tensor(_FIRST, dtype=torch.float64) / h[axis])
+        else:
+            factors.append(torch.tensor(_SECOND, dtype=torch.float64) / h[axis] ** 2)
+    return torch.einsum("a,b,c->abc", *factors)
+
+
+def _pad_axis_cubic(u: torch.Tensor, dim: int) -> torch.Tensor:
+    """One cubic ghost node on each side of axis ``dim`` (the 1-D rule of ``pad_cubic``)."""
+    n = u.shape[dim]
+    lo = sum(a * u.narrow(dim, k, 1) for k, a in enumerate(_GHOST))
+    hi = sum(a * u.narrow(dim, n - 1 - k, 1) for k, a in enumerate(_GHOST))
+    return torch.cat([lo, u, hi], dim=dim)
+
+
+def pad_cubic_3d(u: torch.Tensor) -> torch.Tensor:
+    """Pad (B, C, D, H, W) by one cubic ghost node per side -> (B, C, D+2, H+2, W+2).
+
+    Depth first, then rows, then columns, each axis reading the ghosts the previous ones wrote,
+    so edge and corner ghosts are extrapolated along every axis (exact on polynomials of degree
+    <= 3 in each variable, error O(h^4)).
+    """
+    for dim in (2, 3, 4):
+        u = _pad_axis_cubic(u, dim)
+    return u
+
+
+class FiniteDifference3D(torch.nn.Module):
+    """Derivatives of a (B, 1, D, H, W) field on the node grid, in one conv3d pass.
+
+    Args:
+        spacing: (h_depth, h_row, h_col) node spacing, each axis its own (positive).
+        kind: one of ``KINDS``: central differences smoothed across the other two axes (see
+            the module docstring, 3-D); second order.
+        derivatives: names from ``DERIVATIVES_3D``; output channel k is ``derivatives[k]``.
+
+    forward(u): (B, 1, D, H, W) with D, H, W >= 4 -> (B, len(derivatives), D, H, W), values on
+    every node including the boundary (cubic ghost nodes). Kernels: a float64 buffer, cast to
+    the input's dtype/device in forward, as in ``FiniteDifference``.
+    """
+
+    def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
+        super().__init__()
+        self.spacing = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
+        self.kind = check_choice("kind", kind, KINDS)
+        self.derivatives = _check_derivatives(derivatives, DERIVATIVES_3D)
+        weight = torch.stack([stencil_kernel_3d(d, self.spacing, self.kind)
+                              for d in self.derivatives])
+        self.register_buffer("weight", weight.unsqueeze(1), persistent=False)   # (K, 1, 3, 3, 3)
+
+    def index(self, name: str) -> int:
+        """Output channel of derivative ``name``."""
+        if name not in self.derivatives:
+            raise ValueError(f"name must be one of the computed derivatives {self.derivatives}, "
+                             f"got {name!r}")
+        return self.derivatives.index(name)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        if u.dim() != 5 or u.shape[1] != 1:
+            raise ValueError(f"u must have shape (B, 1, D, H, W), got {tuple(u.shape)}")
+        if min(u.shape[2:]) < 4:
+            raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
+                             f"stencils), got grid {tuple(u.shape[2:])}")
+        if not u.is_floating_point():
+            raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
+        weight = self.weight.to(device=u.device, dtype=u.dtype)
+        return F.conv3d(pad_cubic_3d(u), weight)
+
+    def extra_repr(self) -> str:
+        return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"

@@ -1,5 +1,6 @@
 """Argument checks shared by all of diffnet: the one place that says what a valid number,
-integer, choice, flag, range, pair, grid or field array is, and how a bad one is reported.
+integer, choice, flag, range, pair (or n-tuple), grid (2-D or n-D) or field array
+is, and how a bad one is reported.
 
 Every check returns the value normalised (float, int, str, bool, tuple or float64 array) or
 raises ValueError worded ``"<name> must be <what is allowed>, got <what was given>"``, so the
@@ -110,6 +111,45 @@ def check_grid(grid, name: str = "grid", minimum: int = 4) -> tuple[int, int]:
     if h < minimum or w < minimum:
         raise ValueError(f"{name} must have at least {minimum} nodes per axis, got {grid!r}")
     return h, w
+
+
+_COUNTS = {2: "pair", 3: "triple"}
+
+
+def _ntuple(name: str, value, n: int, form: str, convert=float, noun: str = "numbers") -> tuple:
+    """Exactly ``n`` values converted by ``convert`` (the n-axis form of ``_pair``)."""
+    what = f"a {_COUNTS.get(n, f'{n}-tuple')} {form} of {noun}"
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        out = tuple(convert(v) for v in value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if len(out) != n:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return out
+
+
+def check_positive_tuple(name: str, value, n: int, form: str) -> tuple[float, ...]:
+    """``n`` finite numbers > 0, one per axis (a 3-D spacing or domain lengths: n = 3)."""
+    out = _ntuple(name, value, n, form)
+    if not all(math.isfinite(v) and v > 0 for v in out):
+        raise ValueError(f"{name} must be {n} finite numbers > 0 {form}, got {value!r}")
+    return out
+
+
+def check_node_grid(grid, dims: int, name: str = "grid", minimum: int = 4) -> tuple[int, ...]:
+    """A node grid of ``dims`` integers >= minimum per axis: (H, W) or (D, H, W).
+
+    ``check_grid`` is the 2-D case with its own wording; this is the same check for any number
+    of axes (a 3-D problem's grid).
+    """
+    axes = ("D", "H", "W")[-dims:] if dims <= 3 else tuple(f"n{i}" for i in range(dims))
+    form = "(" + ", ".join(axes) + ")"
+    out = _ntuple(name, grid, dims, form, convert=_whole, noun="integers")
+    if min(out) < minimum:
+        raise ValueError(f"{name} must have at least {minimum} nodes per axis, got {grid!r}")
+    return out
 
 
 def check_array(name: str, value, *, ndim: int | None = None, form: str = "",

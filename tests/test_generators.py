@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from diffnet.generators import (ACTIVATIONS, GENERATORS, InstanceNorm, UNet, UNetSmall,
-                                _InstanceNormNHWC, build_generator, count_parameters,
-                                impose_dirichlet)
+                                build_generator, count_parameters, impose_dirichlet)
+from diffnet.norms import InstanceNormNHWC
 
 
 def small(**kwargs):
@@ -200,7 +200,7 @@ def _value_and_grads(fn, x, weight, bias, g):
 
 
 def _nhwc(x, weight, bias):
-    return _InstanceNormNHWC.apply(x, weight, bias, EPS)
+    return InstanceNormNHWC.apply(x, weight, bias, EPS)
 
 
 def _aten(x, weight, bias):
@@ -291,7 +291,7 @@ def test_instance_norm_module_picks_path_by_layout_and_matches_instance_norm_2d(
             m.bias.copy_(bias)
     xa, xb = x.clone().requires_grad_(), x.contiguous().requires_grad_()
     ya, yb = ours(xa), ref(xb)
-    nhwc = type(ya.grad_fn).__name__.startswith("_InstanceNormNHWC")
+    nhwc = type(ya.grad_fn).__name__.startswith("InstanceNormNHWC")
     assert nhwc == (layout == "channels_last"), type(ya.grad_fn).__name__
     g = torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(8))
     (ya * g).sum().backward()

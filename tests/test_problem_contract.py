@@ -13,7 +13,7 @@ from diffnet.problems import PROBLEMS, Problem, get_problem
 from diffnet.reference.elliptic import METHODS
 
 GRID = (16, 16)
-NAMES = sorted(PROBLEMS)
+NAMES = sorted(n for n in PROBLEMS if PROBLEMS[n].dims == 2)  # 3-D: tests/test_poisson3d.py
 DIFFUSION = [n for n in NAMES if PROBLEMS[n].solves_from_inputs]
 PARAMS_ONLY = [n for n in NAMES if not PROBLEMS[n].solves_from_inputs]
 

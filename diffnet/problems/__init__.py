@@ -8,12 +8,14 @@ from .base import Axis, Problem
 from .burgers import Burgers
 from .darcy import Darcy
 from .poisson import Poisson
+from .poisson3d import Poisson3D
 from .reaction_diffusion import ReactionDiffusion
 
 PROBLEMS: dict[str, type[Problem]] = {
     "burgers": Burgers,
     "darcy": Darcy,
     "poisson": Poisson,
+    "poisson3d": Poisson3D,
     "reaction_diffusion": ReactionDiffusion,
 }
 
@@ -41,4 +43,4 @@ def get_problem(name: str, **kwargs) -> Problem:
 
 
 __all__ = ["PROBLEMS", "Problem", "Axis", "get_problem", "problem_options",
-           "Burgers", "Darcy", "Poisson", "ReactionDiffusion"]
+           "Burgers", "Darcy", "Poisson", "Poisson3D", "ReactionDiffusion"]

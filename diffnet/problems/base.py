@@ -54,6 +54,7 @@ class Problem(abc.ABC):
             solver needs parameter vectors).
         fields_hint: optional text for the message of missing channels in
             ``inputs_from_fields``, e.g. which channels are derived from which.
+        dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
     """
 
     name: str = ""
@@ -63,6 +64,7 @@ class Problem(abc.ABC):
     reference_methods: tuple[str, ...] = ("auto",)
     solves_from_inputs: bool = False
     fields_hint: str = ""
+    dims: int = 2
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)

@@ -37,7 +37,8 @@ import scipy.sparse.linalg as spla
 from ..validation import (check_array, check_choice, check_int, check_number,
                           check_positive_pair)
 
-__all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS"]
+__all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS", "solve_direct",
+           "solve_amg"]
 
 DIRECT_MAX_UNKNOWNS = 256 * 256
 DIRICHLET = ("poisson", "all_zero")
@@ -130,7 +131,8 @@ def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     return a, b, free, u_full
 
 
-def _solve_direct(a, b):
+def solve_direct(a, b):
+    """x of the sparse SPD system a x = b by SuperLU (``splu``), and the timing info."""
     t0 = time.perf_counter()
     lu = spla.splu(a.tocsc(), permc_spec="MMD_AT_PLUS_A")
     t1 = time.perf_counter()
@@ -139,7 +141,9 @@ def _solve_direct(a, b):
     return x, {"setup_time": t1 - t0, "solve_time": t2 - t1, "iterations": 0}
 
 
-def _solve_amg(a, b, rtol, maxiter):
+def solve_amg(a, b, rtol, maxiter):
+    """x of the SPD system a x = b by CG preconditioned with pyamg smoothed aggregation, to the
+    relative residual ``rtol`` (RuntimeError above 10 rtol after ``maxiter``), and the info."""
     import pyamg
 
     t0 = time.perf_counter()
@@ -196,9 +200,9 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     if not np.any(b):
         x, info = np.zeros(n), {"setup_time": 0.0, "solve_time": 0.0, "iterations": 0}
     elif method == "direct":
-        x, info = _solve_direct(a, b)
+        x, info = solve_direct(a, b)
     else:
-        x, info = _solve_amg(a, b, rtol, maxiter)
+        x, info = solve_amg(a, b, rtol, maxiter)
     u = u_full.copy()
     u[free] = x
     if not return_info:
