@@ -57,7 +57,7 @@ def build_model(cfg, task):
     torch.manual_seed(cfg.train.init_seed)
     kwargs = {"in_channels": len(task.input_channels), **cfg.model.options}
     model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
-    check_grids(model, cfg, task)
+    check_grids(model, cfg, task, model_grower(cfg, task))
     if cfg.model.init_from:
         init_from(model, cfg.model.name, cfg.model.init_from)
     if cfg.model.channels_last:
@@ -67,14 +67,41 @@ def build_model(cfg, task):
     return model, specs
 
 
-def check_grids(model, cfg, task) -> None:
-    """Every grid the run trains on suits the network (divisibility by 2**depth, norms)."""
-    grids = [("problem.grid", list(task.grid))]
-    grids += [(f"train.levels[{v.level}].grid", list(v.grid)) for v in plan(cfg)]
-    for key, grid in grids:
+def model_grower(cfg, task):
+    """grow(module, visit) -> (module, spec): the network so far prolonged to the visit's grid
+    (a level with ``prolong``; :class:`diffnet.generators.Prolonged`, options
+    ``model.prolong``). Deterministic: the new weights come from ``train.init_seed`` and the
+    visit, outside the global RNG stream, so a resumed or rolled-back run regrows the same."""
+    def grow(module, visit):
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.train.init_seed + 7919 * (visit.index + 1))
+            grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
+                                    grid=visit.grid, in_channels=len(task.input_channels),
+                                    correction=cfg.model.prolong)
+        grown = grown.to(torch_dtype(cfg))
+        if cfg.model.channels_last:
+            grown = grown.to(memory_format=torch.channels_last)
+        return grown, {"name": "prolonged", "kwargs": grown.config()}
+    return grow
+
+
+def check_grids(model, cfg, task, grow) -> None:
+    """Every grid the run trains on suits the network it trains there (divisibility by
+    2**depth, norms; a prolonged level's network as grown)."""
+    grids = [("problem.grid", list(task.grid), model)] if not cfg.train.levels else []
+    for v in plan(cfg):
+        key = f"train.levels[{v.level}]"
+        if v.grows:
+            try:
+                model = grow(model, v)[0]
+            except ValueError as e:
+                raise ValueError(f"{key}.prolong: model.prolong = {cfg.model.prolong}: {e}") \
+                    from None
+        grids.append((f"{key}.grid", list(v.grid), model))
+    for key, grid, net in grids:
         probe = torch.zeros((1, len(task.input_channels), *grid), dtype=torch_dtype(cfg))
         try:
-            model.check_input(probe)
+            net.check_input(probe)
         except ValueError as e:
             raise ValueError(f"{key} = {grid} does not suit model {cfg.model.name!r} "
                              f"{cfg.model.options}: {e}") from None

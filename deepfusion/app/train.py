@@ -29,8 +29,8 @@ def cmd_train(args, comm) -> int:
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import (build_model, build_problem, check_run, prepare_run_dir, problem_factory,
-                        torch_dtype)
+    from .build import (build_model, build_problem, check_run, model_grower, prepare_run_dir,
+                        problem_factory, torch_dtype)
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -46,8 +46,9 @@ def cmd_train(args, comm) -> int:
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile)
     trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
-                      problems=problems)
+                      problems=problems, grow=model_grower(cfg, task))
     trainer.fit(resume=bool(args.resume))
+    model = trainer.model.module  # the trained network (grown, if a level prolongs it)
     if cfg.data.eval_samples > 0:
         summary = evaluate(model, task, comm, n=cfg.data.eval_samples, seed=cfg.data.eval_seed,
                            dtype=torch_dtype(cfg), channels_last=cfg.model.channels_last)

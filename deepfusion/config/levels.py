@@ -8,10 +8,14 @@ A level is one table of the ``train.levels`` array::
     global_batch = 32          # optional: 0 = data.global_batch
     micro_batch = 8            # optional: -1 = train.micro_batch
     optim = {lr = 4e-3}        # optional: [optim] keys that differ on this level
+    prolong = true             # optional: carry the network so far to this grid (see below)
 
 ``train.cycle`` says how the listed levels are visited: ``""`` exactly as listed, or one of the
 multigrid cycle names, for which the levels are listed coarse to fine and the visit order is
-expanded by the engine (``deepfusion.engine.levels``). Every check here names the level
+expanded by the engine (``deepfusion.engine.levels``). ``prolong = true`` on a level makes the
+network trained so far the inner part of a new, larger one on this level's grid (the model's
+``prolong`` construction, options ``model.prolong``); it needs a level visited first from a
+coarser one (half-V or as listed, never the first). Every check here names the level
 (``train.levels[1].grid``) and the fix. Pure Python: no PDE, no model, no MPI.
 """
 from __future__ import annotations
@@ -40,6 +44,9 @@ class LevelConfig(Section):
     optim: dict[str, Any] = option({}, "[optim] keys that differ on this level, e.g. "
                                        "{lr = 1e-3, warmup_steps = 0}; the learning-rate "
                                        "schedule runs over the level's own length")
+    prolong: bool = option(False, "grow the network on entering this level: the network so "
+                                  "far answers on the previous level's grid, interpolated, "
+                                  "plus a new correction network on this grid (model.prolong)")
 
     def _validate(self):
         if not self.grid:
@@ -105,6 +112,31 @@ def check_levels(cfg) -> None:
                           f"{levels[-1].grid}", key="problem.grid")
     if t.cycle:
         check_coarse_to_fine(levels, t.cycle)
+    check_prolong(levels, t.cycle)
+
+
+def check_prolong(levels, cycle: str) -> None:
+    """A prolonged level is entered from a coarser one, once: the first level listed has
+    nothing to grow from, and the V and F cycles start on the finest level."""
+    grown = [i for i, lv in enumerate(levels) if lv.prolong]
+    if not grown:
+        return
+    key = f"train.levels[{grown[0]}].prolong"
+    if cycle in ("v", "f"):
+        raise ConfigError(f"{key} = true needs the level entered from a coarser one, but "
+                          f"train.cycle = {cycle!r} starts on the finest level; use "
+                          f"train.cycle = \"half-v\" or list the levels in visiting order",
+                          key=key)
+    for i in grown:
+        key = f"train.levels[{i}].prolong"
+        if i == 0:
+            raise ConfigError(f"{key} = true on the first level: there is no coarser network "
+                              f"to prolong; set it on the later levels only", key=key)
+        earlier = levels[:i]
+        if not all(all(g > e for g, e in zip(levels[i].grid, lv.grid)) for lv in earlier):
+            raise ConfigError(f"{key} = true needs train.levels[{i}].grid = {levels[i].grid} "
+                              f"finer on every axis than every level before it "
+                              f"({[lv.grid for lv in earlier]})", key=key)
 
 
 def check_coarse_to_fine(levels, cycle: str) -> None:

@@ -54,6 +54,9 @@ class ModelConfig(Section):
     init_from: str = option("", "checkpoint whose generator weights start this run (warm start, e.g. "
                             "coarse-to-fine from a coarser grid); its step and optimiser state are "
                             "not taken; same generator architecture required; empty = random init")
+    prolong: dict[str, Any] = option({}, "options of the correction network a level with "
+                                         "prolong = true adds (a U-Net: {depth = 3, "
+                                         "base_width = 16, max_width = 64} by default)")
 
     def _validate(self):
         if not self.name.strip():

@@ -102,6 +102,14 @@ class GradSync:
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 lambda param, i=owner[p]: self._on_ready(i)))
 
+    def close(self):
+        """Detach from the parameters (remove the overlap hooks), so the same parameters can
+        join the buckets of another GradSync (a grown model is parallelised anew)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._enabled = False
+
     def _on_ready(self, i):
         if not self._enabled:
             return

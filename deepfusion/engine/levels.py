@@ -15,7 +15,9 @@ Every visit trains for its level's length with a fresh optimiser whose learning-
 runs over the visit (gradients differ in scale between grids, so moments carried from another
 grid would be wrong); the weights carry over (the generator is fully convolutional). The data
 order continues across visits: visit v's epoch e is pool epoch ``epoch_base + e``, so no two
-visits repeat an order. ``train.max_steps`` cuts the plan (the cut visit's schedule is cut with
+visits repeat an order. A level with ``prolong`` grows the network on its first visit (the
+trainer asks the application to, :class:`~deepfusion.engine.trainer.Trainer`); the visit
+records the grid the network so far keeps answering on. ``train.max_steps`` cuts the plan (the cut visit's schedule is cut with
 it, as a single-grid run's is).
 
 Pure Python: no torch, no PDE, no MPI.
@@ -41,6 +43,12 @@ class Visit:
     optim: object          # the [optim] section of this visit (OptimConfig)
     epoch_base: int        # pool epochs consumed by earlier visits
     steps_per_epoch: int
+    inner_grid: tuple[int, ...] = ()  # set when this visit grows the network (prolong): the
+    # grid of the visit before it, where the network so far keeps answering
+
+    @property
+    def grows(self) -> bool:
+        return bool(self.inner_grid)
 
     @property
     def end(self) -> int:
@@ -53,8 +61,10 @@ class Visit:
 
     def describe(self) -> str:
         grid = "x".join(str(g) for g in self.grid)
+        grows = (f", prolonging the network from {'x'.join(map(str, self.inner_grid))}"
+                 if self.grows else "")
         return (f"level {self.level} ({grid}), visit {self.index}: steps {self.start}.."
-                f"{self.end - 1}, global batch {self.global_batch}")
+                f"{self.end - 1}, global batch {self.global_batch}{grows}")
 
 
 def visit_order(n: int, cycle: str) -> list[int]:
@@ -86,9 +96,13 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         return [Visit(0, 0, tuple(cfg.problem.grid), 0, steps, d.global_batch, t.micro_batch,
                       cfg.optim, 0, spe)]
     levels = build_levels(t.levels)
-    visits, start, epoch_base = [], 0, 0
+    visits, start, epoch_base, seen = [], 0, 0, set()
     for index, k in enumerate(visit_order(len(levels), t.cycle)):
         lv = levels[k]
+        # a prolonged level grows the network on its first visit only (config checks it is
+        # entered from a coarser level)
+        inner = visits[-1].grid if lv.prolong and k not in seen and visits else ()
+        seen.add(k)
         batch = lv.global_batch or d.global_batch
         spe = d.n_samples // batch
         steps = lv.steps or lv.epochs * spe
@@ -99,7 +113,7 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         micro = t.micro_batch if lv.micro_batch < 0 else lv.micro_batch
         optim = level_optim(cfg.optim, lv.optim, f"train.levels[{k}]")
         visits.append(Visit(index, k, tuple(lv.grid), start, steps, batch, micro, optim,
-                            epoch_base, spe))
+                            epoch_base, spe, inner))
         start += steps
         epoch_base += -(-steps // spe)
     return visits
@@ -115,5 +129,12 @@ def visit_at(visits: list[Visit], step: int) -> Visit:
 
 def signature(visits: list[Visit]) -> list[list]:
     """What a checkpoint records of the plan, to refuse a resume under a different one."""
-    return [[v.level, list(v.grid), v.start, v.steps, v.global_batch] for v in visits]
+    return [[v.level, list(v.grid), v.start, v.steps, v.global_batch] +
+            (["prolong"] if v.grows else []) for v in visits]
+
+
+def growths(visits: list[Visit], upto: int) -> list[int]:
+    """Indices of the visits up to ``upto`` (inclusive) that grow the network: the network of
+    visit ``upto`` is the built one grown at each of them, in order."""
+    return [v.index for v in visits[:upto + 1] if v.grows]
 

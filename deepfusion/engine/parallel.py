@@ -31,6 +31,14 @@ class ParallelModel:
     forward: Callable                  # what runs it: the module or its compiled wrapper
     comm: Communicator                 # the ranks whose gradients are summed
     grads: GradSync                    # the flat gradient buckets
+    cfg: object = None                 # the [parallel] section applied
+    compiled: bool = False
+
+    def rewrap(self, module: torch.nn.Module) -> "ParallelModel":
+        """The same parallelism applied to another module (a grown one that contains this
+        one's): this one's gradient buckets let go of the parameters first."""
+        self.grads.close()
+        return parallelize(module, self.comm, self.cfg, compile=self.compiled)
 
     def parameters(self):
         return self.module.parameters()
@@ -46,7 +54,7 @@ def parallelize(model: torch.nn.Module, comm: Communicator, cfg, *,
     broadcast_module(model, comm)
     grads = GradSync(model, comm, bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
     forward = torch.compile(model, dynamic=False) if compile else model
-    return ParallelModel(model, forward, comm, grads)
+    return ParallelModel(model, forward, comm, grads, cfg, compile)
 
 
 def broadcast_module(module: torch.nn.Module, comm: Communicator, root: int = 0):

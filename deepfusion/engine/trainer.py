@@ -3,7 +3,10 @@ contents; every other method is one of its lines.
 
 Multigrid schedules (``train.levels``) are a sequence of visits (:mod:`.levels`); the loop
 enters the visit of the step it is about to take, which rebuilds the problem on the visit's
-grid, the pool split, the inputs, the loss and a fresh optimiser; the weights carry over.
+grid, the pool split, the inputs, the loss and a fresh optimiser; the weights carry over. A
+visit that grows the network (a level with ``prolong``) has the application's ``grow`` wrap the
+network so far in a larger one, which is made parallel anew; a resume or rollback replays the
+growths of the plan up to its checkpoint's visit, so the weights load into the same network.
 
 Invariants: parameters are equal on every rank (broadcast by ``parallelize``, identical reduced
 gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps); every
@@ -24,7 +27,7 @@ from .data import InputCache, LazyBatch, ShardedPool
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 from .evaluate import evaluate, summary_text
 from .faults import Faults
-from .levels import Visit, plan, signature, visit_at
+from .levels import Visit, growths, plan, signature, visit_at
 from .optimizers import OptimizerSchedule
 from .parallel import ParallelModel
 from .runlog import RunLog, plot_loss_curve
@@ -36,10 +39,13 @@ class Trainer:
     (one visit on ``task`` without ``train.levels``)."""
 
     def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype,
-                 problems=None):
+                 problems=None, grow=None):
         self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
         self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
         self.problems = problems or (lambda grid: task)
+        # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
+        # innermost first, and the visits that grew them
+        self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
         self.run_dir = cfg.run.dir
         self.visits = plan(cfg)
         self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
@@ -102,6 +108,7 @@ class Trainer:
         if self.visit is not None and self.visit.index == visit.index and not fresh:
             return
         self.visit = visit
+        self.reshape(visit.index)
         self.task = self.problems(visit.grid)
         c = self.cfg
         self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.comm.rank,
@@ -116,6 +123,24 @@ class Trainer:
         self.schedule_steps = visit.steps
         if len(self.visits) > 1:  # (step records carry level and grid: the plots read those)
             self.log.info(f"entering {visit.describe()}")
+
+    def reshape(self, index: int):
+        """Make the network the one of visit ``index``: grown at every growing visit up to it
+        (unwrapped to a prefix first if a rollback went back before a growth; regrowing is
+        deterministic, so the trajectory is the same)."""
+        want = growths(self.visits, index)
+        if want == self.grown:
+            return
+        assert self.grow is not None, "a plan that grows the network needs a grow function"
+        while self.grown and self.grown != want[:len(self.grown)]:
+            self.grown.pop()
+            self.stack.pop()
+        for i in want[len(self.grown):]:
+            self.stack.append(self.grow(self.stack[-1][0], self.visits[i]))
+            self.grown.append(i)
+        module, spec = self.stack[-1]
+        self.model = self.model.rewrap(module)
+        self.specs = {**self.specs, "model": spec}
 
     def end_visit(self):
         """The validation error on the grid of the visit just finished (marks the level
@@ -281,6 +306,7 @@ class Trainer:
         """Restore weights, step, the visit of the step, its optimiser (the stepper that wrote
         it; a fresh one if the checkpoint closed the previous visit), RNG and rate scale."""
         meta = state["meta"]
+        self.reshape(int(meta.get("visit", 0)))
         self.model.module.load_state_dict(state["model_state"])
         self.step = int(meta["step"])
         visit = visit_at(self.visits, self.step)

@@ -1,0 +1,187 @@
+"""Prolonged levels (``prolong = true``): the Prolonged generator (starts as the interpolated
+coarse answer, rebuilds from its config, is its inner network on other grids), the schedule's
+checks, and with real processes: the same losses on any P across growths, a kill and a rollback
+across a growth resumed on the same trajectory, and the grown network answering from its
+checkpoint. Tiny grids 16 -> 32 -> 64."""
+import json
+import os
+
+import pytest
+import torch
+
+from deepfusion.app.inference import load_model
+from deepfusion.config import ConfigError, load_config
+from deepfusion.engine.checkpoint import latest_checkpoint
+from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.engine.levels import plan, signature
+from diffnet.generators import Prolonged, build_generator
+from diffnet.resample import resample_nodes
+from tests.mpi_util import deepfusion
+from tests.test_engine_mpi import losses, train
+from tests.test_multigrid import MG
+
+MGP = MG.replace("channels_last = false", "channels_last = false\nprolong = {depth = 2, base_width = 4}")
+MGP = MGP.replace("[[train.levels]]\ngrid = [32, 32]", "[[train.levels]]\nprolong = true\ngrid = [32, 32]")
+MGP = MGP.replace("[[train.levels]]\ngrid = [64, 64]", "[[train.levels]]\nprolong = true\ngrid = [64, 64]")
+
+
+def unet(**kw):
+    torch.manual_seed(0)
+    return build_generator("unet", in_channels=2, depth=2, base_width=4, **kw).double()
+
+
+def fields(grid, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((2, 2, *grid), generator=g, dtype=torch.float64)
+
+
+# -- the generator (no processes) ---------------------------------------------------------------
+
+def test_a_fresh_prolongation_answers_the_interpolated_coarse_answer():
+    inner = unet()
+    net = Prolonged(inner=inner, inner_grid=(16, 16), grid=(32, 32), in_channels=2,
+                    correction={"depth": 2, "base_width": 4}).double()
+    x = fields((32, 32))
+    want = resample_nodes(inner(resample_nodes(x, (16, 16))), (32, 32))
+    assert torch.equal(net(x), want)
+    # on any other grid it is the inner network itself
+    y = fields((48, 48))
+    assert torch.equal(net(y), inner(y))
+    # and it trains: the correction's zero last layer gets a gradient at once
+    net(x).square().sum().backward()
+    assert net.correction.outc.weight.grad.abs().sum() > 0
+
+
+def test_a_3d_prolongation_starts_at_the_trilinear_coarse_answer():
+    torch.manual_seed(0)
+    inner = build_generator("unet3d", in_channels=2, depth=1, base_width=2).double()
+    net = Prolonged(inner=inner, inner_grid=(4, 4, 4), grid=(8, 8, 8), in_channels=2,
+                    correction={"depth": 1, "base_width": 2}).double()
+    x = torch.randn((1, 2, 8, 8, 8), dtype=torch.float64)
+    assert torch.equal(net(x), resample_nodes(inner(resample_nodes(x, (4, 4, 4))), (8, 8, 8)))
+    assert net.config()["inner"]["name"] == "unet3d"
+
+
+def test_a_nested_prolongation_rebuilds_from_its_config():
+    inner = Prolonged(inner=unet(), inner_grid=(16, 16), grid=(32, 32), in_channels=2,
+                      correction={"depth": 2, "base_width": 4})
+    net = Prolonged(inner=inner, inner_grid=(32, 32), grid=(64, 64), in_channels=2).double()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    cfg = json.loads(json.dumps(net.config()))  # what a checkpoint stores
+    again = build_generator("prolonged", **cfg).double()
+    again.load_state_dict(net.state_dict())
+    x = fields((64, 64))
+    assert torch.equal(again(x), net(x))
+    assert net.grids() == [(16, 16), (32, 32), (64, 64)]
+
+
+def test_a_grid_the_correction_cannot_take_is_named():
+    net = Prolonged(inner=unet(), inner_grid=(16, 16), grid=(36, 36), in_channels=2)
+    with pytest.raises(ValueError, match=r"correction network on \[36, 36\].*divisible"):
+        net.check_input(fields((36, 36)))
+    with pytest.raises(ValueError, match="finer on every axis"):
+        Prolonged(inner=unet(), inner_grid=(16, 16), grid=(16, 32), in_channels=2)
+
+
+# -- the schedule (no processes) ----------------------------------------------------------------
+
+def test_the_plan_grows_at_the_first_visit_of_a_prolonged_level(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(MGP)
+    v = plan(load_config(str(path)))
+    assert [x.inner_grid for x in v] == [(), (16, 16), (32, 32)]
+    assert signature(v)[1][-1] == "prolong" and len(signature(v)[0]) == 5
+
+
+@pytest.mark.parametrize("sets, key, needle", [
+    (['train.cycle="v"'], "train.levels[1].prolong", "starts on the finest level"),
+    (["train.levels[0].prolong=true"], "train.levels[0].prolong", "first level"),
+    (['train.cycle=""', "train.levels=[{grid=[16,16], steps=1}, {grid=[32,32], steps=1}, "
+      "{grid=[32,64], steps=1, prolong=true}, {grid=[64,64], steps=1}]"],
+     "train.levels[2].prolong", "finer on every axis"),
+])
+def test_bad_prolongations_are_refused_with_the_level_named(tmp_path, sets, key, needle):
+    path = tmp_path / "p.toml"
+    path.write_text(MGP)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path), sets)
+    assert e.value.key == key and needle in str(e.value), str(e.value)
+
+
+# -- real processes -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mgp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mgp") / "mgp.toml"
+    path.write_text(MGP)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def full(mgp, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("full") / "run")
+    p = train(2, mgp, d)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d, p.stdout
+
+
+@pytest.mark.mpi
+def test_same_losses_on_any_p_across_growths_and_the_grown_network_answers(mgp, full, tmp_path):
+    d, out = full
+    assert "prolonging the network from 32x32" in out
+    p = train(0, mgp, str(tmp_path / "p0"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert losses(str(tmp_path / "p0")) == pytest.approx(losses(d), rel=1e-9, abs=0)
+    model, problem, _work, meta = load_model(latest_checkpoint(d))
+    assert isinstance(model, Prolonged) and model.grids() == [(16, 16), (32, 32), (64, 64)]
+    assert tuple(problem.grid) == (64, 64)
+    p = deepfusion(1, ["evaluate", d, "--samples", "2"])
+    assert p.returncode == 0 and "test relative L2 over 2 draws" in p.stdout, p.stderr[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("every, fail_at", [(6, 8), (5, 6)])
+def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path, every, fail_at):
+    """Resumed from inside the grown 32x32 visit (step 6: the grown network's weights), and from
+    the 16x16 -> 32x32 boundary (step 5: the growth is replayed on entering)."""
+    cut = str(tmp_path / "cut")
+    p = train(2, mgp, cut, f"train.checkpoint_every={every}", env={FAULT: f"raise@{fail_at}:1"})
+    assert p.returncode != 0 and f"injected failure at step {fail_at}" in p.stderr
+    p = deepfusion(2, ["train", "--resume", cut])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert losses(cut) == losses(full[0])
+
+
+@pytest.mark.mpi
+def test_a_rollback_to_before_a_growth_regrows_the_same_network(mgp, tmp_path):
+    """A NaN in the first step of the grown 32x32 visit rolls back to the boundary checkpoint
+    (the 16x16 network): the network is unwrapped, reloaded, and grown again."""
+    d = str(tmp_path / "nan")
+    p = train(2, mgp, d, "train.checkpoint_every=5", 'train.on_nonfinite="rollback"',
+              env={FAULT: "nan@5"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rolled back to step_00000005.h5" in p.stderr
+    assert len(losses(d)) == 11
+    assert isinstance(load_model(latest_checkpoint(d))[0], Prolonged)
+
+
+@pytest.mark.mpi
+def test_error_vs_time_bench_evaluates_the_final_grid_checkpoints(full, tmp_path):
+    """bench.error_vs_time on the grown run against a copy of itself: the same errors, a
+    speed-up of exactly 1 (the copy reaches the run's error in the run's time)."""
+    import shutil
+
+    from bench import error_vs_time
+
+    base = str(tmp_path / "copy")
+    shutil.copytree(full[0], base)
+    out = tmp_path / "evt.json"
+    assert error_vs_time.main([full[0], "--baseline", base, "--draws", "2", "--goal", "1",
+                               "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    ours, theirs = res["runs"][full[0]], res["runs"][base]
+    assert [p["step"] for p in ours] == [11] and ours == theirs
+    s = res["speedup"][full[0]]
+    assert (s["speedup"], s["bound"], s["met"]) == (1.0, "=", True)
