@@ -248,7 +248,7 @@ def pad_cubic_3d(u: torch.Tensor) -> torch.Tensor:
     return u
 
 
-class FiniteDifference3D(torch.nn.Module):
+class FiniteDifference3D(FiniteDifference):
     """Derivatives of a (B, 1, D, H, W) field on the node grid, in one conv3d pass.
 
     Args:
@@ -263,20 +263,13 @@ class FiniteDifference3D(torch.nn.Module):
     """
 
     def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
-        super().__init__()
+        torch.nn.Module.__init__(self)  # its own kernels; index() is the 2-D class's
         self.spacing = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
         self.kind = check_choice("kind", kind, KINDS)
         self.derivatives = _check_derivatives(derivatives, DERIVATIVES_3D)
         weight = torch.stack([stencil_kernel_3d(d, self.spacing, self.kind)
                               for d in self.derivatives])
         self.register_buffer("weight", weight.unsqueeze(1), persistent=False)   # (K, 1, 3, 3, 3)
-
-    def index(self, name: str) -> int:
-        """Output channel of derivative ``name``."""
-        if name not in self.derivatives:
-            raise ValueError(f"name must be one of the computed derivatives {self.derivatives}, "
-                             f"got {name!r}")
-        return self.derivatives.index(name)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         if u.dim() != 5 or u.shape[1] != 1:

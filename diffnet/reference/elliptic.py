@@ -186,17 +186,27 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     Returns:
         (H, W) float64 solution including the boundary nodes (and the info dict if asked).
     """
+    t0 = time.perf_counter()
+    a, b, free, u_full = assemble_diffusion(nu, lengths=lengths, kappa=kappa, f=f,
+                                            dirichlet=dirichlet, face_mean=face_mean)
+    return solve_assembled(a, b, free, u_full, method=method, direct_max=DIRECT_MAX_UNKNOWNS,
+                           rtol=rtol, maxiter=maxiter, t_assemble=time.perf_counter() - t0,
+                           return_info=return_info)
+
+
+def solve_assembled(a, b, free, u_full, *, method, direct_max, rtol, maxiter, t_assemble,
+                    return_info):
+    """Solve the assembled system ``a x = b`` for the free nodes and return the full field
+    (``u_full`` with ``x`` written into ``free``), by ``method`` ("auto": direct up to
+    ``direct_max`` unknowns, else AMG); with ``return_info`` also the solve's info dict.
+    Shared by the 2-D and 3-D solvers."""
     check_choice("method", method, METHODS)
     rtol = check_number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
                         what="a number in (0, 1)")
     maxiter = check_int("maxiter", maxiter, 1)
-    t0 = time.perf_counter()
-    a, b, free, u_full = assemble_diffusion(nu, lengths=lengths, kappa=kappa, f=f,
-                                            dirichlet=dirichlet, face_mean=face_mean)
-    t_asm = time.perf_counter() - t0
     n = a.shape[0]
     if method == "auto":
-        method = "direct" if n <= DIRECT_MAX_UNKNOWNS else "amg"
+        method = "direct" if n <= direct_max else "amg"
     if not np.any(b):
         x, info = np.zeros(n), {"setup_time": 0.0, "solve_time": 0.0, "iterations": 0}
     elif method == "direct":
@@ -208,6 +218,6 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     if not return_info:
         return u
     bnorm = float(np.linalg.norm(b))
-    info.update(method=method, n_unknowns=n, assemble_time=t_asm,
+    info.update(method=method, n_unknowns=n, assemble_time=t_assemble,
                 residual=float(np.linalg.norm(b - a @ x)) / bnorm if bnorm > 0 else 0.0)
     return u, info

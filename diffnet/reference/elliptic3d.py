@@ -46,15 +46,14 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..validation import (check_array, check_choice, check_int, check_number,
+from ..validation import (check_array, check_choice, check_number,
                           check_positive_tuple)
-from .elliptic import solve_amg, solve_direct
+from .elliptic import solve_assembled
 
 __all__ = ["solve_diffusion_3d", "assemble_diffusion_3d", "DIRECT_MAX_UNKNOWNS_3D"]
 
 DIRECT_MAX_UNKNOWNS_3D = 16 ** 3
 DIRICHLET = ("poisson", "all_zero")
-METHODS = ("auto", "direct", "amg")
 FACE_MEANS = ("harmonic", "arithmetic")
 
 
@@ -186,28 +185,9 @@ def solve_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=Non
     Returns:
         (D, H, W) float64 solution including the boundary nodes (and the info dict if asked).
     """
-    check_choice("method", method, METHODS)
-    rtol = check_number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
-                        what="a number in (0, 1)")
-    maxiter = check_int("maxiter", maxiter, 1)
     t0 = time.perf_counter()
     a, b, free, u_full = assemble_diffusion_3d(nu, lengths=lengths, kappa=kappa, f=f,
                                                dirichlet=dirichlet, face_mean=face_mean)
-    t_asm = time.perf_counter() - t0
-    n = a.shape[0]
-    if method == "auto":
-        method = "direct" if n <= DIRECT_MAX_UNKNOWNS_3D else "amg"
-    if not np.any(b):
-        x, info = np.zeros(n), {"setup_time": 0.0, "solve_time": 0.0, "iterations": 0}
-    elif method == "direct":
-        x, info = solve_direct(a, b)
-    else:
-        x, info = solve_amg(a, b, rtol, maxiter)
-    u = u_full.copy()
-    u[free] = x
-    if not return_info:
-        return u
-    bnorm = float(np.linalg.norm(b))
-    info.update(method=method, n_unknowns=n, assemble_time=t_asm,
-                residual=float(np.linalg.norm(b - a @ x)) / bnorm if bnorm > 0 else 0.0)
-    return u, info
+    return solve_assembled(a, b, free, u_full, method=method, direct_max=DIRECT_MAX_UNKNOWNS_3D,
+                           rtol=rtol, maxiter=maxiter, t_assemble=time.perf_counter() - t0,
+                           return_info=return_info)
