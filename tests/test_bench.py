@@ -117,3 +117,27 @@ def test_ablation_bench_records_eval_of_each_variant(tmp_path):
     assert rec["validation"]["n"] == 16 and rec["validation"]["seed"] == 12345
     with pytest.raises(SystemExit):
         ablation_bench.main(["--only", "nope", "--out", str(out)])
+
+
+def test_error_split_puts_a_moved_front_near_fronts_and_a_bias_away(tmp_path):
+    """A step front moved by one node is error near fronts only; a constant offset is mostly
+    away from them; the two parts' squares add up to the total's."""
+    import h5py
+    import numpy as np
+
+    from bench import error_split
+
+    x = np.arange(64)
+    ref = np.where(x[None, :] < 32, 1.0, 0.0) * np.ones((16, 1))
+    pred = np.stack([np.where(x[None, :] < 33, 1.0, 0.0) * np.ones((16, 1)), ref + 0.01])
+    for name, u in (("p.h5", pred), ("r.h5", np.stack([ref, ref]))):
+        with h5py.File(tmp_path / name, "w") as f:
+            f["u"] = u
+    out = tmp_path / "s.json"
+    assert error_split.main([str(tmp_path / "p.h5"), str(tmp_path / "r.h5"), "--out", str(out)]) == 0
+    moved, biased = json.loads(out.read_text())["samples"]
+    assert moved["away"] == 0 and moved["total"] > 0
+    assert moved["near_fronts"] == pytest.approx(moved["total"])
+    assert biased["away"] > biased["near_fronts"] > 0
+    for s in (moved, biased):
+        assert s["near_fronts"] ** 2 + s["away"] ** 2 == pytest.approx(s["total"] ** 2)
