@@ -339,8 +339,9 @@ class Prolonged(nn.Module):
         if tuple(x.shape[2:]) != self.grid:
             return self.inner(x)
         coarse = resample_nodes(self.inner(resample_nodes(x, self.inner_grid)), self.grid)
-        if x.is_contiguous(memory_format=torch.channels_last):
-            coarse = coarse.contiguous(memory_format=torch.channels_last)
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        if x.is_contiguous(memory_format=fmt):  # keep the correction's input in x's layout
+            coarse = coarse.contiguous(memory_format=fmt)
         return coarse + self.correction(torch.cat([x, coarse], dim=1))
 
 

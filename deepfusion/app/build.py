@@ -21,6 +21,7 @@ from ..engine.checkpoint import load_checkpoint
 from ..engine.data import check_divisible
 from ..engine.layout import check_precision
 from ..engine.levels import plan
+from ..engine.memformat import convert_model
 
 
 def torch_dtype(cfg) -> torch.dtype:
@@ -60,8 +61,7 @@ def build_model(cfg, task):
     check_grids(model, cfg, task, model_grower(cfg, task))
     if cfg.model.init_from:
         init_from(model, cfg.model.name, cfg.model.init_from)
-    if cfg.model.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = convert_model(model, cfg.model.channels_last)
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
              "problem": {"name": task.name, "kwargs": task.config()}}
     return model, specs
@@ -78,9 +78,7 @@ def model_grower(cfg, task):
             grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
                                     grid=visit.grid, in_channels=len(task.input_channels),
                                     correction=cfg.model.prolong)
-        grown = grown.to(torch_dtype(cfg))
-        if cfg.model.channels_last:
-            grown = grown.to(memory_format=torch.channels_last)
+        grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
         return grown, {"name": "prolonged", "kwargs": grown.config()}
     return grow
 

@@ -1,6 +1,7 @@
 """``deepfusion compare``: a prediction file against a reference file (same problem, grid and
 samples): per-sample relative L2 and max errors, a summary with timings and speed-up
-(``compare.json``), a text table and a figure (``compare.png``).
+(``compare.json``), a text table and a figure (``compare.png``: 2-D fields whole, 3-D fields as
+three orthogonal mid-slices).
 
 Files: see :mod:`deepfusion.app.fields`.
 """
@@ -23,7 +24,7 @@ def _check_same(a: dict, b: dict, pa, pb) -> None:
     if a["axes"] != b["axes"]:
         differ("axes", a["axes"], b["axes"])
     if a["u"].shape != b["u"].shape:
-        differ("samples or grids (shape of /u, (N, H, W))", a["u"].shape, b["u"].shape)
+        differ("samples or grids (shape of /u, (N, *grid))", a["u"].shape, b["u"].shape)
     for ax in a["axes"]:
         ca, cb = a["coords"].get(ax), b["coords"].get(ax)
         if ca is None or cb is None or ca.shape != cb.shape or not np.allclose(ca, cb):
@@ -49,8 +50,9 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
     _check_same(a, b, pred_path, ref_path)
     if not os.path.isdir(out_dir):
         raise OSError(f"--out {out_dir}: no such directory (create it first)")
-    rel = np.atleast_1d(relative_l2(a["u"], b["u"]))
-    mx = np.atleast_1d(max_error(a["u"], b["u"]))
+    dims = a["u"].ndim - 1  # /u is (N, *grid): one row per sample
+    rel = relative_l2(a["u"], b["u"], dims=dims)
+    mx = max_error(a["u"], b["u"], dims=dims)
     worst = int(rel.argmax())
     t_inf, t_ref = a["seconds_per_sample"], b["seconds_per_sample"]
     summary = {
@@ -96,30 +98,21 @@ def _table(s: dict, path: str) -> str:
 
 
 def _figure(a: dict, b: dict, shown, rel, path: str) -> str:
-    """compare.png: one row per shown sample: input channel 0, prediction, reference, error."""
-    import matplotlib
+    """compare.png: per shown sample input channel 0, prediction, reference, error (a 3-D
+    grid: three rows, its orthogonal mid-slices)."""
+    from ..engine.plots import fields_figure, views
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ax0, ax1 = a["axes"]
-    c0, c1 = a["coords"][ax0], a["coords"][ax1]
-    ext = (c1[0], c1[-1], c0[0], c0[-1])
+    names = list(a["axes"])
+    coords = [a["coords"][ax] for ax in names]
     ch = a["channels"][0] if a["channels"] else "input"
-    fig, axs = plt.subplots(len(shown), 4, figsize=(13, 3 * len(shown)), squeeze=False)
-    for row, j in zip(axs, shown):
+    worst = int(rel.argmax())
+    rows = []
+    for j in shown:
         pred, ref = a["u"][j], b["u"][j]
-        imgs = (a["inputs"][j, 0] if a["inputs"] is not None else ref, pred, ref, pred - ref)
-        for ax, img, title in zip(row, imgs, (f"input {ch}", "prediction", "reference", "error")):
-            im = ax.imshow(img, origin="lower", aspect="auto", extent=ext,
-                           cmap="RdBu_r" if title == "error" else "viridis")
-            if title == "error":
-                title = f"error #{j}, rel L2 {rel[j]:.3g}" + (" (worst)" if j == rel.argmax() else "")
-            ax.set_title(title, fontsize=8)
-            ax.set_xlabel(ax1)
-            ax.set_ylabel(ax0)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+        x = a["inputs"][j, 0] if a["inputs"] is not None else ref
+        rows.append({"input": views(x), "pred": views(pred), "ref": views(ref),
+                     "error_title": f"error #{j}, rel L2 {rel[j]:.3g}"
+                                    + (" (worst)" if j == worst else "")})
+    return fields_figure(path, rows, names=names, bounds=[(c[0], c[-1]) for c in coords],
+                         grid=a["u"].shape[1:], titles=(f"input {ch}", "prediction", "reference"),
+                         dpi=80)

@@ -1,20 +1,20 @@
 """HDF5 files of fields written by ``deepfusion infer`` and ``deepfusion solve`` (read by
 ``deepfusion compare`` and by other tools).
 
-File layout (one file per command, samples along the first axis)::
+File layout (one file per command, samples along the first axis; ``*grid`` is (H, W) on 2-D
+grids and (D, H, W) on 3-D grids)::
 
-    /u                float32 (N, H, W)     the solution (prediction or reference)
-    /inputs           float32 (N, C, H, W)  the network's input fields
+    /u                float32 (N, *grid)    the solution (prediction or reference)
+    /inputs           float32 (N, C, *grid) the network's input fields
         attr channels                       names of the C channels (the problem's input_channels)
-                                            (the problem's input_channels)
     /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
     /param_names      string (k,)           names of the k parameters, e.g. ["omega_1", ...]
                                             (older files: attribute ``names`` of /params)
     /coords/<axis>    float64 (n_axis,)     one 1-D node coordinate array per grid axis
     root attributes:
         format              "deepfusion-fields", format_version 1
-        axes                names of the axes of /u's last two dimensions, in order
-                            (the problem's axes, e.g. ["y", "x"])
+        axes                names of the grid axes of /u (its dimensions after N), in order
+                            (the problem's axes, e.g. ["y", "x"] or ["z", "y", "x"])
         problem             the problem's registry name
         problem_kwargs      JSON of the problem's constructor options (incl. "grid")
         source              the checkpoint path (infer) or "reference:<method>" (solve)
@@ -28,6 +28,10 @@ Writing is atomic (:class:`deepfusion.engine.atomic.Staged`): the data go to
 ``<out>.tmp.<pid>``, which is closed, fsync'ed and ``os.replace``'d onto ``<out>`` (then the
 directory is fsync'ed). An interrupted command leaves no half-written file under the output
 name (at most, when killed outright, a ``.tmp.<pid>`` file next to it).
+
+Every file gets an XDMF sidecar ``<out without .h5>.xmf`` (:mod:`.xdmf`), written after the
+HDF5 file is published: open it in ParaView to see the samples' solution and input fields on
+the node grid (one time step per sample).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import h5py
 import numpy as np
 
 from ..engine.atomic import Staged
+from .xdmf import write_sidecar
 
 FORMAT = "deepfusion-fields"
 FORMAT_VERSION = 1
@@ -68,14 +73,16 @@ class FieldWriter:
         self.path = check_output_path(path)
         self.staged = Staged(self.path)
         self.tmp = self.staged.tmp
-        h, w = (int(v) for v in grid)
+        grid = tuple(int(v) for v in grid)
+        self.layout = {"n": n, "grid": grid, "channels": list(channels), "coords": coords,
+                       "axes": list(axes)}
         try:
             self.f = h5py.File(self.tmp, "w")
         except OSError as e:
             raise OSError(f"cannot write --out {self.path}: {e}") from None
         f = self.f
-        f.create_dataset("u", shape=(n, h, w), dtype="float32")
-        x = f.create_dataset("inputs", shape=(n, len(channels), h, w), dtype="float32")
+        f.create_dataset("u", shape=(n, *grid), dtype="float32")
+        x = f.create_dataset("inputs", shape=(n, len(channels), *grid), dtype="float32")
         x.attrs["channels"] = list(channels)
         p = f.create_dataset("params", data=np.asarray(params, dtype=np.float64).reshape(n, -1))
         # a dataset, not an attribute: attributes are limited to 64 KB, and a problem whose
@@ -88,13 +95,14 @@ class FieldWriter:
         f.attrs["axes"] = list(axes)
 
     def write(self, lo: int, u, inputs) -> None:
-        """Store samples [lo, lo + len(u)): u (b, H, W), inputs (b, C, H, W)."""
+        """Store samples [lo, lo + len(u)): u (b, *grid), inputs (b, C, *grid)."""
         hi = lo + len(u)
         self.f["u"][lo:hi] = np.asarray(u, dtype=np.float32)
         self.f["inputs"][lo:hi] = np.asarray(inputs, dtype=np.float32)
 
     def close(self, attrs: dict) -> str:
-        """Write the root attributes, fsync and publish under the output name."""
+        """Write the root attributes, fsync and publish under the output name; then its XDMF
+        sidecar. Returns the HDF5 file's path."""
         f = self.f
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
@@ -102,7 +110,9 @@ class FieldWriter:
             f.attrs[k] = json.dumps(v) if isinstance(v, dict) else v
         f.attrs["complete"] = True
         f.close()
-        return self.staged.publish()
+        path = self.staged.publish()
+        write_sidecar(path, **self.layout)
+        return path
 
     def discard(self) -> None:
         try:
@@ -166,18 +176,20 @@ def read_fields(path) -> dict:
 
 
 def read_input_fields(path) -> dict:
-    """The ``--inputs`` file: /inputs (N, C, H, W) (float), optional ``channels`` attribute on
-    it and optional root ``problem`` attribute. Any fields file qualifies."""
+    """The ``--inputs`` file: /inputs (N, C, H, W) or (N, C, D, H, W) (float), optional
+    ``channels`` attribute on it and optional root ``problem`` attribute. Any fields file
+    qualifies (whether the grid suits the problem is the problem's check)."""
     f = _open(path, "--inputs file")
     with f:
         if "inputs" not in f or not isinstance(f["inputs"], h5py.Dataset):
             raise ValueError(f"--inputs file {path} has no /inputs dataset: it needs /inputs of "
-                             f"shape (N, C, H, W) with an attribute 'channels' naming the C "
+                             f"shape (N, C, H, W) (a 3-D problem: (N, C, D, H, W)) with an "
+                             f"attribute 'channels' naming the C "
                              f"channels (the problem's input_channels, or the fields they are derived from)")
         x = f["inputs"]
-        if x.ndim != 4:
-            raise ValueError(f"--inputs {path}: /inputs must have shape (N, C, H, W), got "
-                             f"{x.shape}")
+        if x.ndim not in (4, 5):
+            raise ValueError(f"--inputs {path}: /inputs must have shape (N, C, H, W) or, for a "
+                             f"3-D problem, (N, C, D, H, W); got {x.shape}")
         return {"inputs": np.asarray(x[()], dtype=np.float64),
                 "channels": _str_list(x.attrs.get("channels")),
                 "problem": _attr(f, "problem")}

@@ -26,23 +26,37 @@ from .compare import compare_files  # noqa: F401  (re-exported)
 # model and problem
 # ---------------------------------------------------------------------------------------------
 
-def parse_grid(text) -> tuple[int, int] | None:
-    """'HxW' (or 'H,W') -> (H, W); None passes through."""
+def parse_grid(text) -> tuple[int, ...] | None:
+    """'HxW' or 'DxHxW' (or 'H,W', 'D,H,W') -> the node counts; None passes through. Whether
+    the number of axes suits the problem is checked where the problem is built."""
     if text is None:
         return None
     try:
-        h, w = (int(v) for v in str(text).lower().replace(",", "x").split("x"))
+        grid = tuple(int(v) for v in str(text).lower().replace(",", "x").split("x"))
     except ValueError:
-        raise ValueError(f"--grid must look like HxW (e.g. 128x128), got {text!r}") from None
-    return h, w
+        grid = ()
+    if len(grid) not in (2, 3):
+        raise ValueError(f"--grid must look like HxW (e.g. 128x128) or, for a 3-D problem, "
+                         f"DxHxW (e.g. 64x64x64), got {text!r}")
+    return grid
 
 
-def build_problem(name: str, kwargs: dict, grid=None):
-    """The problem ``name`` with options ``kwargs``, its grid replaced by ``grid`` if given."""
-    from diffnet.problems import get_problem
+def grid_text(grid) -> str:
+    """(64, 64, 64) -> '64x64x64' (how --grid and the messages write a grid)."""
+    return "x".join(str(int(v)) for v in grid)
+
+
+def build_problem(name: str, kwargs: dict, grid=None, where: str = "--grid"):
+    """The problem ``name`` with options ``kwargs``, its grid replaced by ``grid`` if given
+    (one with the wrong number of axes for the problem is refused naming ``where``)."""
+    from diffnet.problems import PROBLEMS, get_problem
 
     kwargs = dict(kwargs)
     if grid is not None:
+        dims = getattr(PROBLEMS.get(name), "dims", len(grid))
+        if len(grid) != dims:
+            raise ValueError(f"{where} {grid_text(grid)} has {len(grid)} axes, but problem "
+                             f"{name!r} has {dims}: give {'x'.join('DHW'[-dims:])}")
         kwargs["grid"] = list(grid)
     return get_problem(name, **kwargs)
 
@@ -63,7 +77,8 @@ def trained_config(meta, section: str) -> dict:
 
 
 def resolve_work_grid(text, meta) -> list[int] | None:
-    """--work-grid 'HxW' / 'trained' / 'none' (or not given) -> [H, W] / the training grid / None."""
+    """--work-grid 'HxW' or 'DxHxW' / 'trained' / 'none' (or not given) -> the grid / the
+    training grid / None."""
     t = "none" if text is None else str(text).strip().lower()
     if t == "none":
         return None
@@ -76,8 +91,8 @@ def resolve_work_grid(text, meta) -> list[int] | None:
     try:
         return list(parse_grid(t))
     except ValueError:
-        raise ValueError(f"--work-grid must be HxW (e.g. 64x64), 'trained' or 'none', "
-                         f"got {text!r}") from None
+        raise ValueError(f"--work-grid must be HxW (e.g. 64x64), DxHxW for a 3-D problem, "
+                         f"'trained' or 'none', got {text!r}") from None
 
 
 def load_model(path, grid=None, work_grid=None):
@@ -104,8 +119,8 @@ def load_model(path, grid=None, work_grid=None):
     model = model.to(dtype).eval()
     # default: the grid the network was trained on when the checkpoint was written
     problem = build_problem(spec_p["name"], spec_p["kwargs"], grid or training_grid(meta))
-    grid_text = None if grid is None else f"--grid {grid[0]}x{grid[1]}"
-    return model, problem, work_problem(model, problem, meta, work_grid, grid_text), meta
+    where = None if grid is None else f"--grid {grid_text(grid)}"
+    return model, problem, work_problem(model, problem, meta, work_grid, where), meta
 
 
 def work_problem(model, problem, meta, work_grid, where=None):
@@ -117,7 +132,7 @@ def work_problem(model, problem, meta, work_grid, where=None):
     """
     wg = resolve_work_grid(work_grid, meta)
     work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
-        problem.name, problem.config(), wg)
+        problem.name, problem.config(), wg, where="--work-grid")
     on = work or problem
     probe = torch.zeros((1, len(problem.input_channels), *on.grid),
                         dtype=next(model.parameters()).dtype)
@@ -125,8 +140,8 @@ def work_problem(model, problem, meta, work_grid, where=None):
         model.check_input(probe) if hasattr(model, "check_input") else None
     except ValueError as e:
         if work is not None:
-            raise ValueError(f"--work-grid {on.grid[0]}x{on.grid[1]}: {e}") from None
-        where = where or f"--grid {on.grid[0]}x{on.grid[1]}"
+            raise ValueError(f"--work-grid {grid_text(on.grid)}: {e}") from None
+        where = where or f"--grid {grid_text(on.grid)}"
         raise ValueError(f"{where}: {e}; a network trained on another grid can run on it "
                          f"with --work-grid trained") from None
     return work
@@ -138,7 +153,7 @@ def work_problem(model, problem, meta, work_grid, where=None):
 
 @dataclass
 class Samples:
-    """N samples: parameter vectors (N, k) (k = 0 for given fields) and/or fields (N, C, H, W)."""
+    """N samples: parameter vectors (N, k) (k = 0 for given fields) and/or fields (N, C, *grid)."""
 
     params: np.ndarray
     fields: np.ndarray | None = None
@@ -183,7 +198,7 @@ def _params_from_file(problem, path) -> np.ndarray:
 
 
 def _fields_from_file(problem, path):
-    """(problem with the file's grid, network inputs (N, C, H, W) float64) from --inputs.
+    """(problem with the file's grid, network inputs (N, C, *grid) float64) from --inputs.
 
     The channels are named by the file's 'channels' attribute (without one, the problem's own
     channels in order); which of them the problem needs or derives is the problem's business
@@ -200,6 +215,11 @@ def _fields_from_file(problem, path):
                          f"'channels' attribute is {d['channels'] or 'missing'}; give one "
                          f"distinct name per channel (problem {problem.name!r} needs "
                          f"{list(problem.input_channels)})")
+    if x.ndim - 2 != len(problem.grid):
+        want = "(N, C, " + ", ".join("DHW"[-len(problem.grid):]) + ")"
+        raise ValueError(f"--inputs {path}: /inputs has shape {x.shape}, but problem "
+                         f"{problem.name!r} has {len(problem.grid)} grid axes: give fields of "
+                         f"shape {want}")
     if tuple(x.shape[2:]) != tuple(problem.grid):
         problem = build_problem(problem.name, problem.config(), x.shape[2:])
     try:
@@ -239,7 +259,8 @@ def rank_batches(n: int, batch: int, rank: int, size: int) -> list[tuple[int, in
 
 def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
     """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
-    ranks (on every rank). ``compute(lo, hi) -> (u (b,H,W), inputs (b,C,H,W), seconds)``."""
+    ranks (on every rank). ``compute(lo, hi) -> (u (b, *grid), inputs (b, C, *grid),
+    seconds)``."""
     plan = rank_batches(n, batch, comm.rank, comm.size)
     rounds = max(len(rank_batches(n, batch, r, comm.size)) for r in range(comm.size))
     busy = 0.0
@@ -268,13 +289,14 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     """
     from diffnet.resample import resample_nodes
 
+    from ..engine.memformat import as_format
+
     dtype = next(model.parameters()).dtype
     on = work or problem
     warm: set = set()
 
     def run(x):
-        xin = resample_nodes(x, on.grid)
-        xin = xin.contiguous(memory_format=torch.channels_last) if channels_last else xin
+        xin = as_format(resample_nodes(x, on.grid), channels_last)
         return resample_nodes(on.impose(model(xin), xin), problem.grid)
 
     @torch.inference_mode()
@@ -291,7 +313,7 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
 
 
 def make_solver(problem, samples: Samples, method: str = "auto"):
-    """solve(j) -> (H, W) reference solution of sample j, from its fields or its parameters.
+    """solve(j) -> (*grid) reference solution of sample j, from its fields or its parameters.
 
     The method, and whether the problem solves from given fields at all, are checked here,
     before any solve (``Problem.check_method``), so a bad choice fails up front on every rank.

@@ -27,11 +27,13 @@ def _input_args(p, what: str) -> None:
                    help="parameter vectors, one per line (text/CSV, optional header of names) "
                         "or an HDF5 file with /params (n, k)")
     g.add_argument("--inputs", metavar="FILE.h5",
-                   help="input fields given directly: /inputs (N, C, H, W) with attribute "
+                   help="input fields given directly: /inputs (N, C, H, W) (3-D problems: "
+                        "(N, C, D, H, W)) with attribute "
                         "'channels' naming them after the problem's input channels (a problem "
                         "may derive a missing channel from another, e.g. a logarithm)")
     p.add_argument("--out", required=True, metavar="FILE.h5", help=f"the {what} file to write")
-    p.add_argument("--grid", metavar="HxW", help="solve on another grid (rebuilds the problem)")
+    p.add_argument("--grid", metavar="HxW|DxHxW",
+                   help="solve on another grid (rebuilds the problem; DxHxW for 3-D problems)")
     p.add_argument("--batch", type=int, default=8, metavar="B",
                    help="samples per batch and rank (bounds memory; default 8)")
     p.add_argument("--threads", type=int, default=1,
@@ -48,7 +50,7 @@ def register(sub) -> None:
     i.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16 runs the generator's weights and activations in bfloat16 (faster "
                         "on CPUs with AMX/AVX512-BF16, ~3 significant digits; refused elsewhere)")
-    i.add_argument("--work-grid", metavar="HxW|trained|none",
+    i.add_argument("--work-grid", metavar="HxW|DxHxW|trained|none",
                    help="run the network on this grid and interpolate its output to --grid "
                         "(resolution transfer; 'trained' = the checkpoint's training grid; "
                         "default 'none': the network runs on the inference grid itself)")
@@ -102,8 +104,10 @@ def _inputs_note(args) -> str:
 
 
 def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
-    """Open the output (rank 0), run every batch, publish the file; print one line."""
-    from .inference import run_blocks
+    """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
+    print one line."""
+    from .inference import grid_text, run_blocks
+    from .xdmf import sidecar_path
 
     writer = collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
     t0 = time.perf_counter()
@@ -119,9 +123,9 @@ def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
             writer.discard()
         raise
     say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
-                 f"{problem.grid[0]}x{problem.grid[1]} on {comm.size} rank(s): "
+                 f"{grid_text(problem.grid)} on {comm.size} rank(s): "
                  f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall -> "
-                 f"{os.path.abspath(args.out)}", err=False)
+                 f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
     return 0
 
 
@@ -158,15 +162,14 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import predictor, trained_config, training_grid, work_problem
+    from .inference import grid_text, predictor, trained_config, training_grid, work_problem
 
     _threads(comm, args.threads)
     model, problem, work, meta = collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
     if args.inputs:  # the file set the grid: refuse one the network cannot run on, up front
-        h, w = problem.grid
         work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,
-                                f"--inputs {args.inputs} holds {h}x{w} fields")
+                                f"--inputs {args.inputs} holds {grid_text(problem.grid)} fields")
     data_seed = trained_config(meta, "data").get("seed")
     if args.sample is not None and data_seed is not None and args.seed == data_seed:
         say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
@@ -174,8 +177,8 @@ def _infer(args, comm) -> int:
     cl = bool(trained_config(meta, "model").get("channels_last", False))
     trained = training_grid(meta)
     if work is None and trained and trained != list(problem.grid):
-        say_once(comm, f"deepfusion: note: the network was trained on {trained[0]}x{trained[1]} "
-                       f"and runs on {problem.grid[0]}x{problem.grid[1]} as is; its filters are "
+        say_once(comm, f"deepfusion: note: the network was trained on {grid_text(trained)} "
+                       f"and runs on {grid_text(problem.grid)} as is; its filters are "
                        f"tied to the training grid spacing, so check the error (deepfusion "
                        f"compare) or run it on its training grid with --work-grid trained")
     compute = predictor(model, problem, samples, channels_last=cl, work=work)
@@ -213,7 +216,8 @@ def _build_solve(args):
     _check_batch(args)
     opts = parse_options(args.option)
     if "grid" in opts and args.grid:
-        raise ValueError("give the grid once: --grid HxW or --option grid=[H,W], not both")
+        raise ValueError("give the grid once: --grid HxW (DxHxW) or --option grid=[H,W] "
+                         "([D,H,W]), not both")
     return build_problem(args.problem, opts, parse_grid(args.grid))
 
 

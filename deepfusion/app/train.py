@@ -53,9 +53,7 @@ def cmd_train(args, comm) -> int:
         summary = evaluate(model, task, comm, n=cfg.data.eval_samples, seed=cfg.data.eval_seed,
                            dtype=torch_dtype(cfg), channels_last=cfg.model.channels_last)
         if summary is not None:
-            axes = tuple(a.name for a in task.axes)
-            extent = (task.axes[1].lo, task.axes[1].hi, task.axes[0].lo, task.axes[0].hi)
-            write_report(summary, cfg.run.dir, axes=axes, extent=extent)
+            write_report(summary, cfg.run.dir, task.axes)
             print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): "
                   f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
                   flush=True)
@@ -133,9 +131,8 @@ def _evaluation_target(args):
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
-    import torch
-
     from ..engine.evaluate import evaluate, summary_text
+    from ..engine.memformat import convert_model
     from .inference import trained_config
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
@@ -143,7 +140,7 @@ def cmd_evaluate(args, comm) -> int:
         say_once(comm, f"deepfusion: WARNING: {note}")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
     dtype = next(model.parameters()).dtype
-    model = model.to(memory_format=torch.channels_last) if cl else model
+    model = convert_model(model, cl)
     summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
     if summary is None:
         return 0

@@ -35,7 +35,8 @@ class LevelConfig(Section):
 
     _section: ClassVar[str] = "train.levels[i]"
 
-    grid: list[int] = option([], "node grid [H, W] of this level", item_ge=4, max_len=3)
+    grid: list[int] = option([], "node grid [H, W] (3-D: [D, H, W]) of this level", item_ge=4,
+                             max_len=3)
     steps: int = option(0, "optimiser steps on this level (or give epochs)", ge=0)
     epochs: int = option(0, "passes over the sample pool on this level (or give steps)", ge=0)
     global_batch: int = option(0, "samples per step on this level; 0 = data.global_batch", ge=0)

@@ -31,7 +31,8 @@ class ProblemConfig(Section):
 
     name: str = option("", "PDE family from diffnet's problem registry (required: an unset or "
                            "unknown name is refused with the list of valid names)")
-    grid: list[int] = option([64, 64], "node grid [H, W], boundary nodes included; >= 4 per axis",
+    grid: list[int] = option([64, 64], "node grid [H, W] (a 3-D problem: [D, H, W]), boundary "
+                                       "nodes included; >= 4 per axis",
                          item_ge=4, min_len=1, max_len=3)
     options: dict[str, Any] = option({}, "problem-specific keyword arguments passed to the problem "
                                      "constructor (validated there), e.g. {c_range = [3, 6]}")
@@ -50,7 +51,8 @@ class ModelConfig(Section):
 
     name: str = option("unet", "registered generator architecture")
     options: dict[str, Any] = option({}, "generator keyword arguments, e.g. {depth = 4, base_width = 32}")
-    channels_last: bool = option(True, "use the channels_last (NHWC) memory format (faster oneDNN convs)")
+    channels_last: bool = option(True, "use the channels-last memory format (NHWC on 2-D grids, "
+                                       "NDHWC on 3-D grids; faster oneDNN convs)")
     init_from: str = option("", "checkpoint whose generator weights start this run (warm start, e.g. "
                             "coarse-to-fine from a coarser grid); its step and optimiser state are "
                             "not taken; same generator architecture required; empty = random init")

@@ -1,8 +1,9 @@
 """The sample pool and its deterministic split over ranks.
 
-The pool holds N_s parameter draws; sample i depends only on (seed, i). Every epoch orders the
-pool by a permutation that depends only on (seed, epoch), and global step s takes the next b_s
-samples of that order; rank r takes the r-th contiguous block of b_s / P of them. So each global
+The pool holds N_s parameter draws; sample i depends only on (seed, i), and so do its input
+bits (:class:`InputCache` builds each sample alone). Every epoch orders the pool by a
+permutation that depends only on (seed, epoch), and global step s takes the next b_s samples
+of that order; rank r takes the r-th contiguous block of b_s / P of them. So each global
 step sees the same set of samples whatever P is ("same problem is solved for any p").
 """
 from __future__ import annotations
@@ -70,18 +71,29 @@ class ShardedPool:
 
 
 class InputCache:
-    """Builds network inputs for pool indices, caching them while the pool fits a memory cap."""
+    """Builds network inputs for pool indices, caching them while the pool fits a memory cap.
+
+    Every sample is built on its own (one ``build_input`` call per sample), so its bits never
+    depend on which samples it was first built with: a problem's batched arithmetic (e.g. a
+    BLAS product over the batch) may round a row differently for another batch size, and
+    which samples miss the cache together depends on the ranks and on where a run resumed.
+    Built alone, a resumed run (empty cache) rebuilds exactly the inputs the uninterrupted run
+    cached."""
 
     def __init__(self, task, seed: int, dtype, cap_bytes: float = 2 * 2**30):
         self.task, self.seed, self.dtype = task, seed, dtype
         self.cap_bytes, self.used, self.cache = cap_bytes, 0, {}
+
+    def build(self, i: int):
+        """The inputs (C, *grid) of pool sample ``i``, built alone."""
+        return self.task.build_input(self.task.sample_params(self.seed, [i]), dtype=self.dtype)[0]
 
     def __call__(self, indices):
         import torch
 
         missing = [int(i) for i in indices if int(i) not in self.cache]
         if missing:
-            built = self.task.build_input(self.task.sample_params(self.seed, missing), dtype=self.dtype)
+            built = [self.build(i) for i in missing]
             for i, x in zip(missing, built):
                 if self.used + x.numel() * x.element_size() <= self.cap_bytes:
                     self.cache[i] = x
@@ -106,7 +118,7 @@ class LazyBatch:
         return len(self.indices)
 
     def materialize(self):
-        """All inputs at once, (B, C, H, W)."""
+        """All inputs at once, (B, C, *grid)."""
         return self.build(self.indices)
 
     def chunks(self) -> "LazyChunks":

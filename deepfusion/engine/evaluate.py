@@ -2,7 +2,8 @@
 
 Held-out parameters are drawn with ``data.eval_seed`` (never the training seed), so they are not
 in the training pool. The samples are divided over ranks (the reference solves dominate) and
-gathered on rank 0, which writes ``eval.json`` and ``eval.png``.
+gathered on rank 0, which writes ``eval.json`` and ``eval.png`` (:mod:`.plots`: 2-D fields
+whole, 3-D fields as three orthogonal mid-slices).
 """
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ import torch
 
 from diffnet.metrics import max_error, relative_l2
 
+from .memformat import as_format
+from .plots import fields_figure, views
+
 
 @torch.no_grad()
 def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
             channels_last: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs (n, C, H, W), predictions (n, H, W)) for parameter vectors (n, k), in batches."""
+    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches."""
     model.eval()
     xs, us = [], []
     for lo in range(0, len(params), batch):
         x = task.build_input(params[lo:lo + batch], dtype=dtype)
-        xin = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        xin = as_format(x, channels_last)
         u = task.impose(model(xin), xin)
         xs.append(x.float().numpy())
         us.append(u[:, 0].float().contiguous().numpy())
@@ -45,9 +49,10 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
     t0 = time.perf_counter()
     refs = np.stack([task.reference_solution(p) for p in params]) if len(params) else preds
     t_ref = time.perf_counter() - t0
+    dims = len(task.grid)
     local = {"idx": idx.tolist(), "params": params.tolist(),
-             "rel_l2": np.atleast_1d(relative_l2(preds, refs)).tolist() if len(idx) else [],
-             "max_err": np.atleast_1d(max_error(preds, refs)).tolist() if len(idx) else [],
+             "rel_l2": relative_l2(preds, refs, dims=dims).tolist() if len(idx) else [],
+             "max_err": max_error(preds, refs, dims=dims).tolist() if len(idx) else [],
              "t_inf": t_inf, "t_ref": t_ref,
              "examples": _examples(idx, inputs, preds, refs)}
     parts = comm.gather_obj(local)
@@ -74,40 +79,28 @@ def summary_text(summary: dict) -> str:
 
 
 def _examples(idx, inputs, preds, refs, keep: int = 2):
-    """A few (input, prediction, reference) triples for the figure (the first ones and worst)."""
+    """A few (input, prediction, reference) for the figure (the first ones and the worst), each
+    kept as its :func:`~deepfusion.engine.plots.views` (a 3-D field: three planes)."""
     if not len(idx):
         return []
-    rel = np.atleast_1d(relative_l2(preds, refs))
+    rel = relative_l2(preds, refs, dims=preds.ndim - 1)  # (n, *grid): a batch
     pick = sorted(set(list(range(min(keep, len(idx)))) + [int(rel.argmax())]))
-    return [{"i": int(idx[j]), "rel_l2": float(rel[j]), "input": inputs[j, 0].tolist(),
-             "pred": preds[j].tolist(), "ref": refs[j].tolist()} for j in pick]
+    return [{"i": int(idx[j]), "rel_l2": float(rel[j]), "grid": list(preds.shape[1:]),
+             "input": views(inputs[j, 0]), "pred": views(preds[j]), "ref": views(refs[j])}
+            for j in pick]
 
 
-def write_report(summary: dict, run_dir: str, axes=("row", "col"), extent=None):
+def write_report(summary: dict, run_dir: str, axes) -> None:
     """eval.json and eval.png (input, prediction, reference, error) for up to 4 samples.
 
-    ``extent`` = (col_lo, col_hi, row_lo, row_hi) puts physical coordinates on the axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    ``axes``: the problem's axes (``name``, ``lo``, ``hi`` each), for names and physical
+    coordinates; a 3-D problem's samples are shown as three orthogonal mid-slices."""
     ex = sorted(summary.pop("_examples"), key=lambda e: e["i"])
     worst = max(ex, key=lambda e: e["rel_l2"])
     show = ex[:3] + ([worst] if worst not in ex[:3] else [])
     with open(os.path.join(run_dir, "eval.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    fig, axs = plt.subplots(len(show), 4, figsize=(13, 3 * len(show)), squeeze=False)
-    for row, e in zip(axs, show):
-        pred, ref = np.array(e["pred"]), np.array(e["ref"])
-        for ax, img, title in zip(row, (np.array(e["input"]), pred, ref, pred - ref),
-                                  ("input", "prediction", "reference", "error")):
-            im = ax.imshow(img, origin="lower", aspect="auto", extent=extent, cmap="RdBu_r" if title == "error" else "viridis")
-            ax.set_title(f"{title} (held-out #{e['i']}, rel L2 {e['rel_l2']:.3f})" if title == "error" else title,
-                         fontsize=8)
-            ax.set_xlabel(axes[1])
-            ax.set_ylabel(axes[0])
-            fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(os.path.join(run_dir, "eval.png"), dpi=90)
-    plt.close(fig)
+    rows = [{**e, "error_title": f"error (held-out #{e['i']}, rel L2 {e['rel_l2']:.3f})"}
+            for e in show]
+    fields_figure(os.path.join(run_dir, "eval.png"), rows, names=[a.name for a in axes],
+                  bounds=[(a.lo, a.hi) for a in axes], grid=show[0]["grid"])

@@ -18,11 +18,7 @@ import time
 import torch
 
 from .comm import Communicator
-
-
-def _dense(p: torch.Tensor) -> bool:
-    """Strides cover exactly numel() elements (contiguous or channels_last)."""
-    return p.is_contiguous() or (p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last))
+from .memformat import is_dense
 
 
 class GradSync:
@@ -64,9 +60,10 @@ class GradSync:
             flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype)
             off = 0
             for p in group:
-                # A view with the parameter's own strides (channels_last weights included), so
-                # autograd accumulates into it in place and the grad layout contract holds.
-                p.grad = flat.as_strided(p.shape, p.stride(), off) if _dense(p) \
+                # A view with the parameter's own strides (channels_last / channels_last_3d
+                # weights included), so autograd accumulates into it in place and the grad
+                # layout contract holds.
+                p.grad = flat.as_strided(p.shape, p.stride(), off) if is_dense(p) \
                     else flat[off:off + p.numel()].view(p.shape)
                 off += p.numel()
             buckets.append({"flat": flat, "params": group, "ready": 0, "req": None})

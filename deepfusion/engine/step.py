@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .data import LazyBatch
+from .memformat import as_format
 from .parallel import ParallelModel
 
 # Per-rank requests reduced (summed) with the loss, so every rank sees them at the same step:
@@ -64,9 +65,10 @@ class LossAndGrad:
         self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
 
     def forward_terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-sample loss terms of the model's prediction for inputs x (B, C, H, W)."""
+        """Per-sample loss terms of the model's prediction for inputs x (B, C, *grid): (B, C,
+        H, W) or (B, C, D, H, W), channels-last of its rank with ``channels_last``."""
         if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+            x = as_format(x)
         if self.precision == "bf16":  # the network in bf16 (autocast); the PDE loss in fp32
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 y = self.model.forward(x)
@@ -80,7 +82,7 @@ class LossAndGrad:
         return terms
 
     def __call__(self, x) -> StepResult:
-        """``x``: the local batch, a tensor (B, C, H, W) or a :class:`LazyBatch`."""
+        """``x``: the local batch, a tensor (B, C, *grid) or a :class:`LazyBatch`."""
         t_fwd = t_bwd = 0.0
         self.gs.zero_()
         sums = torch.zeros(len(self.term_names), dtype=torch.float64)

@@ -45,7 +45,7 @@ def check_layout(model, seen):
     spatial kernel, and its gradient (a view into a flat bucket), is channels_last."""
     if not channels_last:
         return
-    assert seen and all(name.startswith("_InstanceNormNHWC") for name in seen), seen
+    assert seen and all(name.startswith("InstanceNormNHWC") for name in seen), seen
     convs = [p for p in model.parameters() if p.dim() == 4 and p.shape[-1] > 1 and p.shape[1] > 1]
     assert convs
     for p in convs:
