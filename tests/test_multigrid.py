@@ -151,12 +151,12 @@ def test_a_level_the_network_or_the_ranks_cannot_take_is_refused_before_training
 def test_same_losses_on_any_p_across_level_changes(mg, full, tmp_path):
     d, out = full
     runs = {2: losses(d)}
-    for n in (0, 4):
+    for n in (0,):  # P = 4 (oversubscribed, slow): tests/test_engine_mpi.py, test_elastic.py
         p = train(n, mg, str(tmp_path / f"p{n}"))
         assert p.returncode == 0, p.stderr[-3000:]
         runs[n] = losses(str(tmp_path / f"p{n}"))
     assert len(runs[2]) == 11
-    for n in (0, 4):
+    for n in (0,):
         assert runs[n] == pytest.approx(runs[2], rel=1e-9, abs=0), n
     steps = records(d, "step")
     assert [(r["level"], r["grid"]) for r in steps] == \
