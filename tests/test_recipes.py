@@ -110,3 +110,15 @@ def test_multigrid_recipe_tiny_schedule_lowers_error(tmp_path, recipe):
     assert ev["n"] == 8
     assert ev["rel_l2_mean"] < bound, ev["rel_l2_mean"]
 
+
+
+STUDIES = os.path.join(os.path.dirname(RECIPES), "studies")
+
+
+@pytest.mark.parametrize("config", sorted(os.listdir(STUDIES)))
+def test_study_configs_load(config):
+    """The configs of the comparison runs (configs/studies/) stay valid."""
+    from deepfusion.config import load_config
+    from deepfusion.engine.levels import plan
+
+    assert plan(load_config(os.path.join(STUDIES, config)))
