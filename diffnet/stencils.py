@@ -38,6 +38,11 @@ and the exactness statements above hold on boundary nodes too. This needs at lea
 axis. All requested derivatives come from ONE ``conv2d`` call with the kernels stacked along
 the output channels (one pass over the field instead of one per derivative).
 
+On a block of a split grid (``forward(u, block)``, ``diffnet.domain.Block``), u is the block's
+part: it is padded by ``block.halo(u, 1)`` (the neighbours' nodes) and only the sides on the
+GLOBAL boundary get the cubic ghosts (``pad_cubic_block``), so every node's derivatives are the
+undivided ones. A block on the global boundary needs at least 4 nodes along that axis.
+
 3-D (``FiniteDifference3D``, fields (B, 1, D, H, W), axes depth, row, column with their own
 spacings (h_d, h_r, h_c)): 3x3x3 ``conv3d`` kernels, the tensor products of the same 1-D
 factors. Names ``"d"``, ``"r"``, ``"c"`` (first), ``"dd"``, ``"rr"``, ``"cc"`` (second) and
@@ -145,6 +150,57 @@ def pad_cubic(u: torch.Tensor) -> torch.Tensor:
     return p
 
 
+def _ghost_layer(p: torch.Tensor, dim: int, first: int, step: int) -> torch.Tensor:
+    """The cubic ghost from the 4 layers p[first], p[first + step], ... along ``dim``."""
+    return sum(a * p.narrow(dim, first + k * step, 1) for k, a in enumerate(_GHOST))
+
+
+def check_block_sizes(block) -> None:
+    """ValueError unless ``block`` has >= 4 nodes along every axis on which it touches the
+    global boundary (the cubic ghosts read 4 of its own layers)."""
+    for a in range(block.dims):
+        if (block.at_lo(a) or block.at_hi(a)) and block.shape[a] < 4:
+            raise ValueError(
+                f"a block on the global boundary needs at least 4 nodes along axis {a} (one-sided "
+                f"cubic boundary stencils), got block shape {list(block.shape)} of grid "
+                f"{list(block.grid)}: split that axis into fewer blocks")
+
+
+def pad_cubic_block(u: torch.Tensor, block) -> torch.Tensor:
+    """This block's window of the globally cubic-padded field: (B, C, *shape) -> each axis + 2.
+
+    ``block.halo(u, 1, "zeros")`` supplies the neighbours' nodes (edges and corners included);
+    then, axis by axis in the order of ``pad_cubic`` / ``pad_cubic_3d``, the ghost layers on
+    GLOBAL-boundary sides are replaced by the cubic extrapolation over the WHOLE padded extent
+    of the other axes. Why this is the global padding's window exactly: entries off the global
+    boundary are grid nodes (the block's or the halo's neighbours'), as in the global padding.
+    A global ghost of axis a whose other coordinates are grid nodes is, in both, the
+    extrapolation along a of 4 nodes (the block has >= 4 layers along a, so they are in the
+    window). Where another coordinate b is a global ghost too: if b comes before a, the global
+    rule extrapolates along a the ghosts of b, and so do we, since our ghosts of b were
+    complete before axis a; if b comes after a, what we write now (from the halo's zero fill)
+    is overwritten when axis b extrapolates over the whole padded extent, as globally.
+    """
+    check_block_sizes(block)
+    p = block.halo(u, 1, "zeros")
+    for a in range(block.dims):
+        lo, hi = block.at_lo(a), block.at_hi(a)
+        if not (lo or hi):
+            continue
+        dim = 2 + a
+        n = p.shape[dim]
+        first = _ghost_layer(p, dim, 1, 1) if lo else p.narrow(dim, 0, 1)
+        last = _ghost_layer(p, dim, n - 2, -1) if hi else p.narrow(dim, n - 1, 1)
+        p = torch.cat([first, p.narrow(dim, 1, n - 2), last], dim=dim)
+    return p
+
+
+def _check_block_field(u: torch.Tensor, block, dims: int) -> None:
+    if block.dims != dims or tuple(u.shape[2:]) != block.shape:
+        raise ValueError(f"u must be this block's part of the field, (B, 1, *{list(block.shape)})"
+                         f" on a {dims}-D grid, got {tuple(u.shape)} for {block!r}")
+
+
 class FiniteDifference(torch.nn.Module):
     """Derivatives of a (B, 1, H, W) field on the node grid, in one conv2d pass.
 
@@ -154,8 +210,10 @@ class FiniteDifference(torch.nn.Module):
         derivatives: names from ("r", "c", "rr", "cc", "rc"); output channel k is
             ``derivatives[k]``.
 
-    forward(u): (B, 1, H, W) with H, W >= 4 -> (B, len(derivatives), H, W), values on every
-    node including the boundary (cubic ghost nodes, see the module docstring).
+    forward(u, block=None): (B, 1, H, W) with H, W >= 4 -> (B, len(derivatives), H, W), values
+    on every node including the boundary (cubic ghost nodes, see the module docstring). With a
+    split ``block`` (``diffnet.domain.Block``), u is the block's part (B, 1, *block.shape) and
+    the result its part of the undivided derivatives (``pad_cubic_block``).
 
     The kernels are a float64 buffer (accurate 1/h, 1/h^2 factors; it follows ``.to(dtype)``)
     and are cast to the input's dtype/device in forward: a no-op when they already match.
@@ -178,9 +236,14 @@ class FiniteDifference(torch.nn.Module):
                              f"got {name!r}")
         return self.derivatives.index(name)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, block=None) -> torch.Tensor:
         if u.dim() != 4 or u.shape[1] != 1:
             raise ValueError(f"u must have shape (B, 1, H, W), got {tuple(u.shape)}")
+        if block is not None and not block.whole:
+            _check_block_field(u, block, 2)
+            if not u.is_floating_point():
+                raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
+            return F.conv2d(pad_cubic_block(u, block), self.weight.to(u))
         if u.shape[2] < 4 or u.shape[3] < 4:
             raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
                              f"stencils), got grid {tuple(u.shape[2:])}")
@@ -257,9 +320,10 @@ class FiniteDifference3D(FiniteDifference):
             the module docstring, 3-D); second order.
         derivatives: names from ``DERIVATIVES_3D``; output channel k is ``derivatives[k]``.
 
-    forward(u): (B, 1, D, H, W) with D, H, W >= 4 -> (B, len(derivatives), D, H, W), values on
-    every node including the boundary (cubic ghost nodes). Kernels: a float64 buffer, cast to
-    the input's dtype/device in forward, as in ``FiniteDifference``.
+    forward(u, block=None): (B, 1, D, H, W) with D, H, W >= 4 -> (B, len(derivatives), D, H, W),
+    values on every node including the boundary (cubic ghost nodes); on a split ``block`` the
+    block's part, as in ``FiniteDifference``. Kernels: a float64 buffer, cast to the input's
+    dtype/device in forward, as in ``FiniteDifference``.
     """
 
     def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
@@ -271,9 +335,14 @@ class FiniteDifference3D(FiniteDifference):
                               for d in self.derivatives])
         self.register_buffer("weight", weight.unsqueeze(1), persistent=False)   # (K, 1, 3, 3, 3)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, block=None) -> torch.Tensor:
         if u.dim() != 5 or u.shape[1] != 1:
             raise ValueError(f"u must have shape (B, 1, D, H, W), got {tuple(u.shape)}")
+        if block is not None and not block.whole:
+            _check_block_field(u, block, 3)
+            if not u.is_floating_point():
+                raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
+            return F.conv3d(pad_cubic_block(u, block), self.weight.to(u))
         if min(u.shape[2:]) < 4:
             raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
                              f"stencils), got grid {tuple(u.shape[2:])}")

@@ -13,6 +13,30 @@ sample is ``sum(terms.values())``. The engine sums them over the local batch, al
 sums and divides by the global batch size: the mean over the global batch, whatever the number
 of ranks.
 
+Domain parallelism (``diffnet.domain``): a problem holds ``self.block``, the block of the node
+grid it computes on (``Block(grid)``, the whole grid, unless ``on_block`` set another). On a
+split block, ``impose(u, inputs)`` and ``loss_terms(u, inputs)`` receive the BLOCK'S PART of u
+and of the inputs (built for the global grid and cut with ``block.local``), and every returned
+per-sample term is this block's PART: the sum over the blocks of each term equals the undivided
+term, value and gradient (up to rounding; the collectives' backward carries the gradient
+across blocks, so every block must backpropagate its whole loss, all terms together, as the
+engine does: a backward of one term alone may skip an exchange on the blocks where that term
+does not depend on it). Hence, in a problem's split code:
+
+* a mean over the field becomes the sum over the block's nodes divided by the GLOBAL count;
+* a term on a boundary row / column / face counts only on the blocks that hold it
+  (``block.at_lo`` / ``at_hi``), divided by the global count of its nodes;
+* masks and weights are built for the global grid and cut to the block (``part``), so an
+  interior mask like ``r[:, 1:-1, 1:-1]`` follows GLOBAL node indices;
+* a quantity on edges between nodes is counted once, by the block holding the edge's first
+  node, which reads the other node from ``block.halo``;
+* a term that is not a sum over nodes (a sqrt of a sum, a max) needs ``block.sum`` inside and
+  care with the split of its value, or must be refused on a split block (``check_block``).
+  None of the current problems has one.
+
+Each problem's docstring or ``check_block`` says which of its options split; ``on_block``
+refuses the others with a ValueError naming what does.
+
 Inputs given as fields (``inputs_from_fields``) and the reference solution of given fields
 (``solve_from_inputs``) are part of the contract too, so the application can run a network or a
 reference solver on a user's fields without knowing which PDE (or which channel) it handles.
@@ -27,8 +51,10 @@ import numpy as np
 import torch
 
 # The checks live in diffnet.validation; re-exported here for code that imported them from base.
+from ..domain import Block
 from ..validation import (check_array, check_bool, check_choice, check_grid,  # noqa: F401
                           check_number, check_range)
+from .blocks import cut
 
 
 @dataclass(frozen=True)
@@ -68,6 +94,31 @@ class Problem(abc.ABC):
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)
+        self.block = Block(self.grid)
+
+    # -- domain parallelism ------------------------------------------------------------------
+    def on_block(self, block: Block) -> "Problem":
+        """Compute on ``block`` of the grid from now on (see the module docstring); returns self.
+
+        ValueError if the block is not one of this grid or this problem's options cannot be
+        split that way (``check_block``).
+        """
+        if tuple(block.grid) != tuple(self.grid):
+            raise ValueError(f"block {block!r} is a block of grid {list(block.grid)}, but problem "
+                             f"{self.name!r} is on grid {list(self.grid)}")
+        if not block.whole:
+            self.check_block(block)
+        self.block = block
+        return self
+
+    def check_block(self, block: Block) -> None:
+        """ValueError if this problem cannot compute its losses on the split ``block``
+        (called by ``on_block``; the default accepts every block)."""
+
+    def part(self, field: torch.Tensor) -> torch.Tensor:
+        """This block's part of a global field (..., *grid), grid axes of size 1 broadcast
+        (masks, weights); the field itself when undivided. A view, no copy."""
+        return cut(self.block, field)
 
     # -- geometry ---------------------------------------------------------------------------
     @property
@@ -159,7 +210,8 @@ class Problem(abc.ABC):
     @abc.abstractmethod
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """Apply the hard-imposed boundary/initial values (if this problem instance uses them)
-        to the generator's raw output (B, 1, H, W); identity otherwise."""
+        to the generator's raw output (B, 1, H, W); identity otherwise. On a split block: the
+        block's parts of u and inputs (every current problem imposes pointwise, no exchange)."""
 
     @abc.abstractmethod
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -167,6 +219,7 @@ class Problem(abc.ABC):
 
         Keys are ``loss_term_names``, fixed per problem (by default "pde" and "bc"; a
         hard-imposed or natural condition gives a zero "bc"). The sample's loss is the sum.
+        On a split block: this block's parts of u, inputs and of every term (module docstring).
         """
 
     # -- reference solutions ----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The stochastic inviscid Burgers family of the DiffNet talk."""
+"""The stochastic inviscid Burgers family of the DiffNet talk (its finite-volume residuals,
+undivided and on a block of a split grid, live in ``burgers_fv``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,11 @@ import torch
 
 from ..generators import impose_dirichlet
 from ..primitive import node_primitive, primitive_at
-from ..stencils import KINDS, FiniteDifference
+from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_bool, check_choice, check_int, check_number, check_range
 from .base import Axis, Problem
+from .blocks import mean_part
+from .burgers_fv import FiniteVolumeResiduals
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -25,7 +28,7 @@ def initial_condition(c: float, x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 - np.cos(2.0 * np.pi * c * np.asarray(x, dtype=np.float64)))
 
 
-class Burgers(Problem):
+class Burgers(FiniteVolumeResiduals, Problem):
     """Inviscid Burgers: u_t + u u_x = 0 on (t, x) in [0, 1/3] x [0, 1].
 
     Conditions: u(0, t) = 0 (inflow at x = 0), u(x, 0) = u0(x) = 0.5 (1 - cos(2 pi c x)), with
@@ -100,6 +103,13 @@ class Burgers(Problem):
     smears each shock over a few fine cells and is 4-7% (rel L2) from the exact solution on 64^2).
     With ``hard_bc=True`` ``impose`` writes u0 into row t=0 and 0 into column x=0 exactly
     (impose_dirichlet), and "bc" is then identically zero.
+
+    Domain parallelism (``on_block``): every scheme splits exactly. "stencil" through the
+    block's ``FiniteDifference`` (boundary blocks need >= 4 nodes per axis); "lax-oleinik" by
+    gathering the u0 row along x (the primitive is computed on the whole row); "upwind" and
+    "muscl" by a halo of 2k resp. 4k layers for the k-step residuals (``burgers_fv``), so
+    ``on_block`` refuses a horizon whose halo is wider than the blocks' shortest side.
+    "bc" counts row t = 0 and column x = 0 on the blocks holding them.
 
     ``reference_methods`` = ("auto",): neither reference solver has a choice to make. Solving
     from given fields (``solve_from_inputs``) is not available: both solvers follow u0 between
@@ -196,70 +206,17 @@ class Burgers(Problem):
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         if not self.hard_bc:
             return u
-        row, both = self._mask(u)
+        row, both = (self.part(t) for t in self._mask(u))
         # values: u0 on row 0 (u0(0) = 0, and the row mask zeroes every other node), so the
         # column x = 0 receives 0.
         return impose_dirichlet(u, both, inputs[:, 0:1] * row)
 
     # -- losses -----------------------------------------------------------------------------
-    # -- finite-volume schemes ---------------------------------------------------------------
-    def _limited_slope(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """Limited slope from the backward / forward differences a, b (zero at extrema)."""
-        same = a * b > 0
-        aa, ab = a.abs(), b.abs()
-        if self.limiter == "minmod":
-            mag = torch.minimum(aa, ab)
-        elif self.limiter == "vanleer":
-            mag = 2 * aa * ab / (aa + ab).clamp_min(1e-30)
-        elif self.limiter == "mc":
-            mag = torch.minimum(torch.minimum(2 * aa, 2 * ab), 0.5 * (aa + ab))
-        else:  # superbee
-            mag = torch.maximum(torch.minimum(2 * aa, ab), torch.minimum(aa, 2 * ab))
-        return torch.where(same, torch.sign(a) * mag, torch.zeros_like(a))
-
-    def _fv_operator(self, v: torch.Tensor) -> torch.Tensor:
-        """(F[j+1/2] - F[j-1/2]) / dx for the rows of v (..., W), Engquist-Osher flux."""
-        dx = self.spacing[1]
-        z = torch.zeros_like(v[..., :1])
-        last = v[..., -1:]
-        e = torch.cat([z, z, v, last, last], dim=-1)               # 2 ghosts per side
-        if self.scheme == "upwind":
-            ul, ur = e[..., 1:-2], e[..., 2:-1]
-        else:
-            d = e[..., 1:] - e[..., :-1]
-            s = self._limited_slope(d[..., :-1], d[..., 1:])      # slopes of e[1 .. W+2]
-            ul = e[..., 1:-2] + 0.5 * s[..., :-1]
-            ur = e[..., 2:-1] - 0.5 * s[..., 1:]
-        flux = 0.5 * (ul.clamp_min(0).square() + ur.clamp_max(0).square())   # W + 1 faces
-        return (flux[..., 1:] - flux[..., :-1]) / dx
-
-    def step(self, v: torch.Tensor) -> torch.Tensor:
-        """One time step dt = T / (H - 1) of the finite-volume scheme applied to rows v (..., W);
-        column 0 of the result is the inflow value 0."""
-        dt = self.spacing[0]
-        if self.scheme == "upwind":
-            w = v - dt * self._fv_operator(v)
-        else:
-            w = v - dt * self._fv_operator(v)
-            w = 0.5 * (v + w - dt * self._fv_operator(w))
-        return torch.cat([torch.zeros_like(w[..., :1]), w[..., 1:]], dim=-1)
-
-    def horizons(self) -> tuple[int, ...]:
-        """Step counts k of the k-step residuals: 1, 2, 4, ... <= min(horizon, H - 1)."""
-        ks, k = [], 1
-        while k <= min(self.horizon, self.grid[0] - 1):
-            ks.append(k)
-            k *= 2
-        return tuple(ks)
-
-    def _fv_residual(self, u: torch.Tensor, k: int = 1) -> torch.Tensor:
-        """(B, 1, H, W): (u[i] - Phi^k(u[i-k])) / (k dt) on rows i >= k, columns >= 1; else 0."""
-        v = u[..., :-k, :]
-        for _ in range(k):
-            v = self.step(v)
-        r = torch.zeros_like(u)
-        r[..., k:, 1:] = ((u[..., k:, :] - v) / (k * self.spacing[0]))[..., 1:]
-        return r
+    def check_block(self, block) -> None:
+        if self.scheme == "stencil":
+            check_block_sizes(block)
+        elif self.scheme != "lax-oleinik":
+            self.check_fv_block(block)
 
     def _row_weights(self, like: torch.Tensor) -> torch.Tensor:
         key = ("w", like.dtype, like.device)
@@ -272,18 +229,19 @@ class Burgers(Problem):
         return self._masks[key]
 
     def pde_residual(self, u: torch.Tensor) -> torch.Tensor:
-        """(B, 1, H, W) residual R(u) on every node (see the class docstring)."""
+        """(B, 1, H, W) residual R(u) on every node (see the class docstring); on a split
+        block, the block's part of the residual field."""
         if self.scheme == "lax-oleinik":
             raise ValueError("scheme='lax-oleinik' minimises a functional and has no residual "
                              "R(u); use loss_terms(u, inputs)")
         if self.scheme != "stencil":
-            return self._fv_residual(u)
+            return self._fv_residual(u) if self.block.whole else self._fv_residuals_part(u, (1,))[0]
         b = u.shape[0]
         if self.form == "conservative":
-            d = self.fd(torch.cat([u, 0.5 * u * u], dim=0))
+            d = self.fd(torch.cat([u, 0.5 * u * u], dim=0), self.block)
             r = d[:b, 0:1] + d[b:, 1:2]
         else:
-            d = self.fd(u)
+            d = self.fd(u, self.block)
             r = d[:, 0:1] + u * d[:, 1:2]
         if self.viscosity > 0:
             r = r - self.viscosity * d[:b, 2:3]
@@ -292,41 +250,57 @@ class Burgers(Problem):
     def _lax_oleinik(self, u: torch.Tensor, inputs: torch.Tensor,
                      sigma: float = 0.0) -> torch.Tensor:
         """(B, H-1, W) per-node Lax-Oleinik functional g(u) on rows t > 0 (class docstring), or
-        its Gaussian average E[g(u + sigma Z)] (8-point Gauss-Hermite) when sigma > 0."""
+        its Gaussian average E[g(u + sigma Z)] (8-point Gauss-Hermite) when sigma > 0.
+
+        On a split block: the block's nodes on rows t > 0 (global row index), (B, h', w). The
+        primitive needs the whole u0 row, so the block gathers it along x and every block
+        computes the undivided ``node_primitive`` (bit-identical to it)."""
         dt, dx = self.spacing
-        h, w = self.grid
-        u0 = inputs[:, 0, 0, :]
+        blk = self.block
+        first = int(blk.at_lo(0))                  # skip the local first row iff it is t = 0
+        u0 = blk.gather(inputs[:, 0, 0, :], axis=1)      # (B, W): the whole row
         big_u0 = node_primitive(u0, dx)            # (B, W), once for all quadrature points
-        t = torch.arange(1, h, dtype=u.dtype, device=u.device)[:, None] * dt
-        x = torch.arange(w, dtype=u.dtype, device=u.device) * dx
-        v = u[:, 0, 1:, :]
+        t = blk.indices(0, u)[first:, None].to(u.dtype) * dt
+        x = blk.indices(1, u).to(u.dtype) * dx
+        v = u[:, 0, first:, :]
+        here = big_u0[:, None, blk.start[1]:blk.start[1] + blk.shape[1]]   # U0 at this block's x
 
         def g(val):  # x - val t: where the characteristic through (x, t) starts
-            return ((primitive_at(big_u0, u0, dx, x - val * t) - big_u0[:, None, :]) / t
-                    + 0.5 * val * val)
+            return (primitive_at(big_u0, u0, dx, x - val * t) - here) / t + 0.5 * val * val
 
         if sigma <= 0:
             return g(v)
         return sum(float(wq) * g(v + sigma * float(z)) for z, wq in zip(_GH_Z, _GH_W))
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        h, w = self.grid
         if self.scheme == "lax-oleinik":
             g = self._lax_oleinik(u, inputs, self.current_smoothing())
             if self.row_weight > 0:
-                g = g * self._row_weights(u)[:, 0, 1:]
-            return {"pde": g.mean(dim=(1, 2)), "bc": self._bc(u, inputs)}
+                g = g * self.part(self._row_weights(u))[:, 0, int(self.block.at_lo(0)):]
+            pde = mean_part(g, (1, 2), (h - 1) * w, self.block)
+            return {"pde": pde, "bc": self._bc(u, inputs)}
         if self.scheme != "stencil" and self.horizon > 1:
-            rs = [self._fv_residual(u, k) for k in self.horizons()]
+            rs = ([self._fv_residual(u, k) for k in self.horizons()] if self.block.whole
+                  else self._fv_residuals_part(u))
         else:
             rs = [self.pde_residual(u)]
         if self.row_weight > 0:
-            rs = [r * self._row_weights(r).sqrt() for r in rs]
-        pde = sum(r.square().mean(dim=(1, 2, 3)) for r in rs) / len(rs)
+            rs = [r * self.part(self._row_weights(r)).sqrt() for r in rs]
+        pde = sum(mean_part(r.square(), (1, 2, 3), h * w, self.block) for r in rs) / len(rs)
         return {"pde": pde, "bc": self._bc(u, inputs)}
 
     def _bc(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         u0 = inputs[:, 0, 0, :]
-        bc = (u[:, 0, 0, :] - u0).square().mean(dim=1) + u[:, 0, :, 0].square().mean(dim=1)
+        if self.block.whole:
+            bc = (u[:, 0, 0, :] - u0).square().mean(dim=1) + u[:, 0, :, 0].square().mean(dim=1)
+            return self.bc_weight * bc
+        h, w = self.grid
+        bc = u.new_zeros(u.shape[0])          # this block's part: the walls it holds
+        if self.block.at_lo(0):
+            bc = bc + (u[:, 0, 0, :] - u0).square().sum(dim=1) / w
+        if self.block.at_lo(1):
+            bc = bc + u[:, 0, :, 0].square().sum(dim=1) / h
         return self.bc_weight * bc
 
     def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:

@@ -31,9 +31,10 @@ import math
 import numpy as np
 import torch
 
-from ..stencils import KINDS, FiniteDifference
+from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_array, check_choice, check_int, check_range
 from .base import Axis, Problem
+from .blocks import owned_edges
 
 
 def kl_modes(n_terms: int) -> list[tuple[int, int]]:
@@ -121,6 +122,11 @@ class KLDiffusionProblem(Problem):
 
     ``stencil`` (one of stencils.KINDS) is used by the "nodes" quadrature and by Poisson's
     "residual" loss; the default "faces" energy needs no stencil.
+
+    On a split block (``on_block``) the energies are exact, every quadrature: "faces" counts
+    each edge on the block holding its first node (the other from a one-layer halo of u and
+    nu), "nodes" takes the block's nodal gradients (``FiniteDifference`` on the block) and
+    weights; the nodal weights are the global ones cut to the block.
 
     Given fields (``inputs_from_fields``): "nu" alone is enough, "log_nu" is derived from it;
     nu must be > 0 everywhere. The reference solution (``reference_solution``,
@@ -218,10 +224,17 @@ class KLDiffusionProblem(Problem):
             self._cache[key] = (wr, wc, wr * wc)
         return self._cache[key]
 
+    def check_block(self, block) -> None:
+        if self.quadrature == "nodes":
+            check_block_sizes(block)
+
     def diffusion_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
-        """(B,) integral of nu |grad u|^2 / 2 over the unit square (see the class docstring)."""
+        """(B,) integral of nu |grad u|^2 / 2 over the unit square (see the class docstring);
+        on a split block, this block's part of it."""
         hy, hx = self.spacing
-        wr, wc, wn = self._weights(u)
+        wr, wc, wn = (self.part(t) for t in self._weights(u))
+        if self.quadrature == "faces" and not self.block.whole:
+            return self._face_energy_part(u, nu, wr, wc)
         if self.quadrature == "faces":
             dx = (u[..., :, 1:] - u[..., :, :-1]) / hx               # (B,1,H,W-1)
             ex = harmonic_mean(nu[..., :, 1:], nu[..., :, :-1]) * dx.square()
@@ -231,9 +244,23 @@ class KLDiffusionProblem(Problem):
             w = self.grid[1] - 1
             h = self.grid[0] - 1
             return 0.5 * ((ex * wr).sum(dim=(1, 2, 3)) / w + (ey * wc).sum(dim=(1, 2, 3)) / h)
-        d = self.fd_grad(u)
+        d = self.fd_grad(u, self.block)
         return 0.5 * (nu * d.square().sum(dim=1, keepdim=True) * wn).sum(dim=(1, 2, 3))
 
+    def _face_energy_part(self, u, nu, wr, wc) -> torch.Tensor:
+        """This block's part of the "faces" energy: the edges it owns (``owned_edges``), with
+        the trapezoidal weights of its rows / columns (wr, wc cut to the block)."""
+        hy, hx = self.spacing
+        p = self.block.halo(torch.cat([u, nu], dim=1), 1)         # one exchange for both
+        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, self.block, 1))
+        ex = harmonic_mean(n1, n0) * ((u1 - u0) / hx).square()
+        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, self.block, 0))
+        ey = harmonic_mean(n1, n0) * ((u1 - u0) / hy).square()
+        h, w = self.grid
+        return 0.5 * ((ex * wr).sum(dim=(1, 2, 3)) / (w - 1)
+                      + (ey * wc).sum(dim=(1, 2, 3)) / (h - 1))
+
     def integrate(self, g: torch.Tensor) -> torch.Tensor:
-        """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square."""
-        return (g * self._weights(g)[2]).sum(dim=(1, 2, 3))
+        """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square; on a
+        split block, of the block's part g (its part of the integral)."""
+        return (g * self.part(self._weights(g)[2])).sum(dim=(1, 2, 3))

@@ -51,6 +51,7 @@ import math
 import numpy as np
 import torch
 
+from .blocks import cut, owned_edges
 from .fields import edge_weights, harmonic_mean
 
 
@@ -123,4 +124,22 @@ def face_energy_3d(u: torch.Tensor, nu: torch.Tensor, spacing,
             if other != axis:
                 e = e * weights[other]
         total = total + e.sum(dim=(1, 2, 3, 4)) / (n - 1)
+    return 0.5 * total
+
+
+def face_energy_3d_part(u: torch.Tensor, nu: torch.Tensor, spacing,
+                        weights: list[torch.Tensor], block) -> torch.Tensor:
+    """This split ``block``'s part of ``face_energy_3d``: u, nu its parts (B, 1, *shape); each
+    edge counts on the block holding its first node (``blocks.owned_edges``), the transverse
+    weights are the global ones cut to the block. Summed over the blocks: the undivided energy.
+    """
+    p = block.halo(torch.cat([u, nu], dim=1), 1)          # one exchange for both fields
+    total = 0.0
+    for axis in range(3):
+        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, block, axis))
+        e = harmonic_mean(n1, n0) * ((u1 - u0) / spacing[axis]).square()
+        for other in range(3):
+            if other != axis:
+                e = e * cut(block, weights[other])
+        total = total + e.sum(dim=(1, 2, 3, 4)) / (block.grid[axis] - 1)
     return 0.5 * total

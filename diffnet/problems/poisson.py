@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from ..generators import impose_dirichlet
-from ..stencils import FiniteDifference
+from ..stencils import FiniteDifference, check_block_sizes
 from ..validation import check_choice, check_number
+from .blocks import mean_part
 from .fields import KLDiffusionProblem
 
 LOSSES = ("energy", "residual")
@@ -40,6 +41,10 @@ class Poisson(KLDiffusionProblem):
         swing with the 10^4 contrast of nu); derivatives of u and log nu by ONE
         ``FiniteDifference(kind=stencil)`` call. "bc" = bc_weight * mean over the nodes of the two
         walls y = 0, 1 of (du/dy)^2 (the Neumann condition as a soft term).
+
+    Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly (``on_block``):
+    the interior mean of "residual" follows global node indices and each wall counts on the
+    blocks holding it.
     """
 
     name = "poisson"
@@ -75,10 +80,24 @@ class Poisson(KLDiffusionProblem):
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         if self.bc_mode == "lift":
-            base, bubble = self._lift(u)
+            base, bubble = (self.part(t) for t in self._lift(u))
             return torch.addcmul(base, bubble, u)
-        mask, values = self._mask(u)
+        mask, values = (self.part(t) for t in self._mask(u))
         return impose_dirichlet(u, mask, values)
+
+    def check_block(self, block) -> None:
+        super().check_block(block)
+        if self.loss == "residual":
+            check_block_sizes(block)
+
+    def _interior(self, like: torch.Tensor) -> torch.Tensor:
+        """(H, W) indicator of the interior nodes [1:-1, 1:-1], cached per dtype/device."""
+        key = ("interior", like.dtype, like.device)
+        if key not in self._masks:
+            m = torch.zeros(self.grid, dtype=like.dtype, device=like.device)
+            m[1:-1, 1:-1] = 1
+            self._masks[key] = m
+        return self._masks[key]
 
     def _lift(self, like: torch.Tensor):
         """(1 - x, 4 x (1 - x)) as (1, 1, 1, W) rows, cached per dtype."""
@@ -93,13 +112,27 @@ class Poisson(KLDiffusionProblem):
             pde = self.diffusion_energy(u, inputs[:, 0:1])
             return {"pde": pde, "bc": torch.zeros_like(pde)}
         b = u.shape[0]
-        d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0))      # u and log nu, one conv
+        d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0), self.block)   # u and log nu, one conv
         du, dl = d[:b], d[b:]
         r = du[:, 2] + du[:, 3] + dl[:, 0] * du[:, 0] + dl[:, 1] * du[:, 1]   # (B, H, W)
-        pde = r[:, 1:-1, 1:-1].square().mean(dim=(1, 2))
-        uy = du[:, 0]
-        bc = 0.5 * (uy[:, 0].square().mean(dim=1) + uy[:, -1].square().mean(dim=1))
-        return {"pde": pde, "bc": self.bc_weight * bc}
+        if self.block.whole:
+            pde = r[:, 1:-1, 1:-1].square().mean(dim=(1, 2))
+            uy = du[:, 0]
+            bc = 0.5 * (uy[:, 0].square().mean(dim=1) + uy[:, -1].square().mean(dim=1))
+            return {"pde": pde, "bc": self.bc_weight * bc}
+        return self._residual_terms_part(r, du[:, 0])
+
+    def _residual_terms_part(self, r: torch.Tensor, uy: torch.Tensor) -> dict:
+        """This block's parts of the "residual" terms from its residual r and du/dy (B, h, w)."""
+        blk = self.block
+        h, w = self.grid
+        pde = mean_part(r.square() * self.part(self._interior(r)), (1, 2), (h - 2) * (w - 2), blk)
+        bc = torch.zeros_like(pde)
+        if blk.at_lo(0):
+            bc = bc + uy[:, 0].square().sum(dim=1) / w
+        if blk.at_hi(0):
+            bc = bc + uy[:, -1].square().sum(dim=1) / w
+        return {"pde": pde, "bc": self.bc_weight * (0.5 * bc)}
 
     def diffusion_options(self) -> dict:
         return {"dirichlet": "poisson"}

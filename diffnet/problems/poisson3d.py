@@ -12,13 +12,15 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from ..domain import Block
 from ..generators import impose_dirichlet
-from ..stencils import KINDS, FiniteDifference3D
+from ..stencils import KINDS, FiniteDifference3D, check_block_sizes
 from ..validation import (check_array, check_choice, check_int, check_node_grid, check_number,
                           check_range)
 from .base import Axis, Problem
-from .fields3d import (axis_weights_3d, face_energy_3d, log_diffusivity_3d, log_nu_bound_3d,
-                       nodal_weights_3d)
+from .blocks import mean_part
+from .fields3d import (axis_weights_3d, face_energy_3d, face_energy_3d_part, log_diffusivity_3d,
+                       log_nu_bound_3d, nodal_weights_3d)
 
 LOSSES = ("energy", "residual")
 BC_MODES = ("overwrite", "lift")
@@ -62,6 +64,9 @@ class Poisson3D(Problem):
         grad(log nu) . grad u)^2 = (div(nu grad u) / nu)^2, derivatives of u and log nu by ONE
         ``FiniteDifference3D(kind=stencil)`` call; "bc" = bc_weight * the mean over the four
         zero-flux faces of the mean of (du/dn)^2 there.
+
+    Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly on a block of the
+    (D, H, W) grid (``on_block``), as the 2-D ``Poisson`` does.
     """
 
     name = "poisson3d"
@@ -76,6 +81,7 @@ class Poisson3D(Problem):
                  bc_weight: float = 1.0, bc_mode: str = "overwrite"):
         # Not Problem.__init__: its grid check is the 2-D one.
         self.grid = check_node_grid(grid, 3)
+        self.block = Block(self.grid)
         self.n_terms = check_int("n_terms", n_terms, 4,
                                  what="an integer >= 4 (KL terms of log nu)")
         self.param_names = tuple(f"omega_{i + 1}" for i in range(self.n_terms))
@@ -173,7 +179,7 @@ class Poisson3D(Problem):
         return self._cache[key]
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        mask, values, base, bubble = self._x_profiles(u)
+        mask, values, base, bubble = (self.part(t) for t in self._x_profiles(u))
         if self.bc_mode == "lift":
             return torch.addcmul(base, bubble, u)
         return impose_dirichlet(u, mask, values)
@@ -185,26 +191,61 @@ class Poisson3D(Problem):
                                 nodal_weights_3d(self.grid, like))
         return self._cache[key]
 
+    def check_block(self, block) -> None:
+        if self.loss == "residual" or self.quadrature == "nodes":
+            check_block_sizes(block)
+
+    def _interior(self, like: torch.Tensor) -> torch.Tensor:
+        """(D, H, W) indicator of the interior nodes, cached per dtype/device."""
+        key = ("interior", like.dtype, like.device)
+        if key not in self._cache:
+            m = torch.zeros(self.grid, dtype=like.dtype, device=like.device)
+            m[1:-1, 1:-1, 1:-1] = 1
+            self._cache[key] = m
+        return self._cache[key]
+
     def diffusion_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
-        """(B,) integral of nu |grad u|^2 / 2 over the cube, by ``quadrature``."""
+        """(B,) integral of nu |grad u|^2 / 2 over the cube, by ``quadrature``; on a split
+        block, this block's part of it."""
         axis_w, nodal_w = self._weights(u)
+        if self.quadrature == "faces" and not self.block.whole:
+            return face_energy_3d_part(u, nu, self.spacing, axis_w, self.block)
         if self.quadrature == "faces":
             return face_energy_3d(u, nu, self.spacing, axis_w)
-        g = self.fd(u)
-        return 0.5 * (nu * g.square().sum(dim=1, keepdim=True) * nodal_w).sum(dim=(1, 2, 3, 4))
+        g = self.fd(u, self.block)
+        return 0.5 * (nu * g.square().sum(dim=1, keepdim=True)
+                      * self.part(nodal_w)).sum(dim=(1, 2, 3, 4))
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.loss == "energy":
             pde = self.diffusion_energy(u, inputs[:, 0:1])
             return {"pde": pde, "bc": torch.zeros_like(pde)}
         b = u.shape[0]
-        d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0))      # u and log nu, one conv
+        d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0), self.block)   # u and log nu, one conv
         du, dl = d[:b], d[b:]
         r = du[:, 3] + du[:, 4] + du[:, 5] + (dl[:, :3] * du[:, :3]).sum(dim=1)
+        if not self.block.whole:
+            return self._residual_terms_part(r, du)
         pde = r[:, 1:-1, 1:-1, 1:-1].square().mean(dim=(1, 2, 3))
         faces = (du[:, 0, 0], du[:, 0, -1], du[:, 1, :, 0], du[:, 1, :, -1])  # z, y walls
         bc = sum(f.square().mean(dim=(1, 2)) for f in faces) / 4
         return {"pde": pde, "bc": self.bc_weight * bc}
+
+    def _residual_terms_part(self, r: torch.Tensor, du: torch.Tensor) -> dict:
+        """This block's parts of the "residual" terms: r (B, d, h, w), du the derivatives."""
+        blk = self.block
+        n_d, n_h, n_w = self.grid
+        inner = (n_d - 2) * (n_h - 2) * (n_w - 2)
+        pde = mean_part(r.square() * self.part(self._interior(r)), (1, 2, 3), inner, blk)
+        bc = torch.zeros_like(pde)
+        # (held here?, normal derivative on the wall (views), nodes of the whole wall)
+        faces = ((blk.at_lo(0), du[:, 0, 0], n_h * n_w), (blk.at_hi(0), du[:, 0, -1], n_h * n_w),
+                 (blk.at_lo(1), du[:, 1, :, 0], n_d * n_w),
+                 (blk.at_hi(1), du[:, 1, :, -1], n_d * n_w))
+        for held, face, count in faces:
+            if held:
+                bc = bc + face.square().sum(dim=(1, 2)) / count
+        return {"pde": pde, "bc": self.bc_weight * (bc / 4)}
 
     # -- reference solutions ------------------------------------------------------------------
     def solve_nu(self, nu: np.ndarray, method: str = "auto") -> np.ndarray:

@@ -1,0 +1,325 @@
+"""The problems' losses on blocks of a split grid (issue #15), in one process without MPI.
+
+``ThreadBlock`` is a test-only ``diffnet.domain.Block`` whose blocks run in threads of this
+process, like ranks: a collective posts the caller's tensor, waits at a barrier for every block
+and builds its result from all the posted tensors by differentiable slicing and concatenation
+(halo: the window of ``F.pad`` of the assembled global field). Every block computes on views of
+the SAME global autograd leaf, so summing the blocks' terms and backpropagating once carries
+the gradient across the blocks exactly as the collectives' adjoint exchange would. The check:
+for every problem, loss form / scheme and split, the sum over the blocks of each per-sample
+term equals the undivided term, and so does its gradient w.r.t. the global raw field.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+import torch
+
+from diffnet.domain import Block, check_split
+from diffnet.problems import get_problem
+from diffnet.stencils import (DERIVATIVES, DERIVATIVES_3D, FiniteDifference, FiniteDifference3D,
+                              pad_cubic, pad_cubic_3d, pad_cubic_block)
+
+GRID = (16, 12)            # not square: rows and columns must not be mixed up
+GRID3 = (8, 8, 8)
+SPLITS = [[1, 2], [2, 1], [2, 2], [4, 2]]
+SPLITS3 = [[1, 2, 2], [2, 1, 1], [2, 2, 2]]
+RTOL, ATOL = 1e-10, 1e-13
+
+
+class ThreadSplit:
+    """The blocks of one split, each to be driven by its own thread."""
+
+    def __init__(self, grid, split):
+        check_split(grid, split)
+        self.grid, self.split = tuple(grid), tuple(split)
+        self.coords = list(itertools.product(*(range(s) for s in split)))
+        self.barrier = threading.Barrier(len(self.coords), timeout=60)
+        self.posted: dict = {}
+
+    def blocks(self) -> list["ThreadBlock"]:
+        return [ThreadBlock(self, c) for c in self.coords]
+
+    def assemble(self, pieces: dict, lead: int) -> torch.Tensor:
+        """The global tensor from the blocks' pieces (grid axes after ``lead`` dims)."""
+        def rec(prefix):
+            a = len(prefix)
+            if a == len(self.split):
+                return pieces[prefix]
+            return torch.cat([rec(prefix + (i,)) for i in range(self.split[a])], dim=lead + a)
+        return rec(())
+
+
+class ThreadBlock(Block):
+    def __init__(self, split: ThreadSplit, coord):
+        shape = tuple(g // s for g, s in zip(split.grid, split.split))
+        super().__init__(split.grid, tuple(c * n for c, n in zip(coord, shape)), shape)
+        self.group, self.coord, self.calls = split, coord, 0
+
+    def _all(self, t: torch.Tensor) -> dict:
+        """Post t, wait for every block, return every block's posted tensor by coordinate."""
+        key, self.calls = self.calls, self.calls + 1
+        self.group.posted[key, self.coord] = t
+        self.group.barrier.wait()
+        return {c: self.group.posted[key, c] for c in self.group.coords}
+
+    def halo(self, x, width=1, fill="zeros"):
+        if width > min(self.shape):    # as the MPI block: ghosts from the neighbours' own nodes
+            raise ValueError(f"halo width {width} exceeds the block {self.shape}")
+        glob = self.group.assemble(self._all(x), x.dim() - self.dims)
+        p = Block(self.grid).halo(glob, width, fill)
+        for a, (s, n) in enumerate(zip(self.start, self.shape)):
+            p = p.narrow(x.dim() - self.dims + a, s, n + 2 * width)
+        return p
+
+    def sum(self, t):
+        pieces = self._all(t)
+        return sum(pieces[c] for c in self.group.coords)
+
+    def gather(self, t, axis):
+        pieces = self._all(t)
+        line = [c for c in self.group.coords
+                if all(c[b] == self.coord[b] for b in range(self.dims) if b != axis)]
+        return torch.cat([pieces[c] for c in sorted(line, key=lambda c: c[axis])], dim=-1)
+
+
+def run_blocks(split: ThreadSplit, work):
+    """``work(block)`` on every block, each in its own thread; the results in block order."""
+    blocks = split.blocks()
+    results, errors = [None] * len(blocks), []
+
+    def run(i):
+        try:
+            results[i] = work(blocks[i])
+        except BaseException as e:                 # noqa: BLE001 -- re-raised below
+            errors.append(e)
+            split.barrier.abort()                  # the others fail fast, not at the timeout
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(blocks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)),
+                   errors[0])
+    return blocks, results
+
+
+# -- the fixtures: a raw field, the inputs, the undivided terms and gradients ---------------------
+def data(p, grid, seed=0, batch=2):
+    p.set_progress(0.25)
+    x = p.build_input(p.sample_params(seed, range(batch)), dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed + 7)
+    # an offset with noise of either sign (Burgers' fluxes see both wave directions)
+    raw = 0.4 + 0.3 * torch.randn((batch, 1, *grid), generator=g, dtype=torch.float64)
+    return raw.requires_grad_(), x
+
+
+def terms_and_grads(terms: dict, raw: torch.Tensor) -> dict:
+    """Per term: (value (B,), d(sum of the term over the batch)/d raw)."""
+    out = {}
+    for k, v in terms.items():
+        grad = (torch.autograd.grad(v.sum(), raw, retain_graph=True)[0] if v.requires_grad
+                else torch.zeros_like(raw))
+        out[k] = (v.detach(), grad)
+    return out
+
+
+def undivided(make, grid):
+    p = make()
+    raw, x = data(p, grid)
+    u = p.impose(raw, x)
+    return raw, x, u.detach(), terms_and_grads(p.loss_terms(u, x), raw)
+
+
+def split_run(make, grid, split, raw, x):
+    """The blocks' terms summed over the blocks, with their gradients, and the imposed field."""
+    ts = ThreadSplit(grid, split)
+
+    def work(blk):
+        p = make().on_block(blk)
+        p.set_progress(0.25)
+        u = p.impose(blk.local(raw), blk.local(x))
+        return u, p.loss_terms(u, blk.local(x))
+
+    blocks, results = run_blocks(ts, work)
+    u = ts.assemble({b.coord: r[0] for b, r in zip(blocks, results)}, 2)
+    total = {k: sum(r[1][k] for r in results) for k in results[0][1]}
+    return u.detach(), terms_and_grads(total, raw)
+
+
+def check_split_exact(make, grid, split):
+    raw, x, u_ref, ref = undivided(make, grid)
+    u, got = split_run(make, grid, split, raw, x)
+    assert torch.equal(u, u_ref), "impose on the blocks differs from the undivided impose"
+    assert got.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(got[k][0], ref[k][0], rtol=RTOL, atol=ATOL, msg=f"term {k}")
+        scale = ref[k][1].abs().max().item() + 1e-300
+        torch.testing.assert_close(got[k][1] / scale, ref[k][1] / scale, rtol=RTOL, atol=RTOL,
+                                   msg=f"gradient of term {k}")
+    # the check is not vacuous: the terms and their gradients are not all zero
+    assert any(v[0].abs().max() > 0 for v in ref.values())
+    assert any(v[1].abs().max() > 0 for v in ref.values())
+
+
+# -- the problems' configurations ---------------------------------------------------------------
+BURGERS = [dict(hard_bc=hb, **kw) for hb in (False, True) for kw in (
+    dict(), dict(form="advective", stencil="central"), dict(stencil="sobel3103", viscosity=0.02,
+                                                            row_weight=1.5),
+    dict(scheme="upwind"), dict(scheme="muscl", limiter="mc", row_weight=1.0),
+    dict(scheme="muscl", limiter="vanleer"), dict(scheme="muscl", limiter="superbee"),
+    dict(scheme="muscl", limiter="minmod"),
+    dict(scheme="lax-oleinik"), dict(scheme="lax-oleinik", smoothing=0.1, row_weight=1.0))]
+ELLIPTIC = ([("poisson", dict(loss=loss, quadrature=q, bc_mode=bm))
+             for loss in ("energy", "residual") for q in ("faces", "nodes")
+             for bm in ("overwrite", "lift")]
+            + [("reaction_diffusion", dict(quadrature=q, bc_mode=bm))
+               for q in ("faces", "nodes") for bm in ("overwrite", "lift")]
+            + [("darcy", dict(quadrature=q, bc_mode=bm, coefficient=c))
+               for q, bm, c in (("faces", "overwrite", "threshold"), ("nodes", "lift", "threshold"),
+                                ("faces", "lift", "lognormal"))])
+POISSON3D = [dict(loss=loss, quadrature=q, bc_mode=bm) for loss in ("energy", "residual")
+             for q in ("faces", "nodes") for bm in ("overwrite", "lift")]
+
+
+def ids(kw):
+    return ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=str)
+@pytest.mark.parametrize("kw", BURGERS, ids=ids)
+def test_burgers_terms_split_exactly(kw, split):
+    check_split_exact(lambda: get_problem("burgers", grid=GRID, **kw), GRID, split)
+
+
+@pytest.mark.parametrize("split", ([2, 1], [1, 2], [2, 2]), ids=str)
+@pytest.mark.parametrize("scheme,horizon", [("upwind", 4), ("muscl", 2), ("muscl", 4)])
+def test_burgers_finite_volume_horizons_split_or_are_refused(scheme, horizon, split):
+    grid = (32, 24)
+    make = lambda: get_problem("burgers", grid=grid, scheme=scheme, horizon=horizon,   # noqa: E731
+                               row_weight=0.7)
+    width = {"upwind": 2, "muscl": 4}[scheme] * horizon
+    blk = ThreadSplit(grid, split).blocks()[0]
+    if width > min(blk.shape):
+        with pytest.raises(ValueError, match=f"halo of {width} layers"):
+            make().on_block(blk)
+    else:
+        check_split_exact(make, grid, split)
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=str)
+@pytest.mark.parametrize("name,kw", ELLIPTIC, ids=lambda v: v if isinstance(v, str) else ids(v))
+def test_elliptic_terms_split_exactly(name, kw, split):
+    check_split_exact(lambda: get_problem(name, grid=GRID, **kw), GRID, split)
+
+
+@pytest.mark.parametrize("split", ([8, 1], [1, 6], [4, 3]), ids=str)
+def test_face_energies_split_into_thin_blocks(split):
+    """The "faces" energy needs no stencil: blocks of 2 or 3 nodes split it exactly too."""
+    for name in ("poisson", "reaction_diffusion"):
+        check_split_exact(lambda: get_problem(name, grid=GRID), GRID, split)
+
+
+@pytest.mark.parametrize("split", SPLITS3, ids=str)
+@pytest.mark.parametrize("kw", POISSON3D, ids=ids)
+def test_poisson3d_terms_split_exactly(kw, split):
+    check_split_exact(lambda: get_problem("poisson3d", grid=GRID3, **kw), GRID3, split)
+
+
+def test_burgers_residual_field_on_blocks():
+    """pde_residual on a block is the block's part of the undivided residual field."""
+    for kw in (dict(), dict(scheme="upwind", horizon=2), dict(scheme="muscl")):
+        p = get_problem("burgers", grid=GRID, **kw)
+        raw, _ = data(p, GRID)
+        ref = p.pde_residual(raw.detach())
+        ts = ThreadSplit(GRID, [2, 2])
+        blocks, parts = run_blocks(ts, lambda b: get_problem("burgers", grid=GRID, **kw)
+                                   .on_block(b).pde_residual(b.local(raw.detach())))
+        got = ts.assemble({b.coord: r for b, r in zip(blocks, parts)}, 2)
+        torch.testing.assert_close(got, ref, rtol=RTOL, atol=1e-10)
+
+
+# -- the undivided block is today's code path ----------------------------------------------------
+@pytest.mark.parametrize("name,kw", [("burgers", kw) for kw in BURGERS]
+                         + ELLIPTIC + [("poisson3d", kw) for kw in POISSON3D],
+                         ids=lambda v: v if isinstance(v, str) else ids(v))
+def test_the_undivided_block_gives_exactly_the_terms_of_a_problem_without_on_block(name, kw):
+    grid = GRID3 if name == "poisson3d" else GRID
+    plain = get_problem(name, grid=grid, **kw)
+    on = get_problem(name, grid=grid, **kw).on_block(Block(grid))
+    assert plain.block.whole and plain.block.grid == plain.grid
+    for dtype in (torch.float32, torch.float64):
+        raw, x = data(plain, grid)
+        raw, x = raw.detach().to(dtype).requires_grad_(), x.to(dtype)
+        on.set_progress(0.25)
+        ref = terms_and_grads(plain.loss_terms(plain.impose(raw, x), x), raw)
+        got = terms_and_grads(on.loss_terms(on.impose(raw, x), x), raw)
+        for k in ref:
+            assert torch.equal(got[k][0], ref[k][0]) and torch.equal(got[k][1], ref[k][1]), k
+
+
+# -- on_block refuses what does not split ---------------------------------------------------------
+def test_on_block_refuses_a_block_of_another_grid():
+    with pytest.raises(ValueError, match="block .* of grid \\[16, 16\\].* on grid \\[16, 12\\]"):
+        get_problem("poisson", grid=GRID).on_block(Block((16, 16)))
+
+
+@pytest.mark.parametrize("name,kw", [("burgers", {}), ("poisson", dict(loss="residual")),
+                                     ("darcy", dict(quadrature="nodes"))])
+def test_stencils_refuse_boundary_blocks_under_4_nodes(name, kw):
+    blk = ThreadSplit(GRID, [1, 6]).blocks()[0]         # 2 columns per block
+    with pytest.raises(ValueError, match="at least 4 nodes along axis 1"):
+        get_problem(name, grid=GRID, **kw).on_block(blk)
+
+
+def test_burgers_refuses_a_finite_volume_halo_wider_than_the_blocks():
+    blk = ThreadSplit(GRID, [1, 2]).blocks()[0]         # 6 columns per block
+    with pytest.raises(ValueError, match="scheme='muscl' with horizon 2.*halo of 8 layers"):
+        get_problem("burgers", grid=GRID, scheme="muscl", horizon=2).on_block(blk)
+    get_problem("burgers", grid=GRID, scheme="upwind", horizon=2).on_block(blk)   # 4 <= 6
+
+
+# -- the stencils on blocks ----------------------------------------------------------------------
+@pytest.mark.parametrize("split", SPLITS + [[4, 4]], ids=str)
+def test_finite_differences_on_blocks_are_the_undivided_ones(split):
+    u = torch.randn((2, 1, 16, 16), dtype=torch.float64)
+    fd = FiniteDifference((0.1, 0.07), "sobel3103", DERIVATIVES)
+    ts = ThreadSplit((16, 16), split)
+    blocks, parts = run_blocks(ts, lambda b: (pad_cubic_block(b.local(u), b),
+                                              fd(b.local(u), b)))
+    pad = pad_cubic(u)
+    for b, (p, _) in zip(blocks, parts):      # the window of the global padding, bit for bit
+        assert torch.equal(p, pad[..., b.start[0]:b.start[0] + b.shape[0] + 2,
+                                  b.start[1]:b.start[1] + b.shape[1] + 2]), b
+    got = ts.assemble({b.coord: r[1] for b, r in zip(blocks, parts)}, 2)
+    torch.testing.assert_close(got, fd(u), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("split", SPLITS3 + [[1, 1, 2], [2, 2, 1]], ids=str)
+def test_finite_differences_3d_on_blocks_are_the_undivided_ones(split):
+    u = torch.randn((1, 1, 8, 8, 8), dtype=torch.float64)
+    fd = FiniteDifference3D((0.1, 0.2, 0.15), "sobel", DERIVATIVES_3D)
+    ts = ThreadSplit((8, 8, 8), split)
+    blocks, parts = run_blocks(ts, lambda b: (pad_cubic_block(b.local(u), b),
+                                              fd(b.local(u), b)))
+    pad = pad_cubic_3d(u)
+    for b, (p, _) in zip(blocks, parts):
+        window = pad
+        for a in range(3):
+            window = window.narrow(2 + a, b.start[a], b.shape[a] + 2)
+        assert torch.equal(p, window), b
+    got = ts.assemble({b.coord: r[1] for b, r in zip(blocks, parts)}, 2)
+    torch.testing.assert_close(got, fd(u), rtol=1e-12, atol=1e-9)
+
+
+def test_finite_differences_check_the_block_field():
+    fd = FiniteDifference((0.1, 0.1))
+    blk = ThreadSplit((16, 16), [2, 2]).blocks()[0]
+    with pytest.raises(ValueError, match="block's part"):
+        fd(torch.zeros((1, 1, 16, 16), dtype=torch.float64), blk)
+    with pytest.raises(ValueError, match="floating-point"):
+        fd(torch.zeros((1, 1, 8, 8), dtype=torch.int64), blk)
