@@ -1,9 +1,11 @@
 """The communicator: the one place that talks MPI.
 
 Small on purpose: rank, size, in-place allreduce (blocking and not), broadcast, gather,
-barrier, abort, and ``split`` so sub-communicators (domain parallelism, node-local groups) are
-the same abstraction. ``MPIComm`` wraps an mpi4py communicator; ``SerialComm`` is the P=1
-stand-in used when mpi4py is missing or ``DEEPFUSION_NO_MPI=1``.
+barrier, abort, the two buffer calls domain parallelism needs (``sendrecv_`` for halo
+exchange, ``allgather_`` of equal pieces), and ``split`` so sub-communicators (domain
+parallelism, node-local groups) are the same abstraction. ``MPIComm`` wraps an mpi4py
+communicator; ``SerialComm`` is the P=1 stand-in used when mpi4py is missing or
+``DEEPFUSION_NO_MPI=1``.
 
 Buffers are numpy arrays or CPU torch tensors; a tensor is passed to MPI as a numpy *view*
 (``tensor.numpy()`` shares memory), so no bytes are copied between torch and MPI.
@@ -58,6 +60,19 @@ class Communicator:
         """Broadcast ``buf`` from ``root`` in place."""
         raise NotImplementedError
 
+    def sendrecv_(self, sendbuf, dest: int | None, recvbuf, source: int | None, tag: int = 0):
+        """Blocking point-to-point exchange (MPI Sendrecv): send ``sendbuf`` to rank ``dest``
+        while receiving ``recvbuf`` (same element type; filled in place) from rank ``source``.
+        ``dest`` / ``source`` None mean MPI.PROC_NULL: nothing sent / nothing received (then
+        the matching buffer is ignored and may be None). A shift along a chain of ranks is
+        deadlock-free because every rank sends and receives in the same call."""
+        raise NotImplementedError
+
+    def allgather_(self, sendbuf, recvbuf):
+        """Every rank's ``sendbuf`` (equal sizes) into ``recvbuf`` (size times as many
+        elements), in rank order."""
+        raise NotImplementedError
+
     def bcast_obj(self, obj, root: int = 0):
         raise NotImplementedError
 
@@ -100,6 +115,19 @@ class SerialComm(Communicator):
 
     def bcast_(self, buf, root=0):
         return buf
+
+    def sendrecv_(self, sendbuf, dest, recvbuf, source, tag=0):
+        # The only partner is this rank itself, and a send needs its receive: both or neither.
+        if dest not in (None, 0) or source not in (None, 0) or (dest is None) != (source is None):
+            raise ValueError(f"serial sendrecv_ exchanges with rank 0 (itself) or nobody "
+                             f"(None), both ways at once; got dest={dest}, source={source}")
+        if dest is not None:
+            np.copyto(as_buffer(recvbuf), as_buffer(sendbuf).reshape(as_buffer(recvbuf).shape))
+        return recvbuf
+
+    def allgather_(self, sendbuf, recvbuf):
+        np.copyto(as_buffer(recvbuf), as_buffer(sendbuf).reshape(as_buffer(recvbuf).shape))
+        return recvbuf
 
     def bcast_obj(self, obj, root=0):
         return obj
@@ -156,6 +184,18 @@ class MPIComm(Communicator):
     def bcast_(self, buf, root=0):
         self._comm.Bcast(as_buffer(buf), root=root)
         return buf
+
+    def sendrecv_(self, sendbuf, dest, recvbuf, source, tag=0):
+        null = self._MPI.PROC_NULL
+        self._comm.Sendrecv(None if dest is None else as_buffer(sendbuf),
+                            null if dest is None else dest, sendtag=tag,
+                            recvbuf=None if source is None else as_buffer(recvbuf),
+                            source=null if source is None else source, recvtag=tag)
+        return recvbuf
+
+    def allgather_(self, sendbuf, recvbuf):
+        self._comm.Allgather(as_buffer(sendbuf), as_buffer(recvbuf))
+        return recvbuf
 
     def bcast_obj(self, obj, root=0):
         return self._comm.bcast(obj, root=root)

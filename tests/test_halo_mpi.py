@@ -1,0 +1,72 @@
+"""Domain parallelism's MPI block (deepfusion.engine.halo) with real processes: mpiexec -n 2
+and -n 4 (oversubscribed on 2 cores: tiny grids). The checks themselves live in
+tests/mpi_scripts/halo_check.py (halo forward vs F.pad of the global field, the halo adjoint,
+sum, gather, geometry, refusals); the in-process tests cover the serial stand-ins."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deepfusion.engine.comm import SerialComm
+from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
+from diffnet.domain import Block
+from tests.mpi_util import run_mpi
+
+pytestmark = pytest.mark.mpi
+SCRIPT = "tests/mpi_scripts/halo_check.py"
+
+
+def run_cases(n, cases):
+    p = run_mpi(n, [SCRIPT] + cases)
+    assert p.returncode == 0, p.stderr + p.stdout
+    for case in cases:
+        assert f"OK P={n} case={case} " in p.stdout, p.stdout
+
+
+def test_two_ranks_split_along_either_axis_and_undivided():
+    # 8x8:1x1 on 2 ranks: two domain groups of one rank each, the plain Block path
+    run_cases(2, ["8x12:1x2", "8x12:2x1", "8x8:1x1"])
+
+
+def test_four_ranks_2d_corners_3d_blocks_and_two_groups():
+    # 2x1x2 on 4x8x8: blocks of 2 layers along axis 0, so width 2 == the block's size there
+    run_cases(4, ["8x8:2x2", "4x8x8:1x2x2", "4x8x8:2x1x2", "8x12:1x2"])
+
+
+def test_serial_sendrecv_and_allgather_copy_or_refuse():
+    comm = SerialComm()
+    src = torch.arange(6, dtype=torch.float64)
+    dst = torch.zeros(6, dtype=torch.float64)
+    comm.sendrecv_(src, 0, dst, 0)
+    assert torch.equal(dst, src)
+    comm.sendrecv_(None, None, None, None)  # nothing to do
+    for dest, source in ((1, 1), (0, None), (None, 0)):
+        with pytest.raises(ValueError, match="itself"):
+            comm.sendrecv_(src, dest, dst, source)
+    out = torch.zeros(1, 6, dtype=torch.float64)
+    comm.allgather_(src, out)
+    assert torch.equal(out[0], src)
+
+
+@pytest.mark.parametrize("fill", ["zeros", "replicate"])
+def test_one_block_mpi_block_is_the_undivided_block(fill):
+    block = MPIBlock(SerialComm(), (4, 6), (1, 1))
+    x = torch.randn(2, 3, 4, 6, dtype=torch.float64, requires_grad=True)
+    y = block.halo(x, 2, fill)
+    assert torch.equal(y, Block((4, 6)).halo(x, 2, fill))
+    v = torch.randn_like(y)
+    y.backward(v)
+    xr = x.detach().clone().requires_grad_()
+    F.pad(xr, [2] * 4, mode="constant" if fill == "zeros" else fill).backward(v)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-14, atol=1e-14)
+    assert type(make_block(SerialComm(), (4, 6), (1, 1))) is Block
+
+
+def test_refusals_without_a_launcher():
+    with pytest.raises(ValueError, match="cannot be split"):
+        MPIBlock(SerialComm(), (9, 8), (2, 1))
+    with pytest.raises(ValueError, match="needs 2 ranks"):
+        MPIBlock(SerialComm(), (8, 8), (2, 1))
+    with pytest.raises(ValueError, match=r"parallel.domain = \[1, 2\].*job has 1 ranks"):
+        domain_groups(SerialComm(), (1, 2))
+    with pytest.raises(ValueError, match="width"):
+        MPIBlock(SerialComm(), (4, 6), (1, 1)).halo(torch.zeros(1, 1, 4, 6), 5)
