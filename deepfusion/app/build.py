@@ -14,6 +14,7 @@ import shutil
 import torch
 
 from diffnet.generators import build_generator
+from diffnet.split_layers import check_generator_split
 from diffnet.problems import PROBLEMS, get_problem
 
 from ..config import dump_toml
@@ -55,6 +56,7 @@ def problem_factory(cfg, task):
 def build_model(cfg, task):
     """(generator, specs): initialised from ``train.init_seed`` (or ``model.init_from``), checked
     against the problem's grid; ``specs`` rebuild generator and problem from a checkpoint."""
+    check_domain(cfg)
     torch.manual_seed(cfg.train.init_seed)
     kwargs = {"in_channels": len(task.input_channels), **cfg.model.options}
     model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
@@ -96,13 +98,32 @@ def check_grids(model, cfg, task, grow) -> None:
                 raise ValueError(f"{key}.prolong: model.prolong = {cfg.model.prolong}: {e}") \
                     from None
         grids.append((f"{key}.grid", list(v.grid), model))
+    split = cfg.parallel.domain if cfg.parallel.blocks() > 1 else None
     for key, grid, net in grids:
         probe = torch.zeros((1, len(task.input_channels), *grid), dtype=torch_dtype(cfg))
         try:
             net.check_input(probe)
+            if split:
+                check_generator_split(net, grid, split)
         except ValueError as e:
             raise ValueError(f"{key} = {grid} does not suit model {cfg.model.name!r} "
                              f"{cfg.model.options}: {e}") from None
+
+
+def check_domain(cfg) -> None:
+    """What a domain split (parallel.domain) cannot be combined with, refused up front."""
+    if cfg.parallel.blocks() <= 1:
+        return
+    if cfg.train.compile:
+        raise ValueError(f"train.compile = true with parallel.domain = {cfg.parallel.domain}: "
+                         f"the halo exchange is MPI inside autograd, which torch.compile cannot "
+                         f"trace; set train.compile = false or parallel.domain = []")
+    grows = [v.level for v in plan(cfg) if v.grows]
+    if grows:
+        raise ValueError(f"train.levels[{grows[0]}].prolong = true with parallel.domain = "
+                         f"{cfg.parallel.domain}: a prolonged network resamples whole fields "
+                         f"between grids and is not split over a domain; carry the weights "
+                         f"(prolong = false) or drop the split")
 
 
 def init_from(model, name: str, path: str) -> None:
@@ -128,12 +149,16 @@ def _holds_run(d: str) -> bool:
 
 def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
     """Everything about this launch that is not the model: ranks, CPU, run directory."""
+    units = data_units(cfg, size)
     for v in plan(cfg):
         try:
-            check_divisible(v.global_batch, size)
+            check_divisible(v.global_batch, units)
         except ValueError as e:
+            if units != size:
+                e = ValueError(f"{e} (here P is the number of data-parallel groups: {size} ranks "
+                               f"/ {cfg.parallel.blocks()} blocks per sample)")
             if not cfg.train.levels:
-                raise
+                raise e from None
             raise ValueError(f"train.levels[{v.level}] (grid {list(v.grid)}): {e}") from None
     check_precision(cfg.train.precision)
     d = cfg.run.dir
@@ -142,6 +167,18 @@ def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
     if _holds_run(d) and not resume and not overwrite:
         raise ValueError(f"run directory {d!r} already holds a run. Continue it with --resume {d}, "
                          f"start over with --overwrite, or choose another with --set run.dir=PATH")
+
+
+def data_units(cfg, size: int) -> int:
+    """How many data-parallel units ``size`` ranks make: the ranks, or under parallel.domain
+    the groups of prod(domain) ranks (ValueError if they do not divide evenly)."""
+    blocks = cfg.parallel.blocks()
+    if size % blocks:
+        ok = ", ".join(str(blocks * k) for k in (1, 2, 3))
+        raise ValueError(f"parallel.domain = {cfg.parallel.domain} puts {blocks} ranks on every "
+                         f"sample, but {size} ranks is not a multiple of {blocks}: run on "
+                         f"{ok}, ... ranks, or change parallel.domain")
+    return size // blocks
 
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:

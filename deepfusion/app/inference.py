@@ -257,12 +257,15 @@ def rank_batches(n: int, batch: int, rank: int, size: int) -> list[tuple[int, in
     return [(k * batch, min(n, (k + 1) * batch)) for k in range(first, last)]
 
 
-def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
+def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
     """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
     ranks (on every rank). ``compute(lo, hi) -> (u (b, *grid), inputs (b, C, *grid),
-    seconds)``."""
-    plan = rank_batches(n, batch, comm.rank, comm.size)
-    rounds = max(len(rank_batches(n, batch, r, comm.size)) for r in range(comm.size))
+    seconds)``. Under a domain split (``domain``) the batches go to the groups, every rank of
+    a group computes them together and ``compute`` returns u = None except on the group's
+    first rank."""
+    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
+    plan = rank_batches(n, batch, unit, units)
+    rounds = max(len(rank_batches(n, batch, r, units)) for r in range(units))
     busy = 0.0
     for k in range(rounds):
         item = None
@@ -270,7 +273,7 @@ def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
             lo, hi = plan[k]
             u, x, sec = compute(lo, hi)
             busy += sec
-            item = (lo, u, x)
+            item = (lo, u, x) if u is not None else None
         items = comm.gather_obj(item)
         if writer is not None:
             for it in items:
@@ -280,24 +283,38 @@ def run_blocks(comm, n: int, batch: int, compute, writer) -> float:
     return float(sum(comm.allgather_obj(busy)))
 
 
-def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None):
+def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None,
+              domain=None):
     """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
 
     With a ``work`` problem (another grid of the same problem) the inputs are resampled to its
     grid, the network runs and its output is imposed there, and the solution is interpolated
-    back to ``problem``'s grid (resampling included in the time).
+    back to ``problem``'s grid (resampling included in the time). Under a domain split
+    (``domain``; the model and the work problem on its block) each rank runs its block and the
+    group's first rank assembles the field (u = None on the others).
     """
     from diffnet.resample import resample_nodes
 
+    from ..engine.evaluate import assemble
     from ..engine.memformat import as_format
 
     dtype = next(model.parameters()).dtype
     on = work or problem
-    warm: set = set()
 
     def run(x):
-        xin = as_format(resample_nodes(x, on.grid), channels_last)
-        return resample_nodes(on.impose(model(xin), xin), problem.grid)
+        xin = resample_nodes(x, on.grid)
+        if domain is not None:
+            xin = domain.block.local(xin).contiguous()
+        xin = as_format(xin, channels_last)
+        u = on.impose(model(xin), xin)
+        if domain is not None:
+            whole = assemble(u[:, 0].double().numpy(), domain)
+            if whole is None:
+                return None
+            u = torch.as_tensor(whole, dtype=u.dtype)[:, None]
+        return resample_nodes(u, problem.grid)
+
+    warm: set = set()
 
     @torch.inference_mode()
     def compute(lo, hi):
@@ -308,6 +325,8 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
         t0 = time.perf_counter()
         u = run(x)
         sec = time.perf_counter() - t0
+        if u is None:
+            return None, None, sec
         return u[:, 0].float().contiguous().numpy(), x.float().numpy(), sec
     return compute
 

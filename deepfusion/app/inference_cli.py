@@ -7,6 +7,7 @@ exit code 2 and one message; out-of-range parameters are a WARNING; anything els
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -54,6 +55,11 @@ def register(sub) -> None:
                    help="run the network on this grid and interpolate its output to --grid "
                         "(resolution transfer; 'trained' = the checkpoint's training grid; "
                         "default 'none': the network runs on the inference grid itself)")
+    i.add_argument("--domain", metavar="PRxPC|PDxPRxPC",
+                   help="split every field over ranks (domain parallelism, exact): blocks per "
+                        "axis, e.g. 1x2; the ranks form groups of that many, each group "
+                        "predicts whole samples block by block (a field too large for one "
+                        "rank); default: no split")
     i.set_defaults(run=run_infer)
     s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
     s.add_argument("--problem", required=True,
@@ -103,7 +109,7 @@ def _inputs_note(args) -> str:
     return f"sample:{args.sample} seed:{args.seed}"
 
 
-def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
+def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) -> int:
     """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
     print one line."""
     from .inference import grid_text, run_blocks
@@ -112,7 +118,7 @@ def _execute(comm, args, problem, samples, compute, attrs: dict) -> int:
     writer = collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
     t0 = time.perf_counter()
     try:
-        busy = run_blocks(comm, samples.n, args.batch, compute, writer)
+        busy = run_blocks(comm, samples.n, args.batch, compute, writer, domain)
         wall = time.perf_counter() - t0
         if writer is not None:
             writer.close({**attrs, "problem": problem.name, "problem_kwargs": problem.config(),
@@ -175,17 +181,49 @@ def _infer(args, comm) -> int:
         say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
                        f"(data.seed): these samples are the training pool, not unseen inputs")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
+    domain = _split(comm, args, model, work or problem)
     trained = training_grid(meta)
     if work is None and trained and trained != list(problem.grid):
         say_once(comm, f"deepfusion: note: the network was trained on {grid_text(trained)} "
                        f"and runs on {grid_text(problem.grid)} as is; its filters are "
                        f"tied to the training grid spacing, so check the error (deepfusion "
                        f"compare) or run it on its training grid with --work-grid trained")
-    compute = predictor(model, problem, samples, channels_last=cl, work=work)
+    compute = predictor(model, problem, samples, channels_last=cl, work=work, domain=domain)
     attrs = {"source": os.path.abspath(args.checkpoint), "kind": "prediction",
              "step": int(meta.get("step", -1)),
-             "work_grid": list((work or problem).grid)}
-    return _execute(comm, args, problem, samples, compute, attrs)
+             "work_grid": list((work or problem).grid),
+             "domain": list(domain.split) if domain else []}
+    return _execute(comm, args, problem, samples, compute, attrs, domain)
+
+
+def _split(comm, args, model, on):
+    """The domain split of --domain over the ranks, the model and the problem ``on`` (the grid
+    the network runs on) set to compute on this rank's block; None without --domain."""
+    from diffnet.split_layers import check_generator_split, split_generator
+
+    from ..engine.parallel import make_domain
+    from .inference import grid_text, parse_grid
+
+    if not args.domain:
+        return None
+
+    def check():
+        split = parse_grid(args.domain) if "x" in str(args.domain) else None
+        if split is None or len(split) != len(on.grid):
+            raise ValueError(f"--domain must give one block count per axis of the "
+                             f"{grid_text(on.grid)} grid, e.g. {'x'.join(['1'] * (len(on.grid) - 1) + ['2'])}, "
+                             f"got {args.domain!r}")
+        check_generator_split(model, on.grid, split)
+        if comm.size % (n := math.prod(split)):
+            raise ValueError(f"--domain {args.domain} puts {n} ranks on every sample, but "
+                             f"{comm.size} ranks is not a multiple of {n}")
+        return split
+    split = collective_check(comm, check)
+    domain = make_domain(comm, split, on.grid)
+    if domain is not None:
+        split_generator(model, domain.block)
+        on.on_block(domain.block)
+    return domain
 
 
 def run_infer(args) -> int:

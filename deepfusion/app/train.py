@@ -44,14 +44,21 @@ def cmd_train(args, comm) -> int:
     problems = collective_check(comm, problem_factory, cfg, task)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
-    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile)
+    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile, grid=task.grid)
+    if pmodel.domain is not None:
+        d = pmodel.domain
+        say_once(comm, f"domain split {list(d.split)}: {d.groups} data-parallel group(s) of "
+                       f"{d.comm.size} ranks, blocks of {'x'.join(map(str, d.block.shape))} "
+                       f"nodes on the {'x'.join(map(str, d.block.grid))} grid", err=False)
     trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
                       problems=problems, grow=model_grower(cfg, task))
     trainer.fit(resume=bool(args.resume))
-    model = trainer.model.module  # the trained network (grown, if a level prolongs it)
+    pmodel = trainer.model  # the trained network (grown, if a level prolongs it)
     if cfg.data.eval_samples > 0:
-        summary = evaluate(model, task, comm, n=cfg.data.eval_samples, seed=cfg.data.eval_seed,
-                           dtype=torch_dtype(cfg), channels_last=cfg.model.channels_last)
+        task.on_block(pmodel.block(task.grid))  # the last level may have been another grid
+        summary = evaluate(pmodel.module, task, comm, n=cfg.data.eval_samples,
+                           seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
+                           channels_last=cfg.model.channels_last, domain=pmodel.domain)
         if summary is not None:
             write_report(summary, cfg.run.dir, task.axes)
             print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): "

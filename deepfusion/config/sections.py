@@ -204,6 +204,18 @@ class ParallelConfig(Section):
     overlap: bool = option(False, "overlap the gradient allreduce with backward (bucketed, "
                               "non-blocking)")
     bucket_mb: float = option(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
+    domain: list[int] = option([], "domain parallelism: split every sample's grid into blocks, "
+                               "one block count per grid axis (e.g. [1, 2]: two blocks along the "
+                               "columns), one block per rank; the P ranks form P / prod(domain) "
+                               "data-parallel groups that each hold whole samples; [] = no split",
+                               item_ge=1, max_len=3)
+
+    def blocks(self) -> int:
+        """Ranks per domain group (1 without a split)."""
+        n = 1
+        for d in self.domain:
+            n *= d
+        return n
 
 
 @dataclass(kw_only=True)
@@ -253,6 +265,11 @@ class Config:
                 raise ConfigError(f"{name} must be a {cls.__name__} (or a [{name}] table), "
                                   f"{describe_value(value)}", key=name)
         check_levels(self)
+        if self.parallel.domain and len(self.parallel.domain) != len(self.problem.grid):
+            raise ConfigError(
+                f"parallel.domain = {self.parallel.domain} must give one block count per axis of "
+                f"problem.grid = {self.problem.grid}, e.g. {[1] * (len(self.problem.grid) - 1) + [2]}",
+                key="parallel.domain")
         if not self.train.levels and self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
             raise ConfigError(
                 f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "

@@ -4,7 +4,8 @@ The pool holds N_s parameter draws; sample i depends only on (seed, i), and so d
 bits (:class:`InputCache` builds each sample alone). Every epoch orders the pool by a
 permutation that depends only on (seed, epoch), and global step s takes the next b_s samples
 of that order; rank r takes the r-th contiguous block of b_s / P of them. So each global
-step sees the same set of samples whatever P is ("same problem is solved for any p").
+step sees the same set of samples whatever P is ("same problem is solved for any p"). Under a
+domain split the units are the groups of ranks that share samples, not the ranks.
 """
 from __future__ import annotations
 
@@ -78,15 +79,19 @@ class InputCache:
     BLAS product over the batch) may round a row differently for another batch size, and
     which samples miss the cache together depends on the ranks and on where a run resumed.
     Built alone, a resumed run (empty cache) rebuilds exactly the inputs the uninterrupted run
-    cached."""
+    cached. Under a domain split (``block``) the sample is built on the whole grid, as the
+    undivided run builds it, and only this rank's block of it is kept."""
 
-    def __init__(self, task, seed: int, dtype, cap_bytes: float = 2 * 2**30):
-        self.task, self.seed, self.dtype = task, seed, dtype
+    def __init__(self, task, seed: int, dtype, cap_bytes: float = 2 * 2**30, block=None):
+        self.task, self.seed, self.dtype, self.block = task, seed, dtype, block
         self.cap_bytes, self.used, self.cache = cap_bytes, 0, {}
 
     def build(self, i: int):
-        """The inputs (C, *grid) of pool sample ``i``, built alone."""
-        return self.task.build_input(self.task.sample_params(self.seed, [i]), dtype=self.dtype)[0]
+        """The inputs (C, *grid) of pool sample ``i`` (its block, under a split), built alone."""
+        x = self.task.build_input(self.task.sample_params(self.seed, [i]), dtype=self.dtype)[0]
+        if self.block is None or self.block.whole:
+            return x
+        return self.block.local(x).contiguous()
 
     def __call__(self, indices):
         import torch

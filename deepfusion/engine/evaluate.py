@@ -22,13 +22,16 @@ from .plots import fields_figure, views
 
 @torch.no_grad()
 def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches."""
+            channels_last: bool = True, block=None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches.
+
+    With a split ``block`` the network and the problem compute on this rank's block: the
+    inputs are whole, the predictions are the block's (n, *block.shape)."""
     model.eval()
     xs, us = [], []
     for lo in range(0, len(params), batch):
         x = task.build_input(params[lo:lo + batch], dtype=dtype)
-        xin = as_format(x, channels_last)
+        xin = as_format(x if block is None else block.local(x).contiguous(), channels_last)
         u = task.impose(model(xin), xin)
         xs.append(x.float().numpy())
         us.append(u[:, 0].float().contiguous().numpy())
@@ -39,12 +42,22 @@ def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int 
 
 
 def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
-             channels_last: bool = True) -> dict | None:
-    """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere."""
-    idx = np.arange(n)[comm.rank::comm.size]
+             channels_last: bool = True, domain=None) -> dict | None:
+    """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere.
+
+    Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.Domain`,
+    ``task`` on its block) each group predicts its draws block by block and its first rank
+    assembles the fields and compares them with the reference."""
+    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
+    idx = np.arange(n)[unit::units]
     params = task.sample_params(seed, idx)
     t0 = time.perf_counter()
-    inputs, preds = predict(model, task, params, dtype=dtype, channels_last=channels_last)
+    inputs, preds = predict(model, task, params, dtype=dtype, channels_last=channels_last,
+                            block=domain.block if domain else None)
+    if domain is not None:
+        preds = assemble(preds, domain)
+        if domain.comm.rank != 0:  # the group's first rank reports its draws
+            idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
     t0 = time.perf_counter()
     refs = np.stack([task.reference_solution(p) for p in params]) if len(params) else preds
@@ -70,6 +83,21 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "seconds_per_sample_inference": sum(p["t_inf"] for p in parts) / n,
             "seconds_per_sample_reference": sum(p["t_ref"] for p in parts) / n,
             "_examples": [e for p in parts for e in p["examples"]]}
+
+
+def assemble(pieces: np.ndarray, domain) -> np.ndarray | None:
+    """The whole fields (n, *grid) from every rank's block (n, *block.shape), on the group's
+    first rank (None elsewhere)."""
+    b = domain.block
+    if pieces.ndim == 1:  # the group got no draws (more groups than draws): all its ranks alike
+        return np.zeros((0, *b.grid)) if domain.comm.rank == 0 else None
+    parts = domain.comm.gather_obj((b.start, b.shape, pieces))
+    if parts is None:
+        return None
+    whole = np.empty((pieces.shape[0], *b.grid), dtype=pieces.dtype)
+    for start, shape, piece in parts:
+        whole[(slice(None), *(slice(s, s + k) for s, k in zip(start, shape)))] = piece
+    return whole
 
 
 def summary_text(summary: dict) -> str:

@@ -109,11 +109,12 @@ class Trainer:
             return
         self.visit = visit
         self.reshape(visit.index)
-        self.task = self.problems(visit.grid)
+        block = self.model.block(visit.grid)  # the whole grid, unless split over ranks
+        self.task = self.problems(visit.grid).on_block(block)
         c = self.cfg
-        self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.comm.rank,
-                                self.comm.size, seed=c.data.seed, shuffle=True)
-        self.inputs = InputCache(self.task, c.data.seed, self.dtype)
+        self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.model.data_rank,
+                                self.model.data_size, seed=c.data.seed, shuffle=True)
+        self.inputs = InputCache(self.task, c.data.seed, self.dtype, block=block)
         self.loss_and_grad = LossAndGrad(self.model, self.task, global_batch=visit.global_batch,
                                          term_names=tuple(self.task.loss_term_names),
                                          micro_batch=visit.micro_batch,
@@ -227,7 +228,8 @@ class Trainer:
         if n <= 0:
             return
         s = evaluate(self.model.module, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
-                     dtype=self.dtype, channels_last=self.cfg.model.channels_last)
+                     dtype=self.dtype, channels_last=self.cfg.model.channels_last,
+                     domain=self.model.domain)
         if s is not None:
             v = self.visit
             self.log.record({"kind": "eval", "epoch": epoch, "step": self.step, "level": v.level,

@@ -1,0 +1,127 @@
+"""Domain parallelism end to end (``parallel.domain``): real mpiexec runs, float64, tiny grids.
+
+The split is exact, so a run split over ranks logs the losses of the undivided run (rtol 1e-9:
+only the order of the sums differs), its held-out error is the same, and its checkpoints do
+not depend on the split.
+"""
+import json
+import os
+
+import pytest
+
+from tests.mpi_util import deepfusion
+from tests.test_engine_mpi import TINY as ENGINE_TINY
+
+pytestmark = pytest.mark.mpi
+
+# The engine tests' tiny Burgers run, with the initial and inflow values imposed.
+TINY = ENGINE_TINY.replace('grid = [16, 16]\n', 'grid = [16, 16]\noptions = {hard_bc = true}\n', 1)
+assert "hard_bc" in TINY
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return str(path)
+
+
+def records(run_dir, kind):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def losses(run_dir):
+    return [r["loss"] for r in records(run_dir, "step")]
+
+
+def train(n, config, run_dir, *sets, **kw):
+    args = ["train", config, "--set", f"run.dir={run_dir}"]
+    return deepfusion(n, args + [a for s in sets for a in ("--set", s)], **kw)
+
+
+def same(a, b, rel=1e-9):
+    assert len(a) == len(b) and len(a) > 0, (a, b)
+    for x, y in zip(a, b):
+        assert x == pytest.approx(y, rel=rel), (a, b)
+
+
+@pytest.fixture(scope="module")
+def undivided(tmp_path_factory):
+    """The reference: the tiny run on one process, no split."""
+    d = tmp_path_factory.mktemp("undivided")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY)
+    p = train(0, str(cfg), str(d / "run"))
+    assert p.returncode == 0, p.stderr
+    return str(d / "run")
+
+
+@pytest.mark.parametrize("n,domain", [(2, "[1, 2]"), (2, "[2, 1]"), (4, "[2, 2]"), (4, "[1, 2]")])
+def test_split_run_logs_the_undivided_losses(undivided, tiny, tmp_path, n, domain):
+    d = str(tmp_path / "split")
+    p = train(n, tiny, d, f"parallel.domain={domain}")
+    assert p.returncode == 0, p.stderr
+    assert "domain split" in p.stdout
+    same(losses(d), losses(undivided))
+    assert len(losses(d)) == 20
+    ev, ref = (json.load(open(os.path.join(r, "eval.json"))) for r in (d, undivided))
+    same(ev["rel_l2"], ref["rel_l2"], rel=1e-7)
+
+
+def test_checkpoint_of_a_split_resumes_under_another_split(undivided, tiny, tmp_path):
+    d = str(tmp_path / "r")
+    p = train(2, tiny, d, "parallel.domain=[1, 2]", "train.checkpoint_every=4",
+              "train.max_steps=8")
+    assert p.returncode == 0, p.stderr
+    p = deepfusion(2, ["train", "--resume", d, "--set", "parallel.domain=[2, 1]",
+                       "--set", "train.max_steps=14"])
+    assert p.returncode == 0, p.stderr
+    p = deepfusion(0, ["train", "--resume", d, "--set", "parallel.domain=[]",
+                       "--set", "train.max_steps=0"])
+    assert p.returncode == 0, p.stderr
+    same(losses(d), losses(undivided))
+
+
+@pytest.mark.parametrize("n,sets,words", [
+    (2, ["parallel.domain=[1, 2, 2]"], ["parallel.domain", "one block count per axis"]),
+    (3, ["parallel.domain=[1, 2]"], ["not a multiple of 2", "ranks"]),
+    (2, ["parallel.domain=[1, 2]", "problem.grid=[16, 20]"], ["cannot be split", "20"]),
+    (2, ["parallel.domain=[1, 2]", "train.compile=true"], ["train.compile", "parallel.domain"]),
+])
+def test_a_split_that_cannot_work_is_refused_before_training(tiny, tmp_path, n, sets, words):
+    d = str(tmp_path / "bad")
+    p = train(n, tiny, d, *sets)
+    assert p.returncode == 2, p.stderr
+    for w in words:
+        assert w in p.stderr, (w, p.stderr)
+    assert not os.path.exists(os.path.join(d, "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("n,domain", [(2, "1x2"), (4, "2x2")])
+def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_path, n, domain):
+    import glob
+
+    import h5py
+    import numpy as np
+
+    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
+    outs = {}
+    for ranks, extra in ((0, []), (n, ["--domain", domain])):
+        out = str(tmp_path / f"p{ranks}.h5")
+        p = deepfusion(ranks, ["infer", ckpt, "--sample", "3", "--out", out, "--batch", "2"]
+                       + extra)
+        assert p.returncode == 0, p.stderr
+        with h5py.File(out) as f:
+            outs[ranks] = f["u"][...]
+    np.testing.assert_allclose(outs[n], outs[0], rtol=1e-6, atol=1e-7)
+
+
+def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
+    import glob
+
+    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
+    p = deepfusion(2, ["infer", ckpt, "--sample", "1", "--out", str(tmp_path / "x.h5"),
+                       "--domain", "1x2", "--grid", "16x20"])
+    assert p.returncode == 2, p.stderr
+    assert "cannot be split" in p.stderr
