@@ -125,3 +125,32 @@ def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
                        "--domain", "1x2", "--grid", "16x20"])
     assert p.returncode == 2, p.stderr
     assert "cannot be split" in p.stderr
+
+
+MULTIGRID = TINY + """
+[[train.levels]]
+grid = [8, 8]
+steps = 6
+[[train.levels]]
+grid = [16, 16]
+steps = 6
+"""
+
+
+@pytest.mark.parametrize("name,n,domain", [("3d", 2, "[1, 1, 2]"), ("multigrid", 2, "[2, 1]")])
+def test_3d_and_multigrid_splits_log_the_undivided_losses(tmp_path, name, n, domain):
+    """A 3-D split (blocks of 8x8x4 nodes), and a schedule whose levels change the grid and so
+    every rank's block."""
+    from tests.test_3d import REAL_MPI, TINY3
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY3 if name == "3d" else MULTIGRID)
+    env = REAL_MPI if name == "3d" else None
+    ref, d = str(tmp_path / "ref"), str(tmp_path / "split")
+    assert train(0, str(cfg), ref, env=env).returncode == 0
+    p = train(n, str(cfg), d, f"parallel.domain={domain}", env=env)
+    assert p.returncode == 0, p.stderr
+    assert "domain split" in p.stdout
+    same(losses(d), losses(ref))
+    if name == "multigrid":
+        assert {tuple(r["grid"]) for r in records(d, "step")} == {(8, 8), (16, 16)}
