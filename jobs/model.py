@@ -2,6 +2,8 @@
 
     python -m jobs.model --t-sample SECONDS [--t-sample-threads T] [--params N] --out DIR
     python -m jobs.model --sweep DIR/sweep.json [--params N] --out DIR
+    python -m jobs.model --domain-grid 4096x4096 --t-sample S --t-sample-grid 2048x2048 --out DIR
+        (domain parallelism, one sample split over the ranks: jobs/domain_model.py)
 
 Model (one epoch, P = nodes x ranks_per_node ranks, T threads per rank):
 
@@ -235,31 +237,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serial-fraction", type=float, default=None,
                    help=f"Amdahl serial fraction for thread scaling (default {DEFAULT_SERIAL_FRACTION}, "
                         "or fitted from --sweep)")
-    p.add_argument("--params", type=int, default=DEFAULT_PARAMS, help="model parameters (gradient = 4 bytes each)")
+    p.add_argument("--params", type=int, default=None,
+                   help=f"model parameters (gradient = 4 bytes each); default {DEFAULT_PARAMS}, "
+                        "with --domain-grid the U-Net's own count")
     p.add_argument("--samples", type=int, default=TALK_SAMPLES, help="samples per epoch (default 4096)")
     p.add_argument("--global-batch", type=int, default=TALK_BATCH, help="global batch (default 1024)")
     p.add_argument("--clusters", default=",".join(MODEL_CLUSTERS), help="comma-separated profile names")
     p.add_argument("--profiles", default=None, help="extra profile TOML merged over jobs/clusters.toml")
-    p.add_argument("--out", required=True, help="output directory (model.json, model.png)")
+    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the profile's)")
+    p.add_argument("--threads-per-rank", type=int, default=None, help="threads per rank (default: the profile's)")
+    p.add_argument("--out", required=True, help="output directory (model.json, model.png; domain.json, domain.png)")
+    from jobs.domain_model import add_arguments  # lazily: jobs.domain_model imports this module
+    add_arguments(p)
     return p
+
+
+def compute_inputs(args) -> tuple[float, int, float]:
+    """(t_sample, threads it was measured with, serial fraction) from --t-sample or --sweep."""
+    for name in ("t_sample_threads", "ranks_per_node", "threads_per_rank"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.sweep:
+        fit = t_sample_from_sweep(args.sweep)
+        s = args.serial_fraction if args.serial_fraction is not None else (
+            fit["serial_fraction"] if fit["serial_fraction"] is not None else DEFAULT_SERIAL_FRACTION)
+        return fit["t_sample"], fit["t_ref_threads"], s
+    if args.t_sample <= 0:
+        raise ValueError("--t-sample must be > 0")
+    s = DEFAULT_SERIAL_FRACTION if args.serial_fraction is None else args.serial_fraction
+    return args.t_sample, args.t_sample_threads, s
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        t_sample, t_ref, s = compute_inputs(args)
+        if args.domain_grid:
+            from jobs.domain_model import run
+            return run(args, t_sample, t_ref, s)
+        if args.t_sample_grid or args.domain_split:
+            raise ValueError("--t-sample-grid and --domain-split need --domain-grid")
+        args.params = DEFAULT_PARAMS if args.params is None else args.params
         profiles = load_profiles(args.profiles)
-        if args.sweep:
-            fit = t_sample_from_sweep(args.sweep)
-            t_sample, t_ref = fit["t_sample"], fit["t_ref_threads"]
-            s = args.serial_fraction if args.serial_fraction is not None else (
-                fit["serial_fraction"] if fit["serial_fraction"] is not None else DEFAULT_SERIAL_FRACTION)
-        else:
-            if args.t_sample <= 0:
-                raise ValueError("--t-sample must be > 0")
-            t_sample, t_ref = args.t_sample, args.t_sample_threads
-            s = DEFAULT_SERIAL_FRACTION if args.serial_fraction is None else args.serial_fraction
         names = [c.strip() for c in args.clusters.split(",") if c.strip()]
         results = {n: predict(get_profile(n, profiles), t_sample, t_ref, args.params, serial_fraction=s,
+                              ranks_per_node=args.ranks_per_node, threads_per_rank=args.threads_per_rank,
                               n_samples=args.samples, global_batch=args.global_batch) for n in names}
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
