@@ -32,7 +32,7 @@ from torch import nn
 
 from .domain import Block, check_split
 from .generators import ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up
-from .norms import InstanceNorm
+from .norms import InstanceNorm, InstanceNormNHWCBlocks
 
 NETWORKS = (UNet, UNetSmall, UNet3D)
 # Containers whose forward only composes children and concatenates channels (exact types: a
@@ -122,13 +122,18 @@ class SplitAvgPool3d(SplitAvgPool, nn.AvgPool3d):
 class SplitInstanceNorm(SplitLayer, InstanceNorm):
     """Instance norm with the per-(sample, channel) statistics of the whole field: the mean from
     the blocks' sums, then (two-pass, so no cancellation when |mean| >> std) the blocks' sums
-    of squared deviations. Plain autograd ops in any memory format (channels_last included),
-    not the fused NHWC kernel: slower, and correctness first. Low-precision input (bf16
-    autocast) is normalised in float32, as the undivided norms are."""
+    of squared deviations. 4-D channels_last input takes the fused NHWC kernel
+    (``diffnet.norms.InstanceNormNHWCBlocks``); other input plain autograd ops. Low-precision
+    input (bf16 autocast) is normalised in float32, as the undivided norms are."""
 
     def forward(self, x):
         lvl = level(self.block, x)
         n = lvl.nodes()  # of the whole field at this level
+        if x.dim() == 4 and not x.is_contiguous() and \
+                x.is_contiguous(memory_format=torch.channels_last):
+            # the fused NHWC kernel with the blocks' sums (2.3 s of a 24 s split step at
+            # 2048x2048 went to the plain-ops path below: bench.domain_bench --profile)
+            return InstanceNormNHWCBlocks.apply(x, self.weight, self.bias, self.eps, lvl.sum, n)
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         axes = tuple(range(2, x.dim()))

@@ -163,3 +163,32 @@ def test_layers_on_interior_blocks_give_their_block_of_the_global_output(grid, s
             want = Block(full.shape[2:], [int(s * k) for s, k in zip(start, f)],
                          [int(n * k) for n, k in zip(shape, f)]).local(full)
             assert_close(out, want)
+
+
+def test_the_fused_nhwc_norm_of_a_block_is_instance_norm_when_the_block_is_the_field():
+    """InstanceNormNHWCBlocks with the identity as the blocks' total: F.instance_norm's values
+    and gradients (float64), and gradcheck; |mean| >> std included (two-pass variance)."""
+    from diffnet.norms import InstanceNormNHWCBlocks
+
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 6, 5, dtype=torch.float64) + torch.tensor([0.0, 1e4, -3.0],
+         dtype=torch.float64).view(1, 3, 1, 1)).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(3, dtype=torch.float64)
+    b = torch.randn(3, dtype=torch.float64)
+    args = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = InstanceNormNHWCBlocks.apply(args[0], args[1], args[2], 1e-5, lambda t: t, 30)
+    ref_args = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref = torch.nn.functional.instance_norm(ref_args[0], weight=ref_args[1], bias=ref_args[2],
+                                            eps=1e-5)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(ref)
+    (y * g).sum().backward()
+    (ref * g).sum().backward()
+    for a, r in zip(args, ref_args):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-8, atol=1e-8)
+    small = [t[:1, :, :4, :3].contiguous(memory_format=torch.channels_last) if t.dim() == 4
+             else t for t in (x, w, b)]
+    small[0] = small[0] - small[0].mean()
+    assert torch.autograd.gradcheck(
+        lambda a, c, d: InstanceNormNHWCBlocks.apply(a, c, d, 1e-5, lambda t: t, 12),
+        [t.clone().requires_grad_() for t in small])
