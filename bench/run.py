@@ -2,7 +2,7 @@
 
     python -m bench.run --out bench/out [--grids 64:16,256:2] [--threads 1,2] [--repeats 5]
                         [--mem-sizes 256,512,1024] [--mem-batch 2] [--compile]
-                        [--with-infer] [--with-lbfgs] [--quick]
+                        [--with-infer] [--with-lbfgs] [--with-domain] [--quick]
 
 Writes OUT/bench.json and prints a short table:
   * the fp32 GEMM rate (torch.mm 2048^2, 1 and 2 threads) and each configuration's achieved
@@ -11,7 +11,11 @@ Writes OUT/bench.json and prints a short table:
   * P=2 ranks x 1 thread against P=1 x 2 threads; the allreduce share of a step with and
     without overlap; our allreduce against gloo (bench/comm_bench.py);
   * peak RSS per rank at 256^2 .. 1024^2 with and without activation checkpointing
-    (bench/memory_bench.py).
+    (bench/memory_bench.py);
+  * with --with-domain, domain parallelism (bench/domain_bench.py): peak RSS per rank of one
+    2048^2 sample split over 2 and 4 ranks, strong scaling 1 -> 2 ranks with the halo's share
+    and its alpha-beta model, 4096^2 on 4 ranks with checkpointing (several minutes: not in
+    the default run).
 No assertion is made about speed: the goals are reported as met or not, with their numbers.
 """
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import sys
 import time
 
-from bench import comm_bench, memory_bench, step_bench
+from bench import comm_bench, domain_bench, memory_bench, step_bench
 from bench.common import ROOT, load, machine, run_json
 
 GOALS = {"gemm_ratio_256": 0.85, "speedup_vs_plain": 1.2, "p2x1_vs_p1x2": 1.0,
@@ -53,6 +57,8 @@ def goals(res: dict) -> dict:
         out[f"allreduce_share_p2_{k}"] = {"value": v["allreduce_share"],
                                           "goal": GOALS["allreduce_share_p2"],
                                           "met": v["allreduce_share"] < GOALS["allreduce_share_p2"]}
+    if "domain" in res:
+        out.update(domain_bench.goals(res["domain"]))
     return out
 
 
@@ -98,6 +104,8 @@ def table(res: dict) -> str:
         if "peak_rss_mb" in r:
             lines.append(f"inference {r['size']}^2 b1: peak RSS {r['peak_rss_mb']:.0f} MiB "
                          f"(+{r['infer_increase_mb']:.0f}), forward {r['forward_s']:.1f} s")
+    if "domain" in res:
+        lines.extend(domain_bench.lines(res["domain"]))
     for k, g in res.get("goals", {}).items():
         lines.append(f"goal {k}: {g['value']:.3g} (goal {g['goal']}) "
                      f"{'MET' if g['met'] else 'not met'}")
@@ -134,12 +142,18 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma list of parts to skip: step,comm,memory")
     p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
     p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
+    p.add_argument("--with-domain", action="store_true",
+                   help="also bench/domain_bench.py (domain parallelism: 2048^2 on 1, 2, 4 ranks "
+                        "and 4096^2 on 4; several minutes)")
+    p.add_argument("--domain-size", type=int, default=2048)
+    p.add_argument("--domain-big", type=int, default=4096)
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     a = p.parse_args(argv)
     if a.quick:
         a.grids, a.threads, a.repeats = "32:4", "1", 2
         a.layout_grid, a.layout_batch, a.layout_steps, a.layout_repeats = 32, 4, 2, 1
         a.mem_sizes, a.mem_batch, a.infer_sizes = "32", 1, "64"
+        a.domain_size, a.domain_big = 128, 256
     os.makedirs(a.out, exist_ok=True)
     if a.compile:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(a.out, "inductor_cache")))
@@ -168,6 +182,9 @@ def main(argv=None) -> int:
         r = run_json([sys.executable, "-m", "bench.lbfgs_bench", "--out", path, "--problems",
                       "burgers", "--grid", "16", "--pool", "8", "--eval", "2", "--samples", "200"])
         res["lbfgs"] = json.load(open(path)) if os.path.exists(path) else r
+    if a.with_domain:
+        res["domain"] = domain_bench.run(a.domain_size, a.domain_big, steps=1 if a.quick else 3,
+                                         quick=a.quick)
     res["goals"] = goals(res)
     res["loadavg_end"] = load()
     res["seconds"] = time.perf_counter() - t0
