@@ -68,6 +68,7 @@ GOALS = {"memory_factor": 1.25, "strong_scaling_p2": 1.8, "big_field": 4096}
 ALLOCATOR_ENV = ("GLIBC_TUNABLES", "LD_PRELOAD", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_",
                  "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
 MOD = "bench.domain_bench"
+REUSE_MEMORY = True  # the workers keep freed memory, as training does by default
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,9 +298,11 @@ def build_step(comm, grid, split, checkpoint: bool, global_batch: int = 1):
 def worker(a) -> int:
     from deepfusion.engine.comm import world
     from deepfusion.engine.layout import setup_threads
+    from deepfusion.engine.memory import reuse_freed_memory
 
     comm = world()
     setup_threads(comm, a.threads)  # before the first torch op
+    reuse_freed_memory(not a.malloc_default)  # as deepfusion train does (parallel.reuse_memory)
     import gc
 
     import torch
@@ -390,7 +393,7 @@ def launch(n, size, split, *, steps, checkpoint=False, timers=False, pingpong=Fa
     args = ["--worker", "--size", str(size), "--split", ",".join(map(str, split)),
             "--steps", str(steps), "--checkpoint", str(int(checkpoint)), "--threads", "1"]
     args += ["--timers"] * timers + ["--pingpong"] * pingpong + ["--profile-step"] * profile
-    args += ["--half"] * half
+    args += ["--half"] * half + ["--malloc-default"] * (not REUSE_MEMORY)
     t0 = time.perf_counter()
     r = run_json(mpi_cmd(n, MOD, args), timeout=timeout, env={"OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - t0
@@ -567,7 +570,7 @@ def run(size=2048, big=4096, steps=3, quick=False, profile=False, parts=PARTS,
     torch.profiler top ops of p1, p2 and the controls); the goals of the issue."""
     t_start = time.perf_counter()
     res = {"size": size, "big_size": big, "steps": steps, "batch": 1, "threads_per_rank": 1,
-           "cores": os.cpu_count(), "loadavg": load(),
+           "cores": os.cpu_count(), "loadavg": load(), "reuse_memory": REUSE_MEMORY,
            # the allocator settings the ranks inherit (they change the step time, see above)
            "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ}}
     if "p1" in parts or profile:
@@ -620,6 +623,9 @@ def main(argv=None) -> int:
     p.add_argument("--profile-step", dest="profile_step", action="store_true",
                    help=argparse.SUPPRESS)
     p.add_argument("--half", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--malloc-default", dest="malloc_default", action="store_true",
+                   help="glibc's default malloc (freed large blocks returned to the OS) instead "
+                        "of training's default parallel.reuse_memory = true")
     p.add_argument("--size", type=int, default=2048, help="grid of the memory and scaling runs")
     p.add_argument("--big", type=int, default=4096, help="grid of the 4-rank checkpointed run")
     p.add_argument("--steps", type=int, default=3, help="timed steps after the first one")
@@ -634,6 +640,8 @@ def main(argv=None) -> int:
         return worker(a)
     if a.quick:
         a.size, a.big, a.steps = 128, 256, 1
+    global REUSE_MEMORY
+    REUSE_MEMORY = not a.malloc_default
     parts = tuple(filter(None, a.parts.split(",")))
     bad = set(parts) - set(PARTS)
     if bad:

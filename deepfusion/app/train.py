@@ -14,6 +14,7 @@ import sys
 
 from ..config import load_config
 from ..engine.layout import report, setup_threads
+from ..engine.memory import reuse_freed_memory
 from .policy import collective_check, say_once
 
 
@@ -25,6 +26,9 @@ def cmd_train(args, comm) -> int:
     cfg = collective_check(comm, load_config, args.config, args.set or [])
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
+    note = reuse_freed_memory(cfg.parallel.reuses_memory())
+    if note:
+        say_once(comm, f"deepfusion: note: {note}")
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize

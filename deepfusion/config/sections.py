@@ -204,11 +204,21 @@ class ParallelConfig(Section):
     overlap: bool = option(False, "overlap the gradient allreduce with backward (bucketed, "
                               "non-blocking)")
     bucket_mb: float = option(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
+    reuse_memory: str = option("auto", "keep freed memory in the process for the next step "
+                               "instead of returning it to the OS and faulting it in again "
+                               "(glibc malloc: no mmap for large blocks, no trimming): ~1.4-2x "
+                               "faster steps on large grids for ~10-20% more peak memory; "
+                               "\"auto\" = on without a domain split, off with one (a split "
+                               "exists to save memory)", choices=("auto", "on", "off"))
     domain: list[int] = option([], "domain parallelism: split every sample's grid into blocks, "
                                "one block count per grid axis (e.g. [1, 2]: two blocks along the "
                                "columns), one block per rank; the P ranks form P / prod(domain) "
                                "data-parallel groups that each hold whole samples; [] = no split",
                                item_ge=1, max_len=3)
+
+    def reuses_memory(self) -> bool:
+        """Whether freed memory is kept for reuse (``reuse_memory``, "auto" resolved)."""
+        return self.reuse_memory == "on" or (self.reuse_memory == "auto" and self.blocks() <= 1)
 
     def blocks(self) -> int:
         """Ranks per domain group (1 without a split)."""
