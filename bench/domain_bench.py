@@ -43,7 +43,7 @@ met), peak 4887 MiB/rank = 0.558 of p1 (met; step's own memory 0.541); p4 peak 2
 0.320 (goal 0.3125, not met on the peak; 0.294 on the step's own memory); 4096^2 [2, 2] with
 checkpointing trains: 5011 MiB/rank, 154 s per step (oversubscribed). The halo/sum Functions are
 ~14% of the p2 step (3.5-3.8 s), of which ~1 s in the MPI calls, almost all of it waiting for the
-partner: the alpha-beta model of the 125 messages / 7.3 MiB per rank per step predicts ~1 ms.
+partner: the alpha-beta model of the 107 messages (125 before the fused split norm) / 7.3 MiB per rank per step predicts ~1 ms.
 The rest of the gap to 2x (``--profile``): the halo's buffer copies (~2.5 s), the split instance
 norm's plain ops against the fused NHWC kernel (+2.3 s), two ranks sharing the machine (+4 s at
 the same work) and the kernel's page faults on fresh large tensors (system time: 17.7 of the 39
@@ -158,9 +158,11 @@ def halo_plan(model, task, block, x, checkpoint: bool) -> list[dict]:
                 elif isinstance(mod, SplitUpsample):
                     rows.append({"layer": name, "kind": "halo", "shape": shape, "width": 1,
                                  "backward": backward})
-                else:
+                else:  # the fused NHWC norm all-reduces sum g and sum g xhat as one message
+                    fused = args[0].dim() == 4 and not args[0].is_contiguous() and \
+                        args[0].is_contiguous(memory_format=torch.channels_last)
                     rows.append({"layer": name, "kind": "sum", "shape": shape[:2], "count": 2,
-                                 "backward": 1})
+                                 "backward": 1, "backward_messages": 1 if fused else 2})
             hooks.append(m.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():
@@ -169,7 +171,8 @@ def halo_plan(model, task, block, x, checkpoint: bool) -> list[dict]:
         for h in hooks:
             h.remove()
     for r in rows:
-        r["passes"] = (2 if checkpoint else 1) + r.pop("backward")
+        r["backward_passes"] = r.pop("backward")
+        r["passes"] = (2 if checkpoint else 1) + r["backward_passes"]
     # the Burgers stencil loss: FiniteDifference of cat([u, u^2 / 2]) on the block
     if getattr(task, "scheme", "stencil") == "stencil":
         rows.append({"layer": "loss.fd", "kind": "halo", "shape": (2 * x.shape[0], 1, *block.shape),
@@ -187,7 +190,8 @@ def plan_traffic(rows, block, ranks: int) -> dict:
     for r in rows:
         if r["kind"] == "sum":
             n = max(1, math.ceil(math.log2(ranks)))
-            msgs["sum"] += r["passes"] * r["count"] * n
+            forward = r["passes"] - r["backward_passes"]
+            msgs["sum"] += (forward * r["count"] + r["backward_passes"] * r["backward_messages"]) * n
             nbytes["sum"] += r["passes"] * r["count"] * n * 4 * r["shape"][0] * r["shape"][1]
             continue
         lvl = block.at_shape(r["shape"][2:])
