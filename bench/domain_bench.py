@@ -37,20 +37,13 @@ Goals (the issue's; reported met / not met, never asserted):
   scaling   T(1 rank) / T(2 ranks, [1, 2]) >= 1.8 at SIZE^2, one thread per rank;
   big       BIG^2 (4096^2) trains split [2, 2] with checkpointing.
 
-Measured (2-core AMD EPYC VM, torch 2.13, MPICH 5.0.2, load ~1-2 from other jobs; one run of
-the defaults, ~10.5 min): p1 39.0 s per step, peak 8758 MiB (setup 360); p2 25.8 s (1.51x, not
-met), peak 4887 MiB/rank = 0.558 of p1 (met; step's own memory 0.541); p4 peak 2805 MiB/rank =
-0.320 (goal 0.3125, not met on the peak; 0.294 on the step's own memory); 4096^2 [2, 2] with
-checkpointing trains: 5011 MiB/rank, 154 s per step (oversubscribed). The halo/sum Functions are
-~14% of the p2 step (3.5-3.8 s), of which ~1 s in the MPI calls, almost all of it waiting for the
-partner: the alpha-beta model of the 107 messages (125 before the fused split norm) / 7.3 MiB per rank per step predicts ~1 ms.
-The rest of the gap to 2x (``--profile``): the halo's buffer copies (~2.5 s), the split instance
-norm's plain ops against the fused NHWC kernel (+2.3 s), two ranks sharing the machine (+4 s at
-the same work) and the kernel's page faults on fresh large tensors (system time: 17.7 of the 39
-s of p1). The allocator's settings, inherited by the ranks and recorded in ``allocator_env``,
-move these numbers: with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 one step measured p1 35.8 s,
-p2 19.2 s (1.87x); with glibc.malloc.mmap_max=0 (freed memory kept) 21.7 s / 15.7 s (1.38x)
-at +13% / +47% peak RSS.
+The measured figures, with the allocator as training sets it under a split (``--malloc-default``)
+and with freed memory kept (the default here, ``parallel.reuse_memory = "on"``), are in the
+README (Domain parallelism, "Measured"). What a ``--profile`` run of the first version found (before
+the fused split norm, glibc's default allocator): the halo's buffer copies (~2.5 s of a 24.5 s
+[1, 2] step), the split norm's plain ops (+2.3 s; now the fused kernel), two ranks sharing the
+machine (+4 s at the same work) and page faults on fresh large tensors (system time 17.7 of the
+39 s undivided step: what ``parallel.reuse_memory`` removes).
 """
 from __future__ import annotations
 
