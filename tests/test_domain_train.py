@@ -57,7 +57,9 @@ def undivided(tmp_path_factory):
     return str(d / "run")
 
 
-@pytest.mark.parametrize("n,domain", [(2, "[1, 2]"), (2, "[2, 1]"), (4, "[2, 2]"), (4, "[1, 2]")])
+# [2, 1] alone is covered op by op (test_split_unet_mpi, test_split_loss_mpi) and in the
+# multigrid case below; the suite's time budget keeps one training run per other split here.
+@pytest.mark.parametrize("n,domain", [(2, "[1, 2]"), (4, "[2, 2]"), (4, "[1, 2]")])
 def test_split_run_logs_the_undivided_losses(undivided, tiny, tmp_path, n, domain):
     d = str(tmp_path / "split")
     p = train(n, tiny, d, f"parallel.domain={domain}")
@@ -98,7 +100,7 @@ def test_a_split_that_cannot_work_is_refused_before_training(tiny, tmp_path, n, 
     assert not os.path.exists(os.path.join(d, "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("n,domain", [(2, "1x2"), (4, "2x2")])
+@pytest.mark.parametrize("n,domain", [(4, "2x2")])
 def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_path, n, domain):
     import glob
 
