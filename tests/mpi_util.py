@@ -33,3 +33,12 @@ def deepfusion(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "deepfusion"] + args, capture_output=True,
                               text=True, timeout=kw.get("timeout", HANG_GUARD), env=e, cwd=ROOT)
     return run_mpi(n, ["-m", "deepfusion"] + args, **kw)
+
+
+def run_script_cases(n: int, script: str, cases: list[str]) -> None:
+    """Run a case-running check script (``tests/mpi_scripts/cases.py``) on n ranks; assert it
+    exits 0 and reports 'OK P=n case=CASE' for every case."""
+    p = run_mpi(n, [script] + cases)
+    assert p.returncode == 0, p.stderr + p.stdout
+    for case in cases:
+        assert f"OK P={n} case={case} " in p.stdout, p.stdout

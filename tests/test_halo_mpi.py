@@ -9,17 +9,14 @@ import torch.nn.functional as F
 from deepfusion.engine.comm import SerialComm
 from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
 from diffnet.domain import Block
-from tests.mpi_util import run_mpi
+from tests.mpi_util import run_script_cases
 
 pytestmark = pytest.mark.mpi
 SCRIPT = "tests/mpi_scripts/halo_check.py"
 
 
 def run_cases(n, cases):
-    p = run_mpi(n, [SCRIPT] + cases)
-    assert p.returncode == 0, p.stderr + p.stdout
-    for case in cases:
-        assert f"OK P={n} case={case} " in p.stdout, p.stdout
+    run_script_cases(n, SCRIPT, cases)
 
 
 def test_two_ranks_split_along_either_axis_and_undivided():

@@ -5,17 +5,14 @@ the undivided ones, float64); tests/test_problems_on_blocks.py covers every conf
 in-process with a threaded stand-in of the MPI block."""
 import pytest
 
-from tests.mpi_util import run_mpi
+from tests.mpi_util import run_script_cases
 
 pytestmark = pytest.mark.mpi
 SCRIPT = "tests/mpi_scripts/split_loss_check.py"
 
 
 def run_cases(n, cases):
-    p = run_mpi(n, [SCRIPT] + cases)
-    assert p.returncode == 0, p.stderr + p.stdout
-    for case in cases:
-        assert f"OK P={n} case={case} " in p.stdout, p.stdout
+    run_script_cases(n, SCRIPT, cases)
 
 
 def test_two_ranks_split_either_axis():

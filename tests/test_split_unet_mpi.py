@@ -4,17 +4,14 @@ the undivided network's (float64, rtol 1e-10). The checks live in
 tests/mpi_scripts/split_unet_check.py; the serial tests are tests/test_split_layers.py."""
 import pytest
 
-from tests.mpi_util import run_mpi
+from tests.mpi_util import run_script_cases
 
 pytestmark = pytest.mark.mpi
 SCRIPT = "tests/mpi_scripts/split_unet_check.py"
 
 
 def run_cases(n, cases):
-    p = run_mpi(n, [SCRIPT] + cases)
-    assert p.returncode == 0, p.stderr + p.stdout
-    for case in cases:
-        assert f"OK P={n} case={case} " in p.stdout, p.stdout
+    run_script_cases(n, SCRIPT, cases)
 
 
 def test_two_ranks_split_along_either_axis():
