@@ -120,19 +120,19 @@ def gemm_flops(n: int) -> float:
 
 def build(problem: str = "burgers", grid: int = 64, generator: str = "unet",
           model_options: dict | None = None, channels_last: bool = True, seed: int = 0):
-    """(task, model) as deepfusion.app.build builds them (float32)."""
+    """(task, model) as deepfusion.app.build builds them (float32), on the grid of ``grid``
+    nodes along each of the problem's axes (N x N, or N x N x N for a 3-D problem)."""
     import torch
 
+    from deepfusion.engine.memformat import convert_model
     from diffnet.generators import build_generator
-    from diffnet.problems import get_problem
+    from diffnet.problems import PROBLEMS, get_problem
 
-    task = get_problem(problem, grid=(grid, grid))
+    task = get_problem(problem, grid=(grid,) * PROBLEMS[problem].dims)
     torch.manual_seed(seed)
     model = build_generator(generator, in_channels=len(task.input_channels),
                             **(model_options or {})).float()
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return task, model
+    return task, convert_model(model, channels_last)
 
 
 def inputs(task, batch: int, seed: int = 0):

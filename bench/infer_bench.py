@@ -1,25 +1,32 @@
-"""Inference vs the reference solver, per sample, on one machine, in one run (Poisson).
+"""Inference vs the reference solver, per sample, on one machine, in one run.
 
     python -m bench.infer_bench --out bench/out/infer.json [--sizes 256,512,1024]
                                 [--checkpoint CKPT [--work-grid trained]] [--batches 1,2,4,8]
                                 [--samples 8] [--precision fp32|bf16]
+                                [--problem poisson] [--solvers direct,amg]
 
-For each grid size N x N and each configuration -- network inference at every batch size, the
-sparse direct solver (SuperLU, ``solve_diffusion(method="direct")``) and algebraic multigrid
-(pyamg + CG, ``method="amg"``) -- a fresh subprocess measures the seconds per sample (after an
-untimed warm-up of the same shape) and its peak RSS (``ru_maxrss``, also given as the increase
-over the RSS right after setup), so configurations do not inherit each other's memory.
+For each grid size N (N x N, or N x N x N for a 3-D problem such as ``poisson3d``) and each
+configuration -- network inference at every batch size and each reference solver of
+``--solvers`` (the problem's ``reference_solution``: for the elliptic problems "direct" is
+SuperLU, "amg" pyamg smoothed aggregation + CG) -- a fresh subprocess measures the seconds per
+sample (after an untimed warm-up: the network on the same shape, the solver on a 16-node grid
+of the same problem, which loads the same code without a second large solve) and its peak RSS
+(``ru_maxrss``, also given as the increase over the RSS right after setup), so configurations
+do not inherit each other's memory. The first solver of ``--solvers`` is the reference the
+errors are measured against (use ``--solvers amg`` in 3-D above 32^3: a sparse direct
+factorisation of a 3-D grid fills in far beyond the machine's memory).
 
-The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid size; the
-relative L2 error of its predictions against the direct solutions is reported), else the
-default ``unet`` with random weights (timing only: the error is null, marked "untrained").
+The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid size, the
+problem taken from the checkpoint; the relative L2 error of its predictions against the
+reference solutions is reported), else the problem's default U-Net (``unet``, ``unet3d`` in
+3-D) with random weights (timing only: the error is null, marked "untrained").
 The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.app.inference.predictor``:
 channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
 
-Controls (with ``--work-grid``): the direct solver on the work grid, interpolated to N x N the
-same way, timed and compared with the N x N direct solution -- it says how much of the speed-up
+Controls (with ``--work-grid``): the reference solver on the work grid, interpolated to the
+N grid the same way, timed and compared with the N-grid reference solution -- it says how much of the speed-up
 comes from the problem being resolved on the coarse grid rather than from the network; and the
-same network run on the N x N grid itself (batch 1, its time and error).
+same network run on the N grid itself (batch 1, its time and error).
 """
 from __future__ import annotations
 
@@ -46,6 +53,12 @@ def _rss_mb() -> float:
 # worker (one configuration per process)
 # ---------------------------------------------------------------------------------------------
 
+def _grid(cfg) -> tuple:
+    from diffnet.problems import PROBLEMS
+
+    return (cfg["size"],) * PROBLEMS[cfg["problem"]].dims
+
+
 def _setup(cfg):
     import numpy as np
     import torch
@@ -55,15 +68,16 @@ def _setup(cfg):
     if cfg.get("checkpoint"):
         from deepfusion.app.inference import load_model
 
-        model, problem, work, _ = load_model(cfg["checkpoint"], grid=(cfg["size"],) * 2,
+        model, problem, work, _ = load_model(cfg["checkpoint"], grid=_grid(cfg),
                                              work_grid=cfg.get("work_grid"))
     else:
         from diffnet.generators import build_generator
         from diffnet.problems import get_problem
 
         torch.manual_seed(0)
-        problem = get_problem("poisson", grid=(cfg["size"],) * 2)
-        model = build_generator("unet", in_channels=len(problem.input_channels)).eval()
+        problem = get_problem(cfg["problem"], grid=_grid(cfg))
+        name = "unet3d" if problem.dims == 3 else "unet"
+        model = build_generator(name, in_channels=len(problem.input_channels)).eval()
     if cfg.get("precision") == "bf16":
         model = model.to(torch.bfloat16)
     params = problem.sample_params(cfg["seed"], np.arange(cfg["n"]))
@@ -84,20 +98,26 @@ def _infer(cfg, model, problem, work, params):
     return total, np.concatenate(preds)
 
 
+def _warm_solver(problem, params, method: str) -> None:
+    """An untimed solve on a 16-node grid of the same problem: imports and first-call costs."""
+    from diffnet.problems import get_problem
+
+    small = get_problem(problem.name, **{**problem.config(), "grid": (16,) * problem.dims})
+    small.reference_solution(params[0], method)
+
+
 def _coarse(cfg, problem, work, params):
-    """Control: the direct solve on the work grid, interpolated to the full grid (timed)."""
+    """Control: the reference solve on the work grid, interpolated to the full grid (timed)."""
     import numpy as np
     import torch
 
-    from diffnet.reference import solve_diffusion
     from diffnet.resample import resample_nodes
 
     total, out = 0.0, []
-    solve_diffusion(work.nu_nodes(params[0]), dirichlet="poisson", method="direct")  # warm-up
+    _warm_solver(work, params, cfg["method"])
     for p in params:
-        nu = work.nu_nodes(p)
         t0 = time.perf_counter()
-        u = solve_diffusion(nu, dirichlet="poisson", method="direct")
+        u = work.reference_solution(p, cfg["method"])
         u = resample_nodes(torch.from_numpy(u)[None, None], problem.grid)[0, 0].numpy()
         total += time.perf_counter() - t0
         out.append(u)
@@ -107,17 +127,13 @@ def _coarse(cfg, problem, work, params):
 def _solve(cfg, problem, params):
     import numpy as np
 
-    from diffnet.reference import solve_diffusion
-
-    total, refs, info = 0.0, [], {}
-    solve_diffusion(problem.nu_nodes(params[0]), dirichlet="poisson", method=cfg["method"])
-    for p in params:  # (first solve above is a warm-up of imports and allocations, untimed)
-        nu = problem.nu_nodes(p)
+    total, refs = 0.0, []
+    _warm_solver(problem, params, cfg["method"])
+    for p in params:
         t0 = time.perf_counter()
-        u, info = solve_diffusion(nu, dirichlet="poisson", method=cfg["method"], return_info=True)
+        refs.append(problem.reference_solution(p, cfg["method"]))
         total += time.perf_counter() - t0
-        refs.append(u)
-    return total, np.stack(refs), {k: info.get(k) for k in ("iterations", "residual")}
+    return total, np.stack(refs)
 
 
 def worker(cfg: dict) -> dict:
@@ -126,18 +142,17 @@ def worker(cfg: dict) -> dict:
 
     model, problem, work, params = _setup(cfg)
     rss0 = _rss_mb()
-    extra = {}
     if cfg["kind"] == "infer":
         total, fields = _infer(cfg, model, problem, work, params)
     elif cfg["kind"] == "coarse":
         total, fields = _coarse(cfg, problem, work, params)
     else:
-        total, fields, extra = _solve(cfg, problem, params)
+        total, fields = _solve(cfg, problem, params)
     if cfg.get("save"):
         np.save(cfg["save"], fields)
     rec = {**{k: cfg[k] for k in ("kind", "size", "n", "batch", "method") if k in cfg},
            "seconds_per_sample": total / len(params), "peak_rss_mb": _rss_mb(),
-           "rss_after_setup_mb": rss0, **extra}
+           "rss_after_setup_mb": rss0}
     rec["peak_rss_increase_mb"] = rec["peak_rss_mb"] - rss0
     print(json.dumps(rec), flush=True)
     return rec
@@ -153,7 +168,10 @@ def _run(cfg: dict) -> dict:
     res = subprocess.run([sys.executable, "-m", "bench.infer_bench", "--worker", json.dumps(cfg)],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     if res.returncode != 0:
-        return {**cfg, "error": res.stderr.strip().splitlines()[-1:] or ["failed"]}
+        err = res.stderr.strip().splitlines()[-1:] or ["failed"]
+        print(f"  {cfg['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
+              f"failed: {err[0]}", flush=True)
+        return {**cfg, "error": err}
     rec = json.loads(res.stdout.strip().splitlines()[-1])
     print(f"  {rec['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
           f"method={cfg.get('method', '-'):6s} {rec['seconds_per_sample']:.4g} s/sample  "
@@ -167,11 +185,13 @@ def bench_size(size: int, args, tmp: str) -> dict:
     from diffnet.metrics import relative_l2
 
     base = {"size": size, "seed": 777, "threads": args.threads, "checkpoint": args.checkpoint,
-            "work_grid": args.work_grid, "precision": args.precision}
+            "work_grid": args.work_grid, "precision": args.precision, "problem": args.problem}
     n_solve = args.solver_samples or (2 if size >= 1024 else 4)
+    ref = args.solvers[0]  # the errors are measured against the first solver
     ref_path = os.path.join(tmp, f"ref{size}.npy")
-    direct = _run({**base, "kind": "solve", "method": "direct", "n": n_solve, "save": ref_path})
-    amg = _run({**base, "kind": "solve", "method": "amg", "n": n_solve})
+    solvers = {m: _run({**base, "kind": "solve", "method": m, "n": n_solve,
+                        **({"save": ref_path} if m == ref else {})}) for m in args.solvers}
+    ref_ok = "error" not in solvers[ref]
     infers = []
     for b in args.batches:
         n = max(args.samples, b)
@@ -182,40 +202,67 @@ def bench_size(size: int, args, tmp: str) -> dict:
     ok = [r for r in infers if "error" not in r]
     best = min(ok, key=lambda r: r["seconds_per_sample"]) if ok else None
     rel = None
-    if args.checkpoint and best and "error" not in direct:
-        ref, pred = np.load(ref_path), np.load(best["_pred"])
-        m = min(len(ref), len(pred))  # same seed: sample j is the same in both
-        rel = float(np.mean(relative_l2(pred[:m], ref[:m])))
+    if args.checkpoint and best and ref_ok:
+        refs, pred = np.load(ref_path), np.load(best["_pred"])
+        m = min(len(refs), len(pred))  # same seed: sample j is the same in both
+        err = relative_l2(pred[:m], refs[:m])
+        rel = {"mean": float(np.mean(err)), "median": float(np.median(err)),
+               "worst": float(np.max(err)), "n": m}
     for r in infers:
         r.pop("_pred", None)
+
     def control(name: str, **cfg) -> dict:
-        """Run a control on the solver's samples; add its error against the direct solve."""
+        """Run a control on the solver's samples; add its error against the reference."""
         path = os.path.join(tmp, f"{name}{size}.npy")
         rec = _run({**base, "n": n_solve, "save": path, **cfg})
-        if "error" not in rec and "error" not in direct:
-            rec["rel_l2_mean_vs_direct"] = float(np.mean(relative_l2(np.load(path),
+        if "error" not in rec and ref_ok:
+            rec[f"rel_l2_mean_vs_{ref}"] = float(np.mean(relative_l2(np.load(path),
                                                                      np.load(ref_path))))
         return rec
 
     coarse = full = None
     if args.checkpoint and str(args.work_grid or "none").lower() != "none":
-        # the same network run on the N x N grid itself (no work grid): time and error
+        # the same network run on the N grid itself (no work grid): time and error
         full = control("full", kind="infer", batch=1, work_grid="none")
-        coarse = control("coarse", kind="coarse", method="direct")
+        coarse = control("coarse", kind="coarse", method=ref)
     batch1 = next((r for r in ok if r["batch"] == 1), None)
-    return {"size": size, "solver_direct": direct, "solver_amg": amg, "inference": infers,
-            "inference_batch1_s": batch1 and batch1["seconds_per_sample"],
-            "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
-            "speedup_vs_direct": _ratio(direct, best), "speedup_vs_amg": _ratio(amg, best),
-            "rel_l2_mean_vs_direct": rel, "control_direct_on_work_grid": coarse,
-            "network_on_full_grid_batch1": full,
-            "error_note": None if args.checkpoint else "untrained network: error not reported"}
+    out = {"size": size, "grid": [size] * len(_dims_of(args)), "reference": ref,
+           **{f"solver_{m}": r for m, r in solvers.items()}, "inference": infers,
+           "inference_batch1_s": batch1 and batch1["seconds_per_sample"],
+           "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
+           **{f"speedup_vs_{m}": _ratio(r, best) for m, r in solvers.items()},
+           f"rel_l2_mean_vs_{ref}": rel and rel["mean"], "rel_l2_vs_reference": rel,
+           f"control_{ref}_on_work_grid": coarse, "network_on_full_grid_batch1": full,
+           "error_note": None if args.checkpoint else "untrained network: error not reported"}
+    return out
+
+
+def _dims_of(args) -> range:
+    from diffnet.problems import PROBLEMS
+
+    return range(PROBLEMS[args.problem].dims)
 
 
 def _ratio(solver: dict, best: dict | None):
     if best is None or "error" in solver:
         return None
     return solver["seconds_per_sample"] / best["seconds_per_sample"]
+
+
+def _checkpoint_problem(path: str) -> str:
+    from deepfusion.engine.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)["meta"]["problem"]["name"]
+
+
+def _check_solvers(name: str, solvers: list) -> None:
+    from diffnet.problems import PROBLEMS
+
+    valid = PROBLEMS[name].reference_methods
+    bad = [m for m in solvers if m not in valid]
+    if bad or not solvers:
+        raise SystemExit(f"--solvers {','.join(solvers)}: problem {name!r} has the reference "
+                         f"methods {list(valid)}; give one or more of them, comma-separated")
 
 
 def main(argv=None) -> int:
@@ -228,8 +275,12 @@ def main(argv=None) -> int:
                    help="solver samples per config (default 4; 2 at N >= 1024)")
     p.add_argument("--checkpoint", help="trained checkpoint (else untrained default unet)")
     p.add_argument("--work-grid", help="as deepfusion infer --work-grid (HxW, trained, none); "
-                                       "adds the coarse direct-solve control")
+                                       "adds the coarse reference-solve control")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--problem", default="poisson",
+                   help="problem without --checkpoint (with one: the checkpoint's problem)")
+    p.add_argument("--solvers", default="direct,amg",
+                   help="reference methods to time; the first is the error reference")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -238,16 +289,19 @@ def main(argv=None) -> int:
         return 0
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.solvers = [m for m in args.solvers.split(",") if m]
     if args.checkpoint:
         args.checkpoint = os.path.abspath(args.checkpoint)
+        args.problem = _checkpoint_problem(args.checkpoint)
+    _check_solvers(args.problem, args.solvers)
     out = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
                        "threads": args.threads, "python": platform.python_version(),
                        "loadavg_start": os.getloadavg()},
-           "checkpoint": args.checkpoint, "work_grid": args.work_grid,
+           "checkpoint": args.checkpoint, "work_grid": args.work_grid, "problem": args.problem,
            "precision": args.precision, "results": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
-            print(f"size {size}x{size}", flush=True)
+            print("size " + "x".join([str(size)] * len(_dims_of(args))), flush=True)
             out["results"].append(bench_size(size, args, tmp))
     out["machine"]["loadavg_end"] = os.getloadavg()  # other jobs on the host skew timings
     emit_json(out, args.out)

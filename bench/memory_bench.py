@@ -3,11 +3,15 @@ checkpointing (model option checkpoint_levels = true), and of inference on large
 
     python -m bench.memory_bench [--sizes 256,512,1024] [--batch 1] [--threads 2]
                                  [--infer-sizes 1024,2048]
+                                 [--problem burgers --model unet --model-options '{...}']
 
 Each (grid, checkpointing) configuration runs in its own subprocess, so high-water marks do
-not mix: the worker builds the default generator and the Burgers problem at N x N, records its
-RSS after setup, runs one DeepFusion training step (forward, backward, Adam) and reports VmHWM
-from /proc/self/status, the increase over the set-up RSS, and the step time.
+not mix: the worker builds the generator (default: the default ``unet``) and the problem
+(default: Burgers) at N x N (N x N x N for a 3-D problem such as ``poisson3d``, with e.g.
+``--model unet3d``), records its RSS after setup, runs one DeepFusion training step (forward,
+backward, Adam) and reports VmHWM from /proc/self/status, the increase over the set-up RSS,
+and the step time. The first step of a process pays one-off costs (oneDNN primitive creation,
+first-touch page faults): ``--steps 2`` also reports the second step's time.
 """
 from __future__ import annotations
 
@@ -26,17 +30,22 @@ def worker(a) -> int:
     from bench.common import build, inputs
     from bench.step_bench import make_deepfusion
 
-    task, model = build("burgers", a.size, "unet", {"checkpoint_levels": bool(a.checkpoint)})
+    opts = {**json.loads(a.model_options), "checkpoint_levels": bool(a.checkpoint)}
+    task, model = build(a.problem, a.size, a.model, opts)
     x = inputs(task, a.batch)
     step = make_deepfusion(task, model, x)
     base = rss_mb()
-    t0 = time.perf_counter()
-    step()
-    dt = time.perf_counter() - t0
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
     peak = peak_rss_mb()
-    print(json.dumps({"size": a.size, "batch": a.batch, "checkpoint_levels": bool(a.checkpoint),
+    print(json.dumps({"size": a.size, "grid": list(task.grid), "problem": a.problem,
+                      "model": a.model, "batch": a.batch, "checkpoint_levels": bool(a.checkpoint),
                       "threads": a.threads, "setup_rss_mb": base, "peak_rss_mb": peak,
-                      "step_increase_mb": peak - base, "step_s": dt, "loadavg": load()}), flush=True)
+                      "step_increase_mb": peak - base, "step_s": times[0], "step_s_all": times,
+                      "loadavg": load()}), flush=True)
     return 0
 
 
@@ -62,6 +71,12 @@ def infer_worker(a) -> int:
     return 0
 
 
+def _dims(problem: str) -> int:
+    from diffnet.problems import PROBLEMS
+
+    return PROBLEMS[problem].dims
+
+
 def run_infer(sizes=(1024, 2048), threads=2, log=print) -> list:
     rows = []
     for n in sizes:
@@ -76,19 +91,25 @@ def run_infer(sizes=(1024, 2048), threads=2, log=print) -> list:
     return rows
 
 
-def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print, infer_sizes=()) -> dict:
+def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print, infer_sizes=(),
+        model=("burgers", "unet", "{}"), steps=1) -> dict:
+    """``model`` is (problem, generator, generator options as JSON)."""
     rows = []
+    which = ["--problem", model[0], "--model", model[1], "--model-options", model[2]]
+    dims = _dims(model[0])
     for n in sizes:
         for ck in (0, 1):
             r = run_json([sys.executable, "-m", "bench.memory_bench", "--worker", "--size", str(n),
-                          "--batch", str(batch), "--threads", str(threads), "--checkpoint", str(ck)])
+                          "--batch", str(batch), "--threads", str(threads), "--checkpoint", str(ck),
+                          "--steps", str(steps), *which])
             rows.append(r if "error" not in r else {"size": n, "checkpoint_levels": bool(ck), **r})
             if "error" in r:
-                log(f"  memory {n}^2 ckpt={bool(ck)}: failed: {r['error'][-300:]}")
+                log(f"  memory {n}^{dims} ckpt={bool(ck)}: failed: {r['error'][-300:]}")
             else:
-                log(f"  memory {n}^2 b{batch} ckpt={bool(ck)}: peak {r['peak_rss_mb']:.0f} MiB "
+                log(f"  memory {n}^{dims} b{batch} ckpt={bool(ck)}: peak {r['peak_rss_mb']:.0f} MiB "
                     f"(+{r['step_increase_mb']:.0f} over setup), step {r['step_s']:.1f} s")
-    return {"batch": batch, "threads": threads, "rows": rows,
+    return {"batch": batch, "threads": threads, "problem": model[0], "model": model[1],
+            "model_options": json.loads(model[2]), "rows": rows,
             "inference": run_infer(infer_sizes, threads, log)}
 
 
@@ -102,12 +123,17 @@ def main(argv=None):
     p.add_argument("--sizes", default="256,512,1024")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=1, help="training steps timed per configuration")
+    p.add_argument("--problem", default="burgers")
+    p.add_argument("--model", default="unet")
+    p.add_argument("--model-options", default="{}", help="generator options as JSON")
     p.add_argument("--out")
     a = p.parse_args(argv)
     if a.worker:
         return infer_worker(a) if a.infer else worker(a)
     res = run(tuple(int(s) for s in a.sizes.split(",")), a.batch, a.threads,
-              infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s))
+              infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s),
+              model=(a.problem, a.model, a.model_options), steps=a.steps)
     emit_json(res, a.out)
     return 0
 

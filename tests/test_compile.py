@@ -10,10 +10,10 @@ from tests.mpi_util import deepfusion
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--set", "problem.name=\"burgers\"", "--set", "problem.grid=[16,16]", "--set", "model.options={depth=2, base_width=4}",
+ARGS = ["--set", "problem.name=\"burgers\"", "--set", "problem.grid=[16,16]", "--set", "model.options={depth=1, base_width=4}",
         "--set", "data.n_samples=8", "--set", "data.global_batch=4", "--set", "train.max_steps=3",
         "--set", "data.eval_samples=0", "--set", "parallel.threads_per_rank=1",
-        "--set", "train.log_every=1"]
+        "--set", "train.log_every=1", "--set", "run.plots=false"]
 
 
 def losses(d):

@@ -12,9 +12,8 @@ from deepfusion.engine import checkpoint as ckpt
 from deepfusion.engine import lbfgs
 from deepfusion.engine.comm import SerialComm
 from deepfusion.engine.data import LazyBatch
-from deepfusion.engine.faults import ENV as FAULT
 from deepfusion.engine.optimizers import OptimizerSchedule, build_stepper
-from tests.mpi_util import deepfusion, run_mpi
+from tests.mpi_util import run_mpi
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi_scripts"))
 from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
@@ -163,6 +162,8 @@ def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex(flags):
 
 
 SWITCH = """
+[run]
+plots = false  # figures are checked where asserted (test_3d, test_multigrid)
 [problem]
 name = "burgers"
 grid = [16, 16]
@@ -190,37 +191,3 @@ micro_batch = 2
 [parallel]
 threads_per_rank = 1
 """
-
-
-def _steps(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if r["kind"] == "step"]
-
-
-@pytest.mark.mpi
-def test_adam_then_lbfgs_on_2_ranks_resumes_across_the_switch(tmp_path):
-    cfg = tmp_path / "sw.toml"
-    cfg.write_text(SWITCH)
-    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
-
-    def train(run_dir, *sets, **kw):
-        args = ["train", str(cfg), "--set", f"run.dir={run_dir}"]
-        return deepfusion(2, args + [a for s in sets for a in ("--set", s)], **kw)
-
-    p = train(full)
-    assert p.returncode == 0, p.stderr[-3000:]
-    steps = _steps(full)
-    assert [r.get("optimizer", "adam") for r in steps] == ["adam"] * 4 + ["lbfgs"] * 6
-    assert all(r["func_evals"] >= 1 and r["lr"] == 1.0 for r in steps[4:])
-    assert steps[-1]["loss"] < steps[4]["loss"] < steps[0]["loss"]
-    # killed after the Adam checkpoint (step 3), then after the L-BFGS one (step 6)
-    p = train(cut, "train.checkpoint_every=3", env={FAULT: "raise@5:1"})
-    assert p.returncode != 0 and "injected failure at step 5" in p.stderr
-    p = deepfusion(2, ["train", "--resume", cut], env={FAULT: "raise@8:1"})
-    assert p.returncode != 0 and "step_00000003" in p.stdout
-    st = ckpt.load_checkpoint(os.path.join(cut, "checkpoints", "step_00000006.h5"))
-    assert st["meta"]["optimizer"] == "lbfgs" and st["optim_state"]["state"][0]["old_dirs"]
-    p = deepfusion(2, ["train", "--resume", cut])
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "step_00000006" in p.stdout
-    assert [r["loss"] for r in _steps(cut)] == [r["loss"] for r in steps]  # bit-for-bit

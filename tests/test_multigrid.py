@@ -20,6 +20,8 @@ from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.test_engine_mpi import losses, train
 
 MG = """
+[run]
+plots = false  # figures are checked where asserted (test_3d, test_multigrid)
 [problem]
 name = "burgers"
 grid = [64, 64]
@@ -68,7 +70,7 @@ def mg(tmp_path_factory):
 def full(mg, tmp_path_factory):
     """The uninterrupted P = 2 run of ``mg`` (once for the module): (run dir, stdout)."""
     d = str(tmp_path_factory.mktemp("full") / "run")
-    p = train(2, mg, d)
+    p = train(2, mg, d, "run.plots=true")  # its loss.png marks the level changes
     assert p.returncode == 0, p.stderr[-3000:]
     return d, p.stdout
 

@@ -22,7 +22,7 @@ def train(tmp_path, recipe: str, *sets: str) -> dict:
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "deepfusion", "train", os.path.join(RECIPES, recipe),
            "--set", "parallel.threads_per_rank=1", "--set", "run.progress=log",
-           "--set", "train.checkpoint_every=0", "--set", "data.eval_samples=8",
+           "--set", "run.plots=false", "--set", "train.checkpoint_every=0", "--set", "data.eval_samples=8",
            "--set", f"run.dir={run}", "--overwrite", *(a for s in sets for a in ("--set", s))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

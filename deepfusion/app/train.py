@@ -64,7 +64,7 @@ def cmd_train(args, comm) -> int:
                            seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
                            channels_last=cfg.model.channels_last, domain=pmodel.domain)
         if summary is not None:
-            write_report(summary, cfg.run.dir, task.axes)
+            write_report(summary, cfg.run.dir, task.axes, plot=cfg.run.plots)
             print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): "
                   f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
                   flush=True)

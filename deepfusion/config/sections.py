@@ -237,6 +237,9 @@ class RunConfig(Section):
     dir: str = option("runs/default", "run directory (checkpoints/, logs, metrics)")
     progress: str = option("auto", "progress display: a bar on a terminal, log lines otherwise",
                        choices=("auto", "bar", "log"))
+    plots: bool = option(True, "draw loss.png and eval.png at the end of the run (rank 0, "
+                         "matplotlib: about a second); false writes metrics.jsonl and "
+                         "eval.json without figures, e.g. for sweeps of many short runs")
 
     def _validate(self):
         if not self.dir.strip():

@@ -118,8 +118,9 @@ def _examples(idx, inputs, preds, refs, keep: int = 2):
             for j in pick]
 
 
-def write_report(summary: dict, run_dir: str, axes) -> None:
-    """eval.json and eval.png (input, prediction, reference, error) for up to 4 samples.
+def write_report(summary: dict, run_dir: str, axes, *, plot: bool = True) -> None:
+    """eval.json and (``plot``) eval.png (input, prediction, reference, error) for up to 4
+    samples.
 
     ``axes``: the problem's axes (``name``, ``lo``, ``hi`` each), for names and physical
     coordinates; a 3-D problem's samples are shown as three orthogonal mid-slices."""
@@ -128,6 +129,8 @@ def write_report(summary: dict, run_dir: str, axes) -> None:
     show = ex[:3] + ([worst] if worst not in ex[:3] else [])
     with open(os.path.join(run_dir, "eval.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    if not plot:
+        return
     rows = [{**e, "error_title": f"error (held-out #{e['i']}, rel L2 {e['rel_l2']:.3f})"}
             for e in show]
     fields_figure(os.path.join(run_dir, "eval.png"), rows, names=[a.name for a in axes],

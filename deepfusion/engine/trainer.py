@@ -95,7 +95,7 @@ class Trainer:
                 self.maybe_evaluate(epoch)
         self.save_checkpoint()
         self.log.close()
-        if self.comm.rank == 0:
+        if self.comm.rank == 0 and self.cfg.run.plots:
             plot_loss_curve(os.path.join(self.run_dir, "metrics.jsonl"),
                             os.path.join(self.run_dir, "loss.png"))
         return {"step": self.step}
