@@ -34,7 +34,8 @@ def train(tmp_path, recipe: str, *sets: str) -> dict:
 GRIDS = {"poisson_256.toml": (256, 256), "burgers_512.toml": (512, 512),
          "burgers_512_c16.toml": (512, 512),
          "darcy.toml": (256, 256), "darcy_fine.toml": (512, 512),
-         "poisson3d.toml": (32, 32, 32)}
+         "poisson3d.toml": (32, 32, 32), "poisson3d_64.toml": (64, 64, 64),
+         "poisson3d_128.toml": (128, 128, 128)}
 
 
 @pytest.mark.parametrize("recipe", sorted(f for f in os.listdir(RECIPES) if f.endswith(".toml")))

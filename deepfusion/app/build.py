@@ -20,6 +20,7 @@ from diffnet.problems import PROBLEMS, get_problem
 from ..config import dump_toml
 from ..engine.checkpoint import load_checkpoint
 from ..engine.data import check_divisible
+from ..engine.halo import group_count
 from ..engine.layout import check_precision
 from ..engine.levels import plan
 from ..engine.memformat import convert_model
@@ -172,13 +173,7 @@ def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
 def data_units(cfg, size: int) -> int:
     """How many data-parallel units ``size`` ranks make: the ranks, or under parallel.domain
     the groups of prod(domain) ranks (ValueError if they do not divide evenly)."""
-    blocks = cfg.parallel.blocks()
-    if size % blocks:
-        ok = ", ".join(str(blocks * k) for k in (1, 2, 3))
-        raise ValueError(f"parallel.domain = {cfg.parallel.domain} puts {blocks} ranks on every "
-                         f"sample, but {size} ranks is not a multiple of {blocks}: run on "
-                         f"{ok}, ... ranks, or change parallel.domain")
-    return size // blocks
+    return group_count(size, cfg.parallel.domain) if cfg.parallel.domain else size
 
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:

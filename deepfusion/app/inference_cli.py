@@ -7,7 +7,6 @@ exit code 2 and one message; out-of-range parameters are a WARNING; anything els
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -201,6 +200,7 @@ def _split(comm, args, model, on):
     the network runs on) set to compute on this rank's block; None without --domain."""
     from diffnet.split_layers import check_generator_split, split_generator
 
+    from ..engine.halo import group_count
     from ..engine.parallel import make_domain
     from .inference import grid_text, parse_grid
 
@@ -214,9 +214,7 @@ def _split(comm, args, model, on):
                              f"{grid_text(on.grid)} grid, e.g. {'x'.join(['1'] * (len(on.grid) - 1) + ['2'])}, "
                              f"got {args.domain!r}")
         check_generator_split(model, on.grid, split)
-        if comm.size % (n := math.prod(split)):
-            raise ValueError(f"--domain {args.domain} puts {n} ranks on every sample, but "
-                             f"{comm.size} ranks is not a multiple of {n}")
+        group_count(comm.size, split, f"--domain {args.domain}")
         return split
     split = collective_check(comm, check)
     domain = make_domain(comm, split, on.grid)

@@ -217,19 +217,32 @@ def make_block(comm: Communicator, grid, split) -> Block:
     return MPIBlock(comm, grid, split)
 
 
+def group_count(ranks: int, split, setting: str = "") -> int:
+    """How many domain groups of D = prod(split) ranks a job of ``ranks`` ranks makes.
+
+    The one check that the job size fits the split (training config, ``infer --domain`` and
+    :func:`domain_groups` all call it); ValueError naming ``setting`` (what gave the split,
+    default ``parallel.domain = [...]``), the rank counts that work and the splits that fit.
+    """
+    setting = setting or f"parallel.domain = {list(split)}"
+    if any(int(s) < 1 for s in split):
+        raise ValueError(f"{setting} must count blocks, 1 or more per axis")
+    d = math.prod(int(s) for s in split)
+    if ranks % d:
+        ok = sorted({max(d, ranks // d * d), -(-ranks // d) * d})
+        fits = [k for k in range(1, ranks + 1) if ranks % k == 0]
+        raise ValueError(f"{setting} puts {d} ranks on every sample, but the job has {ranks} "
+                         f"ranks, not a multiple of {d}: run on {' or '.join(map(str, ok))} "
+                         f"ranks, or choose a split with {fits} blocks in all")
+    return ranks // d
+
+
 def domain_groups(world: Communicator, split):
     """Cut ``world`` (P ranks) into P // D consecutive domain groups of D = prod(split) ranks:
     ranks [g*D, (g+1)*D) form group g. Returns (domain_comm, across_comm, group_index,
     n_groups); ``across_comm`` links the ranks at the same position of every group (the
     data-parallel gradient allreduce of one block's share of the model runs over it)."""
-    if any(int(s) < 1 for s in split):
-        raise ValueError(f"parallel.domain = {list(split)} must count blocks, 1 or more per axis")
-    d, p = math.prod(int(s) for s in split), world.size
-    if p % d:
-        ranks = sorted({max(d, p // d * d), -(-p // d) * d})
-        fits = [k for k in range(1, p + 1) if p % k == 0]
-        raise ValueError(f"parallel.domain = {list(split)} puts {d} ranks in each domain group, "
-                         f"but the job has {p} ranks, not a multiple of {d}: run on {ranks} "
-                         f"ranks, or choose a domain split with {fits} blocks in all")
+    n_groups = group_count(world.size, split)
+    d = world.size // n_groups
     group, pos = world.rank // d, world.rank % d
-    return world.split(group, key=pos), world.split(pos, key=group), group, p // d
+    return world.split(group, key=pos), world.split(pos, key=group), group, n_groups
