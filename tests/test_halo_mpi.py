@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
+from deepfusion.engine.halo import MPIBlock, domain_groups, group_count, make_block
 from diffnet.domain import Block
 from tests.mpi_util import run_script_cases
 
@@ -67,3 +67,22 @@ def test_refusals_without_a_launcher():
         domain_groups(SerialComm(), (1, 2))
     with pytest.raises(ValueError, match="width"):
         MPIBlock(SerialComm(), (4, 6), (1, 1)).halo(torch.zeros(1, 1, 4, 6), 5)
+
+
+def test_group_count_is_the_one_check_of_ranks_against_a_split():
+    """The training config, infer --domain and domain_groups all ask group_count: P ranks make
+    P / prod(split) groups, or the refusal names the setting, the ranks that work and the
+    splits that fit."""
+    assert group_count(4, [1, 2]) == 2 and group_count(8, [2, 2, 2]) == 1
+    assert group_count(3, [1, 1]) == 3
+    with pytest.raises(ValueError) as e:
+        group_count(3, [1, 2])
+    msg = str(e.value)
+    assert "parallel.domain = [1, 2] puts 2 ranks on every sample" in msg
+    assert "has 3 ranks, not a multiple of 2: run on 2 or 4 ranks" in msg
+    assert "a split with [1, 3] blocks in all" in msg
+    with pytest.raises(ValueError, match=r"--domain 2x2 puts 4 ranks .* 6 ranks, not a multiple"):
+        group_count(6, [2, 2], "--domain 2x2")
+    with pytest.raises(ValueError, match="1 or more per axis"):
+        group_count(2, [0, 2])
+
