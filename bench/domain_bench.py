@@ -2,7 +2,7 @@
 and the biggest field that trains, with real mpiexec jobs.
 
     python -m bench.domain_bench [--size 2048] [--big 4096] [--steps 3] [--out FILE] [--quick]
-                                 [--parts p1,p2,p4,big] [--profile]
+                                 [--parts p1,p2,p2copy,p4,big] [--profile]
 
 (``python -m bench.run --with-domain`` runs it too; not in the default ``make bench``: the full
 run takes ~10 minutes on the 2-core machine.)
@@ -19,6 +19,8 @@ the engine's path: the default generator ("unet", default options) and the Burge
            and the sums (the autograd Functions of ``deepfusion.engine.halo``, timed by wrapping
            them in this worker only), the messages and bytes they send, and an MPI ping-pong
            (latency and bandwidth) for the alpha-beta model of that traffic;
+  p2copy   p2 with the split convolutions on a padded copy of the block (``Block.halo``, the
+           path before ``diffnet.ghost_conv``): the copy-free convolutions' gain, side by side;
   p4       SIZE^2 split [2, 2] over 4 ranks: memory (4 ranks on a 2-core machine are
            oversubscribed: fine for memory, the time is an upper bound);
   big      BIG^2 split [2, 2] over 4 ranks with activation checkpointing
@@ -66,12 +68,13 @@ REUSE_MEMORY = True  # the workers keep freed memory, as training does by defaul
 # ---------------------------------------------------------------------------------------------
 
 def launch(n, size, split, *, steps, checkpoint=False, timers=False, pingpong=False,
-           profile=False, half=False, timeout=3600) -> dict:
+           profile=False, half=False, halo_copy=False, timeout=3600) -> dict:
     """One configuration as an mpiexec job; the per-rank records and their max over ranks."""
     args = ["--size", str(size), "--split", ",".join(map(str, split)),
             "--steps", str(steps), "--checkpoint", str(int(checkpoint)), "--threads", "1"]
     args += ["--timers"] * timers + ["--pingpong"] * pingpong + ["--profile-step"] * profile
     args += ["--half"] * half + ["--malloc-default"] * (not REUSE_MEMORY)
+    args += ["--halo-copy"] * halo_copy
     t0 = time.perf_counter()
     r = run_json(mpi_cmd(n, MOD, args), timeout=timeout, env={"OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - t0
@@ -133,6 +136,18 @@ def halo_summary(p2: dict) -> dict:
     }
 
 
+def copy_free(res: dict) -> dict:
+    """The copy-free split convolutions against padded copies: p2 and p2copy side by side
+    ({} unless both ran)."""
+    p2, copy = res.get("p2", {}), res.get("p2copy", {})
+    if "step_s" not in p2 or "step_s" not in copy:
+        return {}
+    return {"step_s": p2["step_s"], "step_s_padded_copies": copy["step_s"],
+            "speedup": copy["step_s"] / p2["step_s"], "peak_rss_mb": p2["peak_rss_mb"],
+            "peak_rss_mb_padded_copies": copy["peak_rss_mb"],
+            "loss_rel_diff": abs(copy["loss"] - p2["loss"]) / abs(p2["loss"])}
+
+
 def loss_check(res: dict) -> dict:
     """The first step's loss of every configuration against the undivided one's: the split is
     exact up to rounding, so a relative difference beyond ~1e-5 (fp32) means one of the two
@@ -177,7 +192,7 @@ def goals(res: dict) -> dict:
 def lines(res: dict) -> list[str]:
     """The domain part of the printed table."""
     out = []
-    for key in ("p1", "p2", "p4", "big", "half_p1", "half_p2"):
+    for key in ("p1", "p2", "p2copy", "p4", "big", "half_p1", "half_p2"):
         r = res.get(key)
         if not r:
             continue
@@ -196,13 +211,17 @@ def lines(res: dict) -> list[str]:
     if h:
         m = h["model"]
         out.append(f"domain halo share of the p2 step: {h['share_functions']:.1%} in the halo/sum "
-                   f"Functions ({h['seconds']['functions']:.3f} s), {h['share_comm']:.1%} in the "
+                   f"Functions and ghost slabs ({h['seconds']['functions']:.3f} s), {h['share_comm']:.1%} in the "
                    f"MPI calls ({h['measured_comm_s']:.3f} s, waiting for the partner included); "
-                   f"the rest is the halo's copies")
+                   f"the rest builds the ghost layers (copies)")
         out.append(f"domain alpha-beta: {m['messages']} messages, {m['bytes'] / 2**20:.1f} MiB per "
                    f"rank per step; latency {m['latency_s'] * 1e6:.1f} us, bandwidth "
                    f"{m['bandwidth_Bps'] / 1e9:.2f} GB/s -> predicted {m['predicted_s'] * 1e3:.1f} "
                    f"ms vs measured {h['measured_comm_s'] * 1e3:.1f} ms")
+    cf = res.get("copy_free")
+    if cf:
+        out.append(f"domain p2 split convolutions: copy-free {cf['step_s']:.2f} s per step, on "
+                   f"padded copies {cf['step_s_padded_copies']:.2f} s ({cf['speedup']:.2f}x)")
     lc = res.get("loss_check", {})
     if "rel_diff_p2" in lc:
         out.append(f"domain first-step loss: undivided {lc['p1']:.6g}, split [1, 2] {lc['p2']:.6g} "
@@ -239,7 +258,7 @@ def profile_summary(res: dict) -> dict:
     return out
 
 
-PARTS = ("p1", "p2", "p4", "big")
+PARTS = ("p1", "p2", "p2copy", "p4", "big")
 
 
 def run(size=2048, big=4096, steps=3, quick=False, profile=False, parts=PARTS,
@@ -258,6 +277,10 @@ def run(size=2048, big=4096, steps=3, quick=False, profile=False, parts=PARTS,
         res["p2"] = launch(2, size, [1, 2], steps=steps, timers=True, pingpong=True,
                            profile=profile)
         log(f"  domain p2 {size}^2 [1, 2]: {_brief(res['p2'])}")
+    if "p2copy" in parts:
+        res["p2copy"] = launch(2, size, [1, 2], steps=steps, timers=True, halo_copy=True)
+        log(f"  domain p2copy {size}^2 [1, 2], padded copies: {_brief(res['p2copy'])}")
+        res["copy_free"] = copy_free(res)
     if "p4" in parts:
         res["p4"] = launch(4, size, [2, 2], steps=0)
         log(f"  domain p4 {size}^2 [2, 2]: {_brief(res['p4'])}")

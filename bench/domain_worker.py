@@ -26,7 +26,8 @@ class HaloTimers:
     wrapping ``deepfusion.engine.halo``'s Functions in this process only (bench instrumentation,
     the library is unchanged)."""
 
-    KEYS = ("halo_fwd", "halo_bwd", "sum_fwd", "sum_bwd", "exchange", "gather_fwd", "gather_bwd")
+    KEYS = ("halo_fwd", "halo_bwd", "sum_fwd", "sum_bwd", "exchange", "gather_fwd", "gather_bwd",
+            "slabs_fwd", "slabs_bwd")
 
     def __init__(self):
         from deepfusion.engine import halo
@@ -49,6 +50,11 @@ class HaloTimers:
         for key, cls in (("halo", halo._Halo), ("sum", halo._Sum), ("gather", halo._Gather)):
             cls.forward = staticmethod(wrap(cls.forward, key + "_fwd", key == "sum"))
             cls.backward = staticmethod(wrap(cls.backward, key + "_bwd", key == "sum"))
+        # the copy-free convolutions' exchange: slabs built and sent, gradients returned (their
+        # thin corrections are convolutions, counted with the network)
+        block = halo.MPIBlock
+        block.ghost_slabs = wrap(block.ghost_slabs, "slabs_fwd", False)
+        block.add_ghost_grads = wrap(block.add_ghost_grads, "slabs_bwd", False)
 
     def _wrap(self, fn, key, count):
         def timed(ctx, t, *args):
@@ -259,6 +265,9 @@ def worker(a) -> int:
     grid = (a.size, a.size // 2 if a.half else a.size)
     split = [int(s) for s in a.split.split(",")] if a.split else []
     timers = HaloTimers() if split and a.timers else None
+    if a.halo_copy:  # the split convolutions' earlier path: a padded copy of every block
+        from deepfusion.engine.halo import MPIBlock
+        MPIBlock.thin_ghosts = False
     step, model, task, block, x = build_step(comm, grid, split, a.checkpoint,
                                              global_batch=comm.size if not split else 1)
     rec = {"rank": comm.rank, "ranks": comm.size, "grid": list(grid), "split": split,
@@ -343,6 +352,8 @@ def main(argv=None) -> int:
     p.add_argument("--pingpong", action="store_true", help="MPI ping-pong (2 ranks)")
     p.add_argument("--profile-step", dest="profile", action="store_true",
                    help="torch.profiler top ops of one step")
+    p.add_argument("--halo-copy", dest="halo_copy", action="store_true",
+                   help="split convolutions on a padded copy (Block.halo), not copy-free")
     p.add_argument("--half", action="store_true", help="N x N/2 (one rank's share of [1, 2])")
     p.add_argument("--malloc-default", dest="malloc_default", action="store_true",
                    help="glibc's default malloc instead of parallel.reuse_memory")

@@ -137,6 +137,41 @@ class Block:
             return F.pad(x, pad)
         return F.pad(x, pad, mode="replicate")
 
+    #: Whether :meth:`ghost_slabs` / :meth:`add_ghost_grads` are implemented (the copy-free
+    #: split convolution of ``diffnet.ghost_conv`` needs them; without, layers use ``halo``).
+    thin_ghosts = False
+
+    def ghost_slabs(self, x: torch.Tensor, width: int) -> list:
+        """The ghost layers ``halo(x, width, "zeros")`` would add, as thin slabs and without
+        autograd: one (lo, hi) pair per axis, None where the block is on the global boundary
+        (zeros). The slab of axis a spans the PADDED extent (n + 2 width) of the axes before a,
+        ``width`` layers along a, and the interior of the axes after a, so every ghost node is
+        in exactly one slab. The adjoint is :meth:`add_ghost_grads`."""
+        if self.whole:
+            return [(None, None)] * self.dims
+        raise NotImplementedError(f"{type(self).__name__} has no thin ghost exchange")
+
+    def slabs_of(self, padded: torch.Tensor, width: int) -> list:
+        """The slabs of :meth:`ghost_slabs` cut from ``padded``, this block with ``width`` ghost
+        layers (what ``halo`` returns): views, None on the global boundary. The definition the
+        thin exchange is tested against."""
+        out = []
+        for a in range(self.dims):
+            core = padded
+            for b in range(a + 1, self.dims):
+                core = core.narrow(2 + b, width, self.shape[b])
+            out.append([None if self.at_lo(a) else core.narrow(2 + a, 0, width),
+                        None if self.at_hi(a) else core.narrow(2 + a, width + self.shape[a],
+                                                               width)])
+        return out
+
+    def add_ghost_grads(self, grad_x: torch.Tensor, grads: list, width: int) -> None:
+        """The adjoint of :meth:`ghost_slabs`: ``grads`` holds a gradient (or None: zero) per
+        slab; each is sent back to the block it was copied from and added there, in place, to
+        ``grad_x`` (the gradient of the slabs' ``x``, modified in place)."""
+        if not self.whole:
+            raise NotImplementedError(f"{type(self).__name__} has no thin ghost exchange")
+
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` summed over the blocks of the split (every block gets the total); the backward
         sums the gradients likewise. Undivided: ``t``."""

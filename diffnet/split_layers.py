@@ -12,7 +12,8 @@ integer factor per axis (a U-Net level l holds the block at 1 / 2**l); the Block
 are called with tensors of that level.
 
 Handled: zero-padded convolutions whose output grid is the input grid / stride (the 3x3 ones
-and the stride-2 downsampling ones: halo "zeros", then no padding), bilinear / trilinear
+and the stride-2 downsampling ones: without a padded copy where the block has a thin ghost
+exchange, ``diffnet.ghost_conv``; else halo "zeros", then no padding), bilinear / trilinear
 upsampling with align_corners=False (halo "replicate": PyTorch clamps the source index at the
 boundary, which the replicated ghost layer reproduces), instance norm (statistics over the
 whole field), average pooling with stride = kernel. Local and left as they are: 1x1
@@ -32,6 +33,7 @@ from torch import nn
 
 from .domain import Block, check_split
 from .generators import ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up
+from .ghost_conv import GhostConv
 from .norms import InstanceNorm, InstanceNormNHWCBlocks
 
 NETWORKS = (UNet, UNetSmall, UNet3D)
@@ -73,6 +75,11 @@ class SplitConv(SplitLayer):
         s = self.stride
         assert all(a % m == 0 and n % m == 0 for a, n, m in zip(lvl.start, lvl.shape, s)), \
             f"stride {s} needs block starts and sizes divisible by it, got {lvl}"
+        if lvl.thin_ghosts and set(self.dilation) == {1} and not torch.is_autocast_enabled("cpu"):
+            # no padded copy of the block (diffnet.ghost_conv); autocast takes the halo path,
+            # where the casts stay autograd's
+            return GhostConv.apply(x, self.weight, self.bias, lvl, self.stride,
+                                   self.padding[0], self.groups)
         conv = F.conv2d if x.dim() == 4 else F.conv3d
         return conv(lvl.halo(x, self.padding[0], "zeros"), self.weight, self.bias,
                     self.stride, 0, self.dilation, self.groups)

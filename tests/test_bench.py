@@ -144,6 +144,21 @@ def test_error_split_puts_a_moved_front_near_fronts_and_a_bias_away(tmp_path):
 
 
 @pytest.mark.mpi
+def test_domain_bench_puts_copy_free_and_padded_copies_side_by_side():
+    """p2 against p2copy (the split step on padded copies, `--parts p2copy`): speed-up, peaks
+    and the loss difference in the JSON and a printed line; nothing without both."""
+    from bench import domain_bench as D
+
+    p2 = {"step_s": 2.0, "peak_rss_mb": 100.0, "loss": 4.0}
+    copy = {"step_s": 3.0, "peak_rss_mb": 120.0, "loss": 4.0 + 4e-6}
+    cf = D.copy_free({"p2": p2, "p2copy": copy})
+    assert cf["speedup"] == pytest.approx(1.5) and cf["loss_rel_diff"] == pytest.approx(1e-6)
+    assert (cf["peak_rss_mb"], cf["peak_rss_mb_padded_copies"]) == (100.0, 120.0)
+    assert D.copy_free({"p2": p2}) == {}
+    assert any("copy-free 2.00 s" in line and "(1.50x)" in line
+               for line in D.lines({"copy_free": cf}))
+
+
 def test_domain_bench_quick_has_fields(tmp_path):
     """bench.domain_bench --quick --parts p1,p2,big (128^2 on 1 and 2 ranks, 256^2 on 4 with
     checkpointing; p4 is the same 4-rank [2, 2] worker as big, on the smaller grid):

@@ -89,6 +89,55 @@ class MPIBlock(Block):
             return x
         return _Halo.apply(x, self, int(width), fill)
 
+    thin_ghosts = True
+
+    def ghost_slabs(self, x, width):
+        w, slabs = int(width), []
+        for a in range(self.dims):
+            d, n = 2 + a, self.shape[a]
+            # The layers to send, extended along the earlier axes by their slabs' matching
+            # layers (zeros on the global boundary): corners arrive with the later axis.
+            sends = [self._extended(x.narrow(d, start, w), slabs, a, start, w)
+                     for start in (0, n - w)]
+            slabs.append(_exchange(self, a, sends[0], sends[1], tag=a))
+        return slabs
+
+    def _extended(self, layer, slabs, axis, start, w):
+        for b in range(axis):
+            ends = [s.narrow(2 + axis, start, w) if s is not None else None for s in slabs[b]]
+            zero = _thin_zeros(layer, 2 + b, w)
+            layer = torch.cat([ends[0] if ends[0] is not None else zero, layer,
+                               ends[1] if ends[1] is not None else zero], dim=2 + b)
+        return layer.contiguous()
+
+    def add_ghost_grads(self, grad_x, grads, width):
+        w, shape = int(width), self.shape
+        # own copies (thin): the later axes' returns are added to the earlier axes' slabs
+        grads = [[g.clone() if g is not None else None for g in pair] for pair in grads]
+        for a in range(self.dims):        # a neighbour expects a message even for zero gradients
+            for side, nb in enumerate((self.lo[a], self.hi[a])):
+                if nb is not None and grads[a][side] is None:
+                    grads[a][side] = grad_x.new_zeros(self._slab_shape(grad_x, a, w))
+        for a in reversed(range(self.dims)):          # the adjoint runs the axes backwards
+            d, n = 2 + a, shape[a]
+            sends = [g.contiguous() if g is not None else  # no neighbour: shapes the receive
+                     grad_x.new_zeros(self._slab_shape(grad_x, a, w)) for g in grads[a]]
+            from_lo, from_hi = _exchange(self, a, sends[0], sends[1], tag=self.dims + a)
+            for got, start in ((from_lo, 0), (from_hi, n - w)):
+                if got is None:
+                    continue
+                for b in reversed(range(a)):          # peel the earlier axes' extensions off
+                    m = got.shape[2 + b] - 2 * w
+                    for side, offset in ((0, 0), (1, w + m)):
+                        if grads[b][side] is not None:
+                            grads[b][side].narrow(d, start, w).add_(got.narrow(2 + b, offset, w))
+                    got = got.narrow(2 + b, w, m)
+                grad_x.narrow(d, start, w).add_(got)
+
+    def _slab_shape(self, t, axis, w):
+        return (tuple(t.shape[:2]) + tuple(n + 2 * w for n in self.shape[:axis]) + (w,)
+                + tuple(self.shape[axis + 1:]))
+
     def sum(self, t):
         return _Sum.apply(t, self.comm)
 
@@ -97,6 +146,13 @@ class MPIBlock(Block):
             raise ValueError(f"gather along axis {axis} expects {self.shape[axis]} in the last "
                              f"dim, got {tuple(t.shape)}")
         return _Gather.apply(t, self.lines[axis])
+
+
+def _thin_zeros(t: torch.Tensor, dim: int, w: int) -> torch.Tensor:
+    """Zeros shaped like ``t`` but ``w`` thick along ``dim`` (a missing neighbour's ghosts)."""
+    shape = list(t.shape)
+    shape[dim] = w
+    return t.new_zeros(shape)
 
 
 def _exchange(block: MPIBlock, axis: int, send_lo, send_hi, tag: int):

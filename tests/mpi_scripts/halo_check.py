@@ -7,7 +7,8 @@ traceback on stderr.
 Checks: block geometry and tiling; halo forward == the block's window of F.pad of the global
 field (zeros / replicate, widths 1 and 2, corners included, contiguous and channels-last,
 float64 and float32); the halo adjoint (dot-product test summed over the ranks, and the
-assembled gradient == the undivided F.pad gradient); sum and gather forward and backward;
+assembled gradient == the undivided F.pad gradient); the ghost slabs of the copy-free
+convolutions and their adjoint; sum and gather forward and backward;
 the refusals (uneven grid, too wide a halo, a world not a multiple of the split).
 """
 import itertools
@@ -102,6 +103,37 @@ def check_halo_adjoint(block, dom, grid, split, case):
                                    msg=lambda m: f"{case} {fill} w={width}: {m}")
 
 
+def check_ghost_slabs(block, dom, grid, case):
+    """The copy-free convolutions' exchange: slabs == the zero-filled halo's ghost layers, and
+    add_ghost_grads is their adjoint (dot-product test over the ranks; a None gradient is
+    zero)."""
+    if not block.thin_ghosts:
+        return
+    for width in (1, 2):
+        X = field(5, B, C, *grid)
+        x = block.local(X).clone()
+        got = block.ghost_slabs(x, width)
+        pad = F.pad(X, [width] * (2 * len(grid)))
+        for pair, ref in zip(got, block.slabs_of(window(pad, block.start, block.shape, width),
+                                                 width)):
+            for g, r in zip(pair, ref):
+                assert (g is None) == (r is None), case
+                assert g is None or torch.equal(g, r), (case, width, (g - r).abs().max())
+        V = field(6, B, C, *(g + 2 * width for g in grid))
+        grads = block.slabs_of(window(V, block.start, block.shape, width).clone(), width)
+        grads[0][1] = None                         # dropped: must count as zero
+        gx = torch.zeros_like(x)
+        block.add_ghost_grads(gx, grads, width)
+        dots = torch.zeros(2, dtype=torch.float64)
+        for pair, gpair in zip(got, grads):
+            for g, v in zip(pair, gpair):
+                if g is not None and v is not None:
+                    dots[0] += (g * v).sum()
+        dots[1] = (x * gx).sum()
+        dom.allreduce_(dots)
+        assert abs(dots[0] - dots[1]) <= 1e-12 * abs(dots[0]), (case, width, dots.tolist())
+
+
 def check_sum(block, dom, case):
     D = dom.size
     for shape in ((B, C), ()):
@@ -181,6 +213,7 @@ def run(case):
     check_geometry(block, dom, grid, split, group, n_groups)
     check_halo_forward(block, grid, case)
     check_halo_adjoint(block, dom, grid, split, case)
+    check_ghost_slabs(block, dom, grid, case)
     check_sum(block, dom, case)
     check_gather(block, dom, grid, split, case)
     check_refusals(dom, grid, split, case)
