@@ -90,6 +90,18 @@ def test_coarse_to_fine_recipe_starts_from_the_64_recipe_last_checkpoint():
     assert fine.problem.options == coarse.problem.options and fine.model.options == coarse.model.options
 
 
+def test_the_128_cube_recipe_starts_from_the_64_cube_schedule_last_checkpoint():
+    """poisson3d_128.toml's model.init_from is the checkpoint poisson3d_64.toml's levels end
+    with, and the network is the same."""
+    from deepfusion.config import load_config
+
+    coarse = load_config(os.path.join(RECIPES, "poisson3d_64.toml"))
+    fine = load_config(os.path.join(RECIPES, "poisson3d_128.toml"))
+    steps = sum(level["steps"] for level in coarse.train.levels)
+    assert fine.model.init_from == f"{coarse.run.dir}/checkpoints/step_{steps:08d}.h5"
+    assert fine.problem.options == coarse.problem.options and fine.model.options == coarse.model.options
+
+
 # A tiny multigrid schedule of a multigrid recipe: 16x16 then 32x32 (120 + 40 steps, unet-small).
 MULTIGRID_TINY = ["problem.grid=[32,32]", "model.name=\"unet-small\"", "model.options={}",
                   "data.n_samples=32", "data.global_batch=8", "train.log_every=1000",
