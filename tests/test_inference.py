@@ -63,7 +63,9 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
     assert ref["source"] == "reference:direct"
     rc, out, _ = run(["compare", p, r, "--out", str(tmp_path)], capsys)
     assert rc == 0 and "worst" in out and "seconds per sample" in out
+    assert "network and solver both on 16x16 (native)" in out
     s = json.loads((tmp_path / "compare.json").read_text())
+    assert s["pred_work_grid"] == GRID
     assert s["n"] == 5 and len(s["rel_l2"]) == 5 and s["rel_l2_worst"] == max(s["rel_l2"])
     assert s["seconds_per_sample_solver"] > 0 and (tmp_path / "compare.png").stat().st_size > 0
 
@@ -200,6 +202,13 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys)
         np.testing.assert_allclose(ff["u"][:], want, rtol=0, atol=2e-6)
         np.testing.assert_array_equal(ff["u"][:, :, 0], 1.0)  # Dirichlet values stay exact
         np.testing.assert_array_equal(ff["u"][:, :, -1], 0.0)
+    # compare names the work grid: the speed-up is a coarse model's plus interpolation
+    ref = str(tmp_path / "r.h5")
+    assert run(["solve", "--problem", "poisson", "--grid", "46x46", "--sample", "3",
+                "--method", "direct", "--out", ref], capsys)[0] == 0
+    rc, out, _ = run(["compare", fine, ref, "--out", str(tmp_path)], capsys)
+    assert rc == 0 and "ran on a 16x16 work grid, interpolated to 46x46" in out
+    assert json.loads((tmp_path / "compare.json").read_text())["pred_work_grid"] == GRID
     # without --work-grid the network runs on the inference grid itself, with a note saying so
     rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "48x48",
                       "--out", str(tmp_path / "n.h5")], capsys)

@@ -59,6 +59,8 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
         "preds": os.path.abspath(pred_path), "ref": os.path.abspath(ref_path),
         "problem": a["problem"], "grid": list(a["u"].shape[1:]), "n": len(rel),
         "pred_source": a["source"], "ref_source": b["source"],
+        # where the network ran: the file's grid (native) or a coarser work grid + interpolation
+        "pred_work_grid": a["work_grid"],
         "rel_l2_mean": float(rel.mean()), "rel_l2_median": float(np.median(rel)),
         "rel_l2_worst": float(rel[worst]), "worst_index": worst,
         "max_err_mean": float(mx.mean()), "max_err_worst": float(mx.max()),
@@ -90,11 +92,24 @@ def _table(s: dict, path: str) -> str:
              f"{s['worst_index']});  max error worst {s['max_err_worst']:.4e}",
              f"seconds per sample: inference {s['seconds_per_sample_inference']:.4g}  solver "
              f"{s['seconds_per_sample_solver']:.4g}  (speedup {sp})",
+             _work_grid_line(s),
              f"-> {path}, {s['figure']}"]
     if s["problem_kwargs_differ"]:
         rows.append(f"note: the two files' problem options differ in {s['problem_kwargs_differ']} "
                     f"(same samples and grid; check this is intended)")
     return "\n".join(rows)
+
+
+def _work_grid_line(s: dict) -> str:
+    """Which grid each side ran on, so a speed-up is read like for like."""
+    grid, wg = "x".join(map(str, s["grid"])), s["pred_work_grid"]
+    if not wg:
+        return f"grids: the file's grid is {grid} (the prediction file does not record its work grid)"
+    if list(wg) == list(s["grid"]):
+        return f"grids: network and solver both on {grid} (native)"
+    return (f"grids: the network ran on a {'x'.join(map(str, wg))} work grid, interpolated to "
+            f"{grid}; the solver on {grid}. This is a coarse model plus interpolation: compare "
+            f"it with a coarse solve plus interpolation too")
 
 
 def _figure(a: dict, b: dict, shown, rel, path: str) -> str:

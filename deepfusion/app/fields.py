@@ -170,6 +170,8 @@ def read_fields(path) -> dict:
         for k in ("problem", "source", "kind", "seconds_per_sample", "wall_seconds", "ranks",
                   "batch"):
             out[k] = _attr(f, k)
+        wg = f.attrs.get("work_grid")  # predictions only: the grid the network ran on
+        out["work_grid"] = [int(v) for v in wg] if wg is not None else None
         kw = _attr(f, "problem_kwargs", "{}")
         out["problem_kwargs"] = json.loads(kw) if isinstance(kw, str) else {}
     return out
