@@ -211,8 +211,8 @@ def lines(res: dict) -> list[str]:
     if h:
         m = h["model"]
         out.append(f"domain halo share of the p2 step: {h['share_functions']:.1%} in the halo/sum "
-                   f"Functions and ghost slabs ({h['seconds']['functions']:.3f} s), {h['share_comm']:.1%} in the "
-                   f"MPI calls ({h['measured_comm_s']:.3f} s, waiting for the partner included); "
+                   f"Functions and ghost slabs ({h['seconds']['functions']:.3f} s), "
+                   f"{h['share_comm']:.1%} in the MPI calls ({h['measured_comm_s']:.3f} s, waiting for the partner included); "
                    f"the rest builds the ghost layers (copies)")
         out.append(f"domain alpha-beta: {m['messages']} messages, {m['bytes'] / 2**20:.1f} MiB per "
                    f"rank per step; latency {m['latency_s'] * 1e6:.1f} us, bandwidth "

@@ -112,25 +112,22 @@ class MPIBlock(Block):
 
     def add_ghost_grads(self, grad_x, grads, width):
         w, shape = int(width), self.shape
-        # own copies (thin): the later axes' returns are added to the earlier axes' slabs
-        grads = [[g.clone() if g is not None else None for g in pair] for pair in grads]
-        for a in range(self.dims):        # a neighbour expects a message even for zero gradients
-            for side, nb in enumerate((self.lo[a], self.hi[a])):
-                if nb is not None and grads[a][side] is None:
-                    grads[a][side] = grad_x.new_zeros(self._slab_shape(grad_x, a, w))
+        # Own thin copies, zeros for None: the later axes' returns are added to the earlier
+        # axes' slabs, every neighbour expects a message, and a side without one still shapes
+        # the other side's receive (what lands in it is dropped: boundary ghosts are zeros).
+        grads = [[g.clone() if g is not None else grad_x.new_zeros(self._slab_shape(grad_x, a, w))
+                  for g in pair] for a, pair in enumerate(grads)]
         for a in reversed(range(self.dims)):          # the adjoint runs the axes backwards
             d, n = 2 + a, shape[a]
-            sends = [g.contiguous() if g is not None else  # no neighbour: shapes the receive
-                     grad_x.new_zeros(self._slab_shape(grad_x, a, w)) for g in grads[a]]
-            from_lo, from_hi = _exchange(self, a, sends[0], sends[1], tag=self.dims + a)
+            from_lo, from_hi = _exchange(self, a, grads[a][0].contiguous(),
+                                         grads[a][1].contiguous(), tag=self.dims + a)
             for got, start in ((from_lo, 0), (from_hi, n - w)):
                 if got is None:
                     continue
                 for b in reversed(range(a)):          # peel the earlier axes' extensions off
                     m = got.shape[2 + b] - 2 * w
-                    for side, offset in ((0, 0), (1, w + m)):
-                        if grads[b][side] is not None:
-                            grads[b][side].narrow(d, start, w).add_(got.narrow(2 + b, offset, w))
+                    grads[b][0].narrow(d, start, w).add_(got.narrow(2 + b, 0, w))
+                    grads[b][1].narrow(d, start, w).add_(got.narrow(2 + b, w + m, w))
                     got = got.narrow(2 + b, w, m)
                 grad_x.narrow(d, start, w).add_(got)
 
