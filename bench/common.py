@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -63,8 +62,9 @@ def _status_mb(field: str) -> float | None:
 
 def peak_rss_mb() -> float:
     """High-water mark of this process's resident set (VmHWM), in MiB."""
-    hwm = _status_mb("VmHWM")
-    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    from deepfusion.engine.memory import peak_rss_mib
+
+    return peak_rss_mib()
 
 
 def rss_mb() -> float:

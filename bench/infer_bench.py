@@ -11,7 +11,7 @@ configuration -- network inference at every batch size and each reference solver
 SuperLU, "amg" pyamg smoothed aggregation + CG) -- a fresh subprocess measures the seconds per
 sample (after an untimed warm-up: the network on the same shape, the solver on a 16-node grid
 of the same problem, which loads the same code without a second large solve) and its peak RSS
-(``ru_maxrss``, also given as the increase over the RSS right after setup), so configurations
+(VmHWM, also given as the increase over the RSS right after setup), so configurations
 do not inherit each other's memory. The first solver of ``--solvers`` is the reference the
 errors are measured against (use ``--solvers amg`` in 3-D above 32^3: a sparse direct
 factorisation of a 3-D grid fills in far beyond the machine's memory).
@@ -34,19 +34,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
-from bench.common import emit_json
+from bench.common import emit_json, peak_rss_mb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +136,7 @@ def worker(cfg: dict) -> dict:
     import numpy as np
 
     model, problem, work, params = _setup(cfg)
-    rss0 = _rss_mb()
+    rss0 = peak_rss_mb()
     if cfg["kind"] == "infer":
         total, fields = _infer(cfg, model, problem, work, params)
     elif cfg["kind"] == "coarse":
@@ -151,7 +146,7 @@ def worker(cfg: dict) -> dict:
     if cfg.get("save"):
         np.save(cfg["save"], fields)
     rec = {**{k: cfg[k] for k in ("kind", "size", "n", "batch", "method") if k in cfg},
-           "seconds_per_sample": total / len(params), "peak_rss_mb": _rss_mb(),
+           "seconds_per_sample": total / len(params), "peak_rss_mb": peak_rss_mb(),
            "rss_after_setup_mb": rss0}
     rec["peak_rss_increase_mb"] = rec["peak_rss_mb"] - rss0
     print(json.dumps(rec), flush=True)

@@ -114,8 +114,12 @@ def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_p
         p = deepfusion(ranks, ["infer", ckpt, "--sample", "3", "--out", out, "--batch", "2"]
                        + extra)
         assert p.returncode == 0, p.stderr
+        assert "MiB on the largest rank" in p.stdout
         with h5py.File(out) as f:
             outs[ranks] = f["u"][...]
+            peaks = f.attrs["peak_rss_mib_per_rank"]
+        # one high-water mark per rank, in MiB (a torch process holds > 50 MiB, < 100 GiB here)
+        assert len(peaks) == max(ranks, 1) and all(50 < m < 1e5 for m in peaks), peaks
     np.testing.assert_allclose(outs[n], outs[0], rtol=1e-6, atol=1e-7)
 
 

@@ -111,6 +111,7 @@ def _inputs_note(args) -> str:
 def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) -> int:
     """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
     print one line."""
+    from ..engine.memory import peak_rss_mib
     from .inference import grid_text, run_blocks
     from .xdmf import sidecar_path
 
@@ -119,17 +120,21 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
     try:
         busy = run_blocks(comm, samples.n, args.batch, compute, writer, domain)
         wall = time.perf_counter() - t0
+        # Every rank's high-water mark, so a user can size --batch or --domain for the next run.
+        peaks = [round(m, 1) for m in comm.allgather_obj(peak_rss_mib())]
         if writer is not None:
             writer.close({**attrs, "problem": problem.name, "problem_kwargs": problem.config(),
                           "seconds_per_sample": busy / samples.n, "wall_seconds": wall,
-                          "ranks": comm.size, "batch": args.batch, "inputs_from": _inputs_note(args)})
+                          "ranks": comm.size, "batch": args.batch, "inputs_from": _inputs_note(args),
+                          "peak_rss_mib_per_rank": peaks})
     except BaseException:
         if writer is not None:
             writer.discard()
         raise
     say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
                  f"{grid_text(problem.grid)} on {comm.size} rank(s): "
-                 f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall -> "
+                 f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall, "
+                 f"peak memory {max(peaks):.0f} MiB on the largest rank -> "
                  f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
     return 0
 
