@@ -1,5 +1,5 @@
 """parallel.reuse_memory: freed large blocks stay mapped, so the next step does not fault its
-pages in again (counted in minor page faults, not timed)."""
+pages in again (counted in minor page faults, not timed); the peak resident memory infer reports.
 import subprocess
 import sys
 
@@ -39,3 +39,19 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     pages = 64 * 2**20 // 4096
     assert faults(False) > pages // 2      # glibc's default: unmapped when freed, faulted again
     assert faults(True) < pages // 20      # kept: the second step touches mapped pages
+
+
+def test_peak_rss_is_the_high_water_mark_in_mib():
+    """peak_rss_mib (what infer/solve report per rank) rises by what was touched, in MiB, and
+    stays up after the memory is freed."""
+    import numpy as np
+
+    from deepfusion.engine.memory import peak_rss_mib
+
+    before = peak_rss_mib()
+    a = np.ones(96 * 2**20 // 8)          # 96 MiB, every page written
+    touched = peak_rss_mib()
+    del a
+    assert touched - before > 64, (before, touched)
+    # the kernel batches RSS counters per thread (a few MiB), so the mark is read with slack
+    assert peak_rss_mib() > touched - 8
