@@ -131,16 +131,25 @@ class SplitInstanceNorm(SplitLayer, InstanceNorm):
     the blocks' sums, then (two-pass, so no cancellation when |mean| >> std) the blocks' sums
     of squared deviations. 4-D channels_last input takes the fused NHWC kernel
     (``diffnet.norms.InstanceNormNHWCBlocks``); other input plain autograd ops. Low-precision
-    input (bf16 autocast) is normalised in float32, as the undivided norms are."""
+    input (bf16 autocast, or a bf16 model in inference) is normalised in float32."""
 
     def forward(self, x):
         lvl = level(self.block, x)
+        if x.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled("cpu"):
+            # a low-precision model (infer --precision bf16): the statistics in float32 (MPI
+            # cannot add bf16, and a bf16 sum over a field keeps ~3 digits), the output in
+            # the model's dtype for the next layer
+            return self._normalise(x.float(), lvl, self.weight.float(),
+                                   self.bias.float()).to(x.dtype)
+        return self._normalise(x, lvl, self.weight, self.bias)
+
+    def _normalise(self, x, lvl, weight, bias):
         n = lvl.nodes()  # of the whole field at this level
         if x.dim() == 4 and not x.is_contiguous() and \
                 x.is_contiguous(memory_format=torch.channels_last):
             # the fused NHWC kernel with the blocks' sums (2.3 s of a 24 s split step at
             # 2048x2048 went to the plain-ops path below: bench.domain_bench --profile)
-            return InstanceNormNHWCBlocks.apply(x, self.weight, self.bias, self.eps, lvl.sum, n)
+            return InstanceNormNHWCBlocks.apply(x, weight, bias, self.eps, lvl.sum, n)
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         axes = tuple(range(2, x.dim()))
@@ -148,8 +157,8 @@ class SplitInstanceNorm(SplitLayer, InstanceNorm):
         d = x - mean
         var = lvl.sum((d * d).sum(axes, keepdim=True)) / n
         view = (1, -1) + (1,) * len(axes)
-        scale = torch.rsqrt(var + self.eps) * self.weight.to(x.dtype).view(view)
-        return d * scale + self.bias.to(x.dtype).view(view)
+        scale = torch.rsqrt(var + self.eps) * weight.to(x.dtype).view(view)
+        return d * scale + bias.to(x.dtype).view(view)
 
 
 def rebuild(old: nn.Module, cls: type, block: Block) -> nn.Module:

@@ -123,6 +123,31 @@ def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_p
     np.testing.assert_allclose(outs[n], outs[0], rtol=1e-6, atol=1e-7)
 
 
+def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivided, tmp_path):
+    """--precision bf16 under a split: the halo moves bf16 bits exactly, the norm statistics
+    are all-reduced in float32 (MPI cannot add bf16); refused where the CPU has no bf16."""
+    import glob
+
+    import h5py
+    import numpy as np
+
+    from deepfusion.engine.layout import bf16_supported
+
+    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
+    outs = {}
+    for ranks, extra in ((0, []), (2, ["--domain", "1x2", "--precision", "bf16"])):
+        out = str(tmp_path / f"p{ranks}.h5")
+        p = deepfusion(ranks, ["infer", ckpt, "--sample", "2", "--out", out] + extra)
+        if ranks and not bf16_supported():
+            assert p.returncode == 2 and "bf16" in p.stderr, p.stderr
+            return
+        assert p.returncode == 0, p.stderr
+        with h5py.File(out) as f:
+            outs[ranks] = f["u"][...]
+    err = np.linalg.norm(outs[2] - outs[0]) / np.linalg.norm(outs[0])
+    assert 0 < err < 0.03, err  # bf16 keeps ~3 digits per layer; a wrong exchange is O(1)
+
+
 def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
     import glob
 

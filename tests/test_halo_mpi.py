@@ -44,6 +44,16 @@ def test_serial_sendrecv_and_allgather_copy_or_refuse():
     assert torch.equal(out[0], src)
 
 
+def test_bf16_buffers_move_bit_for_bit_and_are_not_reduced():
+    comm = SerialComm()
+    src = torch.randn(5, dtype=torch.float64).to(torch.bfloat16)
+    dst = torch.zeros(5, dtype=torch.bfloat16)
+    comm.sendrecv_(src, 0, dst, 0)  # through as_buffer's int16 view of the bits
+    assert torch.equal(dst, src)
+    with pytest.raises(ValueError, match="reduce bfloat16"):
+        comm.allreduce_(src)
+
+
 @pytest.mark.parametrize("fill", ["zeros", "replicate"])
 def test_one_block_mpi_block_is_the_undivided_block(fill):
     block = MPIBlock(SerialComm(), (4, 6), (1, 1))

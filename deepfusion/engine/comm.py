@@ -22,12 +22,23 @@ import numpy as np
 ABORT_GRACE_S = 0.5  # seconds between a rank's last message and MPI_Abort
 
 
-def as_buffer(buf) -> np.ndarray:
-    """A zero-copy numpy view of a contiguous CPU tensor or array (asserted, never copied)."""
+def as_buffer(buf, reduce: bool = False) -> np.ndarray:
+    """A zero-copy numpy view of a contiguous CPU tensor or array (asserted, never copied).
+
+    numpy has no bfloat16: a bfloat16 tensor that only moves (send, receive, broadcast, gather)
+    travels as its int16 bit pattern, exactly; one that would be reduced (``reduce``) is refused,
+    since MPI would add the bit patterns as integers."""
     if hasattr(buf, "detach") and hasattr(buf, "numpy"):
         if not buf.is_contiguous():
             raise ValueError("communication buffers must be contiguous tensors")
-        view = buf.detach().numpy()
+        import torch  # buf is a tensor, so torch is loaded already
+
+        buf = buf.detach()
+        if buf.dtype == torch.bfloat16:
+            if reduce:
+                raise ValueError("MPI cannot reduce bfloat16 buffers: reduce in float32")
+            buf = buf.view(torch.int16)
+        view = buf.numpy()
     else:
         view = buf
     if not (isinstance(view, np.ndarray) and view.flags.c_contiguous):
@@ -106,11 +117,11 @@ class SerialComm(Communicator):
     rank, size = 0, 1
 
     def allreduce_(self, buf, op="sum"):
-        as_buffer(buf)
+        as_buffer(buf, reduce=True)
         return buf
 
     def iallreduce_(self, buf, op="sum"):
-        as_buffer(buf)
+        as_buffer(buf, reduce=True)
         return _DoneRequest()
 
     def bcast_(self, buf, root=0):
@@ -175,11 +186,12 @@ class MPIComm(Communicator):
             raise ValueError(f"unknown reduction op {op!r}; valid: {sorted(self._ops)}") from None
 
     def allreduce_(self, buf, op="sum"):
-        self._comm.Allreduce(self._MPI.IN_PLACE, as_buffer(buf), op=self._op(op))
+        self._comm.Allreduce(self._MPI.IN_PLACE, as_buffer(buf, reduce=True), op=self._op(op))
         return buf
 
     def iallreduce_(self, buf, op="sum"):
-        return self._comm.Iallreduce(self._MPI.IN_PLACE, as_buffer(buf), op=self._op(op))
+        return self._comm.Iallreduce(self._MPI.IN_PLACE, as_buffer(buf, reduce=True),
+                                     op=self._op(op))
 
     def bcast_(self, buf, root=0):
         self._comm.Bcast(as_buffer(buf), root=root)
