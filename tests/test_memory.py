@@ -1,5 +1,5 @@
 """parallel.reuse_memory: freed large blocks stay mapped, so the next step does not fault its
-pages in again (counted in minor page faults, not timed); the peak resident memory infer reports.
+pages in again (counted in minor page faults, not timed); the peak resident memory infer reports."""
 import subprocess
 import sys
 
