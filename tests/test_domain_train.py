@@ -100,19 +100,26 @@ def test_a_split_that_cannot_work_is_refused_before_training(tiny, tmp_path, n, 
     assert not os.path.exists(os.path.join(d, "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("n,domain", [(4, "2x2")])
-def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_path, n, domain):
+def latest_checkpoint(run_dir):
     import glob
 
+    return sorted(glob.glob(os.path.join(run_dir, "checkpoints", "step_*.h5")))[-1]
+
+
+def infer(ranks, run_dir, out, *args):
+    """``deepfusion infer`` of ``run_dir``'s newest checkpoint on ``ranks`` processes."""
+    return deepfusion(ranks, ["infer", latest_checkpoint(run_dir), "--out", str(out), *args])
+
+
+@pytest.mark.parametrize("n,domain", [(4, "2x2")])
+def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_path, n, domain):
     import h5py
     import numpy as np
 
-    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
     outs = {}
     for ranks, extra in ((0, []), (n, ["--domain", domain])):
         out = str(tmp_path / f"p{ranks}.h5")
-        p = deepfusion(ranks, ["infer", ckpt, "--sample", "3", "--out", out, "--batch", "2"]
-                       + extra)
+        p = infer(ranks, undivided, out, "--sample", "3", "--batch", "2", *extra)
         assert p.returncode == 0, p.stderr
         assert "MiB on the largest rank" in p.stdout
         with h5py.File(out) as f:
@@ -126,18 +133,15 @@ def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_p
 def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivided, tmp_path):
     """--precision bf16 under a split: the halo moves bf16 bits exactly, the norm statistics
     are all-reduced in float32 (MPI cannot add bf16); refused where the CPU has no bf16."""
-    import glob
-
     import h5py
     import numpy as np
 
     from deepfusion.engine.layout import bf16_supported
 
-    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
     outs = {}
     for ranks, extra in ((0, []), (2, ["--domain", "1x2", "--precision", "bf16"])):
         out = str(tmp_path / f"p{ranks}.h5")
-        p = deepfusion(ranks, ["infer", ckpt, "--sample", "2", "--out", out] + extra)
+        p = infer(ranks, undivided, out, "--sample", "2", *extra)
         if ranks and not bf16_supported():
             assert p.returncode == 2 and "bf16" in p.stderr, p.stderr
             return
@@ -149,11 +153,8 @@ def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivi
 
 
 def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
-    import glob
-
-    ckpt = sorted(glob.glob(os.path.join(undivided, "checkpoints", "step_*.h5")))[-1]
-    p = deepfusion(2, ["infer", ckpt, "--sample", "1", "--out", str(tmp_path / "x.h5"),
-                       "--domain", "1x2", "--grid", "16x20"])
+    p = infer(2, undivided, tmp_path / "x.h5", "--sample", "1", "--domain", "1x2",
+              "--grid", "16x20")
     assert p.returncode == 2, p.stderr
     assert "cannot be split" in p.stderr
 

@@ -41,14 +41,20 @@ def reuse_freed_memory(on: bool) -> str:
     return ""
 
 
-def peak_rss_mib() -> float:
-    """High-water mark of this process's resident set in MiB: VmHWM of /proc/self/status,
-    else ``getrusage``'s ru_maxrss (KiB on Linux)."""
+def proc_status_mib(field: str) -> float | None:
+    """A kB field of /proc/self/status (e.g. VmHWM, VmRSS) in MiB; None where unavailable."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return None
+
+
+def peak_rss_mib() -> float:
+    """High-water mark of this process's resident set in MiB: VmHWM of /proc/self/status,
+    else ``getrusage``'s ru_maxrss (KiB on Linux)."""
+    hwm = proc_status_mib("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
