@@ -37,6 +37,8 @@ from .ghost_conv import GhostConv
 from .norms import InstanceNorm, InstanceNormNHWCBlocks
 
 NETWORKS = (UNet, UNetSmall, UNet3D)
+# Elements per float32 slab of the low-precision inference norm (64 MiB).
+SLAB_ELEMENTS = 1 << 24
 # Containers whose forward only composes children and concatenates channels (exact types: a
 # subclass may override forward with anything).
 CONTAINERS = (*NETWORKS, ConvBlock, Down, Up, nn.Sequential, nn.ModuleList)
@@ -139,9 +141,29 @@ class SplitInstanceNorm(SplitLayer, InstanceNorm):
             # a low-precision model (infer --precision bf16): the statistics in float32 (MPI
             # cannot add bf16, and a bf16 sum over a field keeps ~3 digits), the output in
             # the model's dtype for the next layer
+            if not torch.is_grad_enabled():
+                return self._normalise_in_slabs(x, lvl)
             return self._normalise(x.float(), lvl, self.weight.float(),
                                    self.bias.float()).to(x.dtype)
         return self._normalise(x, lvl, self.weight, self.bias)
+
+    def _normalise_in_slabs(self, x, lvl):
+        """Inference of a low-precision model: the same float32 arithmetic as ``_normalise``,
+        a slab of rows (dim 2) at a time, so the float32 temporaries are one slab's, not four
+        copies of the field (what made an 8192x8192 bf16 split run out of memory)."""
+        n = lvl.nodes()
+        axes = tuple(range(2, x.dim()))
+        slabs = x.split(max(1, SLAB_ELEMENTS // max(1, x[:, :, :1].numel())), dim=2)
+        mean = lvl.sum(sum(s.float().sum(axes, keepdim=True) for s in slabs)) / n
+        var = lvl.sum(sum(((s.float() - mean) ** 2).sum(axes, keepdim=True)
+                          for s in slabs)) / n
+        view = (1, -1) + (1,) * len(axes)
+        scale = torch.rsqrt(var + self.eps) * self.weight.float().view(view)
+        bias = self.bias.float().view(view)
+        out = torch.empty_like(x)
+        for s, o in zip(slabs, out.split([s.shape[2] for s in slabs], dim=2)):
+            o.copy_((s.float() - mean) * scale + bias)
+        return out
 
     def _normalise(self, x, lvl, weight, bias):
         n = lvl.nodes()  # of the whole field at this level

@@ -70,6 +70,22 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
     assert s["seconds_per_sample_solver"] > 0 and (tmp_path / "compare.png").stat().st_size > 0
 
 
+def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, capsys):
+    """As evaluate does: RUN_DIR means RUN_DIR/checkpoints' newest complete checkpoint; a
+    directory without one is refused by name (not read as an HDF5 file)."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(ckpt, run_dir / "checkpoints" / "step_00000000.h5")
+    p = str(tmp_path / "p.h5")
+    assert run(["infer", str(run_dir), "--sample", "1", "--out", p], capsys)[0] == 0
+    with h5py.File(p) as f:
+        assert f.attrs["source"] == str(run_dir / "checkpoints" / "step_00000000.h5")
+    rc, _, err = run(["infer", str(tmp_path), "--sample", "1", "--out", p], capsys)
+    assert rc != 0 and "no complete checkpoint in" in err and "checkpoints" in err
+
+
 def test_given_fields_round_trip(ckpt, tmp_path, capsys):
     """--inputs with only the diffusivity nu: log_nu is derived; solve from nu (poisson)."""
     problem = get_problem("poisson", grid=GRID)

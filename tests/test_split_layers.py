@@ -192,3 +192,29 @@ def test_the_fused_nhwc_norm_of_a_block_is_instance_norm_when_the_block_is_the_f
     assert torch.autograd.gradcheck(
         lambda a, c, d: InstanceNormNHWCBlocks.apply(a, c, d, 1e-5, lambda t: t, 12),
         [t.clone().requires_grad_() for t in small])
+
+
+@pytest.mark.parametrize("fmt,dims", [(torch.contiguous_format, 2), (torch.channels_last, 2),
+                                      (torch.contiguous_format, 3)])
+def test_low_precision_inference_norm_in_slabs_is_the_float32_norm(monkeypatch, fmt, dims):
+    """A bf16 model's split norm without autograd works a slab of rows at a time (forced to
+    2 rows, 3-4 slabs); its values are the float32 norm's rounded to bf16, |mean| >> std included."""
+    import diffnet.split_layers as sl
+    from diffnet.norms import InstanceNorm
+
+    torch.manual_seed(0)
+    grid = (7, 6) if dims == 2 else (5, 4, 3)
+    x = torch.randn(2, 3, *grid) + torch.tensor([0.0, 50.0, -3.0]).view(1, 3, *(1,) * dims)
+    x = x.to(torch.bfloat16).contiguous(memory_format=fmt)
+    norm = InstanceNorm(3)
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    split = rebuild(norm, sl.SplitInstanceNorm, Block(grid)).to(torch.bfloat16)
+    want = torch.nn.functional.instance_norm(x.float(), weight=split.weight.float(),
+                                             bias=split.bias.float(), eps=norm.eps)
+    monkeypatch.setattr(sl, "SLAB_ELEMENTS", 2 * 2 * 3 * x[0, 0, 0].numel())
+    with torch.no_grad():
+        got = split(x)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    # bf16 keeps 8 bits: outputs of size ~3 round by <= 2^-7 * 4
+    torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=0, atol=0.035)

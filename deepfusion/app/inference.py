@@ -12,6 +12,7 @@ here.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -93,6 +94,19 @@ def resolve_work_grid(text, meta) -> list[int] | None:
     except ValueError:
         raise ValueError(f"--work-grid must be HxW (e.g. 64x64), DxHxW for a 3-D problem, "
                          f"'trained' or 'none', got {text!r}") from None
+
+
+def checkpoint_file(path: str) -> str:
+    """``path`` itself, or for a run directory its newest complete checkpoint (the argument of
+    ``infer`` and ``evaluate`` may be either)."""
+    from ..engine.checkpoint import latest_checkpoint
+
+    if not os.path.isdir(path):
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise ValueError(f"{path}: no complete checkpoint in {os.path.join(path, 'checkpoints')}")
+    return found
 
 
 def load_model(path, grid=None, work_grid=None):

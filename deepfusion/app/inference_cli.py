@@ -45,7 +45,8 @@ def _input_args(p, what: str) -> None:
 def register(sub) -> None:
     """Add the infer / solve / compare subcommands to the ``deepfusion`` parser."""
     i = sub.add_parser("infer", help="predict with a trained checkpoint (any number of ranks)")
-    i.add_argument("checkpoint", help="a checkpoint file (run_dir/checkpoints/step_*.h5)")
+    i.add_argument("checkpoint", help="a checkpoint file (run_dir/checkpoints/step_*.h5), or a "
+                                      "run directory (its newest complete one)")
     _input_args(i, "predictions")
     i.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16 runs the generator's weights and activations in bfloat16 (faster "
@@ -155,13 +156,14 @@ def _samples(comm, args, problem):
 # ---------------------------------------------------------------------------------------------
 
 def _load(args):
-    from .inference import load_model, parse_grid
+    from .inference import checkpoint_file, load_model, parse_grid
 
     _check_batch(args)
     if args.precision == "bf16":
         from ..engine.layout import check_precision
 
         check_precision("bf16")
+    args.checkpoint = checkpoint_file(args.checkpoint)
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
                                             work_grid=args.work_grid)
     if args.precision == "bf16":

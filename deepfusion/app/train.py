@@ -115,15 +115,9 @@ def cmd_config(args) -> int:
 def _evaluation_target(args):
     """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
     from ..config import DataConfig
-    from ..engine.checkpoint import latest_checkpoint
-    from .inference import load_model, trained_config
+    from .inference import checkpoint_file, load_model, trained_config
 
-    path = args.checkpoint
-    if os.path.isdir(path):
-        found = latest_checkpoint(path)
-        if found is None:
-            raise ValueError(f"{path}: no complete checkpoint in {os.path.join(path, 'checkpoints')}")
-        path = found
+    path = checkpoint_file(args.checkpoint)
     model, problem, _work, meta = load_model(path)
     data = {**vars(DataConfig()), **trained_config(meta, "data")}
     seed = data["test_seed"] if args.seed is None else args.seed
