@@ -143,6 +143,30 @@ def test_error_split_puts_a_moved_front_near_fronts_and_a_bias_away(tmp_path):
         assert s["near_fronts"] ** 2 + s["away"] ** 2 == pytest.approx(s["total"] ** 2)
 
 
+def test_amplitude_error_finds_a_wrong_amplitude_and_a_smooth_error(tmp_path):
+    """Half the reference: best scale 2, no error left after it, all of it in the low modes;
+    a checkerboard error: nothing gained by scaling, none of it in the low modes."""
+    import h5py
+    import numpy as np
+
+    from bench import amplitude_error
+
+    y, x = np.meshgrid(np.linspace(0, 1, 32), np.linspace(0, 1, 32), indexing="ij")
+    ref = np.sin(np.pi * x) * np.sin(np.pi * y)
+    checker = 0.01 * (-1.0) ** (np.arange(32)[:, None] + np.arange(32)[None, :])
+    for name, u in (("p.h5", np.stack([0.5 * ref, ref + checker])), ("r.h5", np.stack([ref, ref]))):
+        with h5py.File(tmp_path / name, "w") as f:
+            f["u"] = u
+    out = tmp_path / "a.json"
+    assert amplitude_error.main([str(tmp_path / "p.h5"), str(tmp_path / "r.h5"),
+                                 "--out", str(out)]) == 0
+    half, rough = json.loads(out.read_text())["samples"]
+    assert half["best_scale"] == pytest.approx(2.0) and half["rel_l2"] == pytest.approx(0.5)
+    assert half["rel_l2_best_scale"] < 1e-12 and half["low_mode_share"] > 0.9
+    assert rough["rel_l2_best_scale"] == pytest.approx(rough["rel_l2"], rel=1e-3)
+    assert rough["low_mode_share"] < 1e-12
+
+
 @pytest.mark.mpi
 def test_domain_bench_puts_copy_free_and_padded_copies_side_by_side():
     """p2 against p2copy (the split step on padded copies, `--parts p2copy`): speed-up, peaks

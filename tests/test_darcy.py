@@ -269,6 +269,26 @@ def test_the_reference_is_the_energy_minimiser(kw):
     assert e["bc"].item() == 0.0
 
 
+@pytest.mark.parametrize("kw", [{}, {"family": "fine-scale", "output_scale": 0.01}])
+def test_ritz_scaling_finds_the_amplitude(kw):
+    """ritz=True: any positive multiple of the reference comes out as the reference itself
+    (float64); a field off the solution comes out at the energy's minimum along its line
+    (the derivative of E(t u) at t = 1 vanishes); a zero field stays zero, not NaN."""
+    p = make((33, 33), ritz=True, **kw)
+    params = p.sample_params(4, [0, 1])
+    x = p.build_input(params, dtype=torch.float64)
+    ref = torch.tensor(np.stack([p.reference_solution(q) for q in params]))[:, None]
+    raw = ref / p.output_scale * torch.tensor([0.37, 5.0], dtype=torch.float64).view(2, 1, 1, 1)
+    torch.testing.assert_close(p.impose(raw, x), ref, rtol=0, atol=1e-10 * float(ref.max()))
+    gen = torch.Generator().manual_seed(0)
+    u = p.impose(raw * (1 + 0.3 * torch.rand(raw.shape, generator=gen, dtype=raw.dtype)), x)
+    t = torch.ones(2, 1, 1, 1, dtype=torch.float64, requires_grad=True)
+    (dt,) = torch.autograd.grad(p.loss_terms(t * u, x)["pde"].sum(), t)
+    assert float(dt.abs().max()) < 1e-10 * float(p.loss_terms(u, x)["pde"].abs().max())
+    assert torch.equal(p.impose(torch.zeros_like(raw), x), torch.zeros_like(raw))
+    assert make((16, 16)).config()["ritz"] is False
+
+
 @pytest.mark.parametrize("kw", [{}, {"quadrature": "nodes", "bc_mode": "lift",
                                      "coefficient": "lognormal", "output_scale": 0.01}])
 def test_loss_terms_per_sample_and_precisions(kw):

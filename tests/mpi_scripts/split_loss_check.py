@@ -28,7 +28,8 @@ CONFIGS_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw
     dict(scheme="muscl", horizon=2), dict(scheme="lax-oleinik", smoothing=0.1))] + [
     ("poisson", dict()), ("poisson", dict(quadrature="nodes", bc_mode="lift")),
     ("poisson", dict(loss="residual")), ("reaction_diffusion", dict()),
-    ("reaction_diffusion", dict(quadrature="nodes", bc_mode="lift")), ("darcy", dict())]
+    ("reaction_diffusion", dict(quadrature="nodes", bc_mode="lift")), ("darcy", dict()),
+    ("darcy", dict(ritz=True)), ("reaction_diffusion", dict(ritz=True, bc_mode="lift"))]
 CONFIGS_3D = [("poisson3d", dict()), ("poisson3d", dict(quadrature="nodes", bc_mode="lift")),
               ("poisson3d", dict(loss="residual"))]
 

@@ -1,0 +1,240 @@
+"""The classical solvers of the Darcy problem at the native grid: sparse direct vs AMG (issue #19).
+
+    python -m bench.fem_bench --sizes 512,1024 --samples 4 --family fine-scale
+                              --rtols 1e-8,1e-4,1e-2 --threads 1 --out bench/out/fem_darcy.json
+                              [--seed 271828] [--maxiter 1000]
+
+The reference side of "inference against FEM at the native grid". For each grid size N (N x N
+nodes) and each of S draws (``sample_params(seed, range(S))`` of ``get_problem("darcy",
+grid=(N, N), family=...)``; seed 271828 is ``data.test_seed``'s default, the draws ``deepfusion
+evaluate`` tests on) the linear system is assembled exactly as ``reference_solution`` assembles
+it (``assemble_diffusion`` with the problem's lengths and ``diffusion_options``: harmonic face
+means, f = source, u = 0 on the boundary, Dirichlet nodes eliminated), timed apart, and solved by
+
+* direct: SuperLU (``solve_direct``, the reference "direct" solver); setup = factorisation,
+  solve = triangular solves. Its solution is what every error below is measured against.
+* amg: pyamg smoothed aggregation (``amg_hierarchy``, the reference settings) as the V-cycle
+  preconditioner of CG (``amg_cg``), for each relative residual tolerance of ``--rtols``: setup
+  (the hierarchy: built once per draw, shared by the tolerances) and solve seconds apart, CG
+  iterations, relative L2 error against direct over all nodes (boundary included, as the
+  project's field errors are computed).
+* amg_reused: draw 0's hierarchy as the preconditioner of CG on draws 1..S-1 (one sparsity
+  pattern per grid, other values), so the setup is paid once per grid (its setup_s is draw 0's
+  hierarchy). Valid: a symmetric V-cycle of an SPD matrix is an SPD preconditioner, which is all
+  CG needs for another SPD matrix; but the more a draw's coefficient differs from draw 0's, the
+  worse it preconditions and the more iterations it takes (capped by ``--maxiter``: a row
+  records the residual reached and ``converged`` false, it does not fail). At 64x64 that is
+  ~720 iterations at 1e-8 for "fine-scale" (contrast 100; 11 with its own setup), 46 for
+  "benchmark" (8).
+
+Times are wall seconds per sample, medians over the draws (iterations and errors: median and
+max); total_s = setup + solve (amg_reused: draw 0's setup shared by the S draws, setup / S +
+solve). An untimed warm-up on a 16x16 grid loads the code first. Memory: the process's peak RSS
+(VmHWM) after each grid and at the end; one process runs the grids in the given order, so a
+grid's value includes the earlier grids' peak (run one size per process for a per-size peak).
+``--threads`` sets the BLAS / OpenMP threads (environment, before numpy loads) and torch's.
+
+Prints one line per configuration (N, method, tol, setup s, solve s per sample, iterations, rel
+L2 vs direct); writes the JSON (``emit_json``) to ``--out`` (default bench/out/fem_darcy.json).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from bench.common import emit_json, load, machine, peak_rss_mb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# numpy is imported inside the functions: the BLAS reads its thread count when numpy loads,
+# which must come after set_threads.
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.fem_bench",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="512,1024", help="grid sizes N (N x N nodes), comma list")
+    ap.add_argument("--samples", type=int, default=4, help="draws S per grid")
+    ap.add_argument("--family", default="fine-scale", help="benchmark | fine-scale")
+    ap.add_argument("--seed", type=int, default=271828)
+    ap.add_argument("--rtols", default="1e-8,1e-4,1e-2", help="AMG-CG relative residuals")
+    ap.add_argument("--maxiter", type=int, default=1000, help="CG iteration cap")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fem_darcy.json"))
+    args = ap.parse_args(argv)
+    args.command = " ".join([ap.prog] + (sys.argv[1:] if argv is None else list(argv)))
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.rtols = [float(r) for r in args.rtols.split(",")]
+    if min(args.sizes) < 3 or args.samples < 1 or args.maxiter < 1 or args.threads < 1:
+        ap.error("need --sizes >= 3, --samples >= 1, --maxiter >= 1, --threads >= 1")
+    if not all(0 < r < 1 for r in args.rtols):
+        ap.error(f"--rtols must lie in (0, 1), got {args.rtols}")
+    return args
+
+
+def set_threads(n: int) -> bool:
+    """BLAS / OpenMP / torch threads; True when numpy was not loaded yet (the env counts)."""
+    for var in THREAD_VARS:
+        os.environ[var] = str(n)
+    fresh = "numpy" not in sys.modules
+    import torch
+
+    torch.set_num_threads(n)
+    return fresh
+
+
+def draw_nu(p, params, i: int):
+    """(N, N) float64 a at the nodes of draw i: channel 0 ("nu") of the network's input."""
+    import torch
+
+    return p.build_input(params[i:i + 1], dtype=torch.float64)[0, 0].numpy()
+
+
+def assemble(p, nu):
+    """The reference solver's system of ``nu`` (as ``solve_nu`` calls ``solve_diffusion``)."""
+    from diffnet.reference.elliptic import assemble_diffusion
+
+    lengths = tuple(ax.hi - ax.lo for ax in p.axes)
+    return assemble_diffusion(nu, lengths=lengths, **p.diffusion_options())
+
+
+def field(x, free, u_full):
+    u = u_full.copy()
+    u[free] = x
+    return u
+
+
+def rel_l2(u, ref) -> float:
+    import numpy as np
+
+    return float(np.linalg.norm(u - ref) / np.linalg.norm(ref))
+
+
+def cg_records(ml, system, u_ref, rtols, maxiter, setup_s) -> dict:
+    """{rtol: record} of CG preconditioned by ``ml`` on ``system`` at each tolerance."""
+    from diffnet.reference.elliptic import amg_cg
+
+    a, b, free, u_full = system
+    out = {}
+    for rtol in rtols:
+        t0 = time.perf_counter()
+        x, info = amg_cg(ml, a, b, rtol, maxiter)
+        out[rtol] = {"setup_s": setup_s, "solve_s": time.perf_counter() - t0,
+                     "iterations": info["iterations"], "residual": info["residual"],
+                     "rel_l2": rel_l2(field(x, free, u_full), u_ref)}
+    return out
+
+
+def solve_draw(p, nu, rtols, maxiter, ml0=None):
+    """One draw: assembly, direct, AMG with its own hierarchy and, given ``ml0`` (draw 0's
+    hierarchy), AMG with that setup reused. Returns (record, direct field, own hierarchy)."""
+    import numpy as np
+
+    from diffnet.reference.elliptic import amg_hierarchy, solve_direct
+
+    t0 = time.perf_counter()
+    system = assemble(p, nu)
+    a, b, free, u_full = system
+    rec = {"assemble_s": time.perf_counter() - t0, "unknowns": a.shape[0], "nnz": a.nnz}
+    x, info = solve_direct(a, b)
+    u = field(x, free, u_full)
+    res = float(np.linalg.norm(b - a @ x) / np.linalg.norm(b))
+    rec["direct"] = {None: {"setup_s": info["setup_time"], "solve_s": info["solve_time"],
+                            "iterations": 0, "residual": res, "rel_l2": 0.0}}
+    t0 = time.perf_counter()
+    ml = amg_hierarchy(a)
+    setup_s = time.perf_counter() - t0
+    rec.update(amg_setup_s=setup_s, amg_levels=len(ml.levels),
+               amg_complexity=ml.operator_complexity())
+    rec["amg"] = cg_records(ml, system, u, rtols, maxiter, setup_s)
+    if ml0 is not None:  # its setup was draw 0's, not this draw's
+        rec["amg_reused"] = cg_records(ml0, system, u, rtols, maxiter, None)
+    return rec, u, ml
+
+
+def summarise(n: int, recs: list, method: str, rtol, maxiter: int) -> dict:
+    """One configuration's row over the draws ``recs`` (draw 0 first): medians (and max for
+    iterations, errors, residuals); ``converged``: no draw stopped at ``maxiter``."""
+    rs = [r[method][rtol] for r in recs if method in r]
+    med = lambda k: float(statistics.median(x[k] for x in rs))  # noqa: E731
+    if method == "amg_reused":  # one setup (draw 0's) shared by all S = len(recs) draws
+        setup = recs[0]["amg_setup_s"]
+        total = setup / len(recs) + med("solve_s")
+    else:
+        setup = med("setup_s")
+        total = float(statistics.median(x["setup_s"] + x["solve_s"] for x in rs))
+    return {"N": n, "method": method, "rtol": rtol, "draws": len(rs), "setup_s": setup,
+            "solve_s": med("solve_s"), "total_s": total,
+            "iterations": med("iterations"), "iterations_max": max(x["iterations"] for x in rs),
+            "rel_l2_vs_direct": med("rel_l2"), "rel_l2_vs_direct_max": max(x["rel_l2"] for x in rs),
+            "residual_max": max(x["residual"] for x in rs),
+            "converged": rtol is None or max(x["iterations"] for x in rs) < maxiter}
+
+
+def measure_grid(n: int, args) -> tuple[dict, list]:
+    """(grid info, rows) of one grid size over the draws."""
+    from diffnet.problems import get_problem
+
+    p = get_problem("darcy", grid=(n, n), family=args.family)
+    params = p.sample_params(args.seed, range(args.samples))
+    recs, ml0 = [], None
+    for i in range(args.samples):
+        rec, _, ml = solve_draw(p, draw_nu(p, params, i), args.rtols, args.maxiter, ml0)
+        ml0 = ml if i == 0 else ml0  # draw 0's hierarchy preconditions the later draws
+        recs.append(rec)
+    rows = [summarise(n, recs, "direct", None, args.maxiter)]
+    rows += [summarise(n, recs, "amg", t, args.maxiter) for t in args.rtols]
+    if args.samples > 1:
+        rows += [summarise(n, recs, "amg_reused", t, args.maxiter) for t in args.rtols]
+    grid = {"N": n, "problem": p.config(), "unknowns": recs[0]["unknowns"],
+            "nnz": recs[0]["nnz"], "assemble_s": statistics.median(r["assemble_s"] for r in recs),
+            "amg_levels": recs[0]["amg_levels"], "amg_setup_s_draw0": recs[0]["amg_setup_s"],
+            "amg_operator_complexity": recs[0]["amg_complexity"],
+            "peak_rss_mib_after": peak_rss_mb(), "loadavg": load()}
+    return grid, rows
+
+
+def print_row(r: dict) -> None:
+    tol = "-" if r["rtol"] is None else f"{r['rtol']:.0e}"
+    once = " (draw 0's, once)" if r["method"] == "amg_reused" else ""
+    print(f"N {r['N']:5d}  {r['method']:10s}  tol {tol:>5s}  setup {r['setup_s']:.4f} s{once}  "
+          f"solve {r['solve_s']:.4f} s/sample  it {r['iterations']:g} (max "
+          f"{r['iterations_max']})  rel L2 vs direct {r['rel_l2_vs_direct']:.2e}"
+          + ("" if r["converged"] else "  (hit --maxiter)"), flush=True)
+
+
+def measure(args) -> dict:
+    warm = argparse.Namespace(**{**vars(args), "samples": 2})
+    measure_grid(16, warm)  # untimed: loads SuperLU, pyamg and the problem code
+    t_start, grids, rows = time.perf_counter(), [], []
+    for n in args.sizes:
+        grid, new = measure_grid(n, args)
+        print(f"N {n:5d}: {grid['unknowns']} unknowns, assembly {grid['assemble_s']:.4f} s, "
+              f"AMG {grid['amg_levels']} levels", flush=True)
+        for r in new:
+            print_row(r)
+        grids.append(grid)
+        rows += new
+    return {"command": args.command,
+            "family": args.family, "seed": args.seed, "samples": args.samples,
+            "rtols": args.rtols, "maxiter": args.maxiter, "threads": args.threads,
+            "times": "wall seconds per sample, medians over the draws",
+            "machine": machine(), "grids": grids, "rows": rows,
+            "peak_rss_mib": peak_rss_mb(), "seconds_total": round(time.perf_counter() - t_start, 2),
+            "loadavg_end": load()}
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    fresh = set_threads(args.threads)
+    res = measure(args)
+    res["blas_threads_from_env"] = fresh
+    emit_json(res, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
