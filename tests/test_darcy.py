@@ -289,6 +289,29 @@ def test_ritz_scaling_finds_the_amplitude(kw):
     assert make((16, 16)).config()["ritz"] is False
 
 
+def test_ritz_fields_find_the_solution_in_their_span():
+    """ritz_fields = K: the answer is the energy's minimiser in the span of the K fields
+    (float64): a span holding the reference gives the reference; its energy is below every
+    single field's Ritz scaling; ritz_fields > 1 without ritz is refused."""
+    p = make((33, 33), ritz=True, ritz_fields=3, family="fine-scale", output_scale=0.01)
+    assert p.output_channels == 3 and p.config()["ritz_fields"] == 3
+    params = p.sample_params(4, [0, 1])
+    x = p.build_input(params, dtype=torch.float64)
+    ref = torch.tensor(np.stack([p.reference_solution(q) for q in params]))[:, None]
+    y, xx = torch.meshgrid(*[torch.linspace(0, 1, 33, dtype=torch.float64)] * 2, indexing="ij")
+    s = (torch.sin(np.pi * xx) * torch.sin(2 * np.pi * y)).expand_as(ref)
+    raw = torch.cat([(ref + 0.003 * s) / 0.01, 0.5 * s, torch.cos(3 * xx).expand_as(ref)], dim=1)
+    u = p.impose(raw, x)
+    assert u.shape == ref.shape
+    assert rel_l2(u.numpy(), ref.numpy()) < 1e-5  # exact up to the 1e-7 shift of G
+    one = make((33, 33), ritz=True, family="fine-scale", output_scale=0.01)
+    e = p.loss_terms(u, x)["pde"]
+    for i in range(3):
+        assert torch.all(e <= one.loss_terms(one.impose(raw[:, i:i + 1], x), x)["pde"] + 1e-15)
+    with pytest.raises(ValueError, match="ritz_fields = 2 .* needs ritz = true"):
+        make((16, 16), ritz_fields=2)
+
+
 @pytest.mark.parametrize("kw", [{}, {"quadrature": "nodes", "bc_mode": "lift",
                                      "coefficient": "lognormal", "output_scale": 0.01}])
 def test_loss_terms_per_sample_and_precisions(kw):
@@ -338,3 +361,23 @@ def test_a_coefficient_array_through_infer_and_solve(tmp_path, monkeypatch, caps
         np.testing.assert_allclose(want["u"][j], p.reference_solution(params[j]), rtol=1e-6,
                                    atol=1e-9)
     capsys.readouterr()
+
+
+def test_the_network_is_built_with_the_fields_the_problem_takes(tmp_path):
+    """ritz_fields = K: build_model gives the generator K output channels (a prolonged one
+    too, tests/test_recipes.py); a contradicting model.options.out_channels is refused."""
+    from deepfusion.app.build import build_model, build_problem
+    from deepfusion.config import load_config
+
+    cfg_file = tmp_path / "d.toml"
+    cfg_file.write_text('[problem]\nname = "darcy"\ngrid = [16, 16]\n'
+                        'options = { ritz = true, ritz_fields = 3 }\n'
+                        '[model]\nname = "unet-small"\n[data]\nn_samples = 8\nglobal_batch = 4\n')
+    cfg = load_config(str(cfg_file))
+    task = build_problem(cfg)
+    model, _ = build_model(cfg, task)
+    x = task.build_input(task.sample_params(0, range(2)))
+    assert model(x).shape == (2, 3, 16, 16) and task.impose(model(x), x).shape == (2, 1, 16, 16)
+    cfg = load_config(str(cfg_file), ["model.options={out_channels = 1}"])
+    with pytest.raises(ValueError, match="out_channels = 1, but problem 'darcy' takes 3"):
+        build_model(cfg, build_problem(cfg))

@@ -59,7 +59,12 @@ def build_model(cfg, task):
     against the problem's grid; ``specs`` rebuild generator and problem from a checkpoint."""
     check_domain(cfg)
     torch.manual_seed(cfg.train.init_seed)
-    kwargs = {"in_channels": len(task.input_channels), **cfg.model.options}
+    kwargs = {"in_channels": len(task.input_channels), "out_channels": task.output_channels,
+              **cfg.model.options}
+    if kwargs["out_channels"] != task.output_channels:
+        raise ValueError(f"model.options.out_channels = {kwargs['out_channels']}, but problem "
+                         f"{task.name!r} takes {task.output_channels} output field(s) from the "
+                         f"network with its options; remove model.options.out_channels")
     model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
     check_grids(model, cfg, task, model_grower(cfg, task))
     if cfg.model.init_from:
@@ -80,6 +85,7 @@ def model_grower(cfg, task):
             torch.manual_seed(cfg.train.init_seed + 7919 * (visit.index + 1))
             grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
                                     grid=visit.grid, in_channels=len(task.input_channels),
+                                    out_channels=task.output_channels,
                                     correction=cfg.model.prolong)
         grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
         return grown, {"name": "prolonged", "kwargs": grown.config()}

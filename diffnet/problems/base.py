@@ -81,6 +81,8 @@ class Problem(abc.ABC):
         fields_hint: optional text for the message of missing channels in
             ``inputs_from_fields``, e.g. which channels are derived from which.
         dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
+        output_channels: the fields the generator outputs (default 1); ``impose`` maps them
+            to the one solution field (B, 1, *grid).
     """
 
     name: str = ""
@@ -91,6 +93,7 @@ class Problem(abc.ABC):
     solves_from_inputs: bool = False
     fields_hint: str = ""
     dims: int = 2
+    output_channels: int = 1
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import check_bool, check_choice, check_number
+from ..validation import check_bool, check_choice, check_int, check_number
 from .fields import KLDiffusionProblem
+from .ritz import ritz_combination
 
 
 class ReactionDiffusion(KLDiffusionProblem):
@@ -21,11 +22,13 @@ class ReactionDiffusion(KLDiffusionProblem):
     zeroed (so a boundary layer one cell wide costs the network nothing); ``"lift"`` returns
     u = output_scale * 16 x (1 - x) y (1 - y) * raw, smooth up to the walls.
     ``output_scale`` (default 1) sets the size of the network's output (u ~ f / kappa^2 here).
-    ``ritz`` (default False): the output is then c u, u as above and c = l(u) / a(u, u) per
-    sample, the energy's minimiser on the line through u (``ritz_scaled``). The network then
-    only has to get the solution's shape right: its amplitude, a global property (for Darcy,
-    the effective conductivity of the whole medium), is what energy training converges to
-    slowest, being the energy's flattest direction.
+    ``ritz`` (default False): the output is then the energy's minimiser in the span of the
+    network's fields (``diffnet.problems.ritz``): with ``ritz_fields`` K = 1 (default) c u,
+    c = l(u) / a(u, u) per sample; with K > 1 the network outputs K fields (the problem's
+    ``output_channels``) and their Galerkin combination is the answer. The network then only
+    has to span the solution: the amplitudes, global properties (for Darcy, the effective
+    conductivity of the whole medium), are what energy training converges to slowest, being
+    the energy's flattest directions.
 
     Loss: "pde" = the energy
 
@@ -48,10 +51,15 @@ class ReactionDiffusion(KLDiffusionProblem):
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  kappa: float = 5.0, source: float = 1.0, quadrature: str = "faces",
                  stencil: str = "sobel", bc_mode: str = "overwrite", output_scale: float = 1.0,
-                 ritz: bool = False):
+                 ritz: bool = False, ritz_fields: int = 1):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.ritz = check_bool("ritz", ritz)
+        self.output_channels = check_int("ritz_fields", ritz_fields, 1, 16)
+        if self.output_channels > 1 and not self.ritz:
+            raise ValueError(f"ritz_fields = {ritz_fields} combines the network's fields by the "
+                             f"Ritz-Galerkin solve, which needs ritz = true; set ritz = true or "
+                             f"ritz_fields = 1")
         self.kappa = check_number("kappa", kappa, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, ("overwrite", "lift"))
         self.output_scale = check_number("output_scale", output_scale, lo=0.0)
@@ -60,7 +68,8 @@ class ReactionDiffusion(KLDiffusionProblem):
 
     def config(self) -> dict:
         return {**super().config(), "kappa": self.kappa, "source": self.source,
-                "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz}
+                "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz,
+                "ritz_fields": self.output_channels}
 
     def _interior(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.dtype, like.device)
@@ -75,19 +84,13 @@ class ReactionDiffusion(KLDiffusionProblem):
         # impose_dirichlet(u, boundary, 0) * scale == u * (scale * interior): one multiply.
         mask = self._bubble(u) if self.bc_mode == "lift" else self._interior(u)
         u = u * self.part(mask)
-        return self.ritz_scaled(u, inputs) if self.ritz else u
-
-    def ritz_scaled(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """c u with c = l(u) / a(u, u) per sample: the minimiser of the energy on the line
-        through u (a one-dimensional Galerkin projection; E(c u) = c^2 a/2 - c l). Exact here
-        because the boundary data are zero, so every c u is admissible. The sums are global
-        (over the blocks of a split) and in float32 at least (a bf16 model's output)."""
-        v = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
-        nu = inputs[:, 0:1].to(v.dtype)
-        half_a = self.block.sum(self.quadratic_energy(v, nu))        # a(u, u) / 2
-        ell = self.block.sum(self.integrate(v * self.source))        # l(u)
-        c = ell / (2 * half_a).clamp_min(torch.finfo(v.dtype).tiny)  # u = 0 gives c = 0
-        return u * c.to(u.dtype).view((-1,) + (1,) * (u.dim() - 1))
+        if not self.ritz:
+            return u
+        nu = inputs[:, 0:1].to(torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
+                                else u.dtype)
+        return ritz_combination(
+            u, lambda v: self.quadratic_energy(v, nu.repeat_interleave(len(v) // len(nu), 0)),
+            lambda v: self.integrate(v * self.source), self.block.sum)
 
     def quadratic_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
         """(B,) a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's

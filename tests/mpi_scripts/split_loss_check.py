@@ -29,7 +29,8 @@ CONFIGS_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw
     ("poisson", dict()), ("poisson", dict(quadrature="nodes", bc_mode="lift")),
     ("poisson", dict(loss="residual")), ("reaction_diffusion", dict()),
     ("reaction_diffusion", dict(quadrature="nodes", bc_mode="lift")), ("darcy", dict()),
-    ("darcy", dict(ritz=True)), ("reaction_diffusion", dict(ritz=True, bc_mode="lift"))]
+    ("darcy", dict(ritz=True)), ("reaction_diffusion", dict(ritz=True, bc_mode="lift")),
+    ("darcy", dict(ritz=True, ritz_fields=3))]
 CONFIGS_3D = [("poisson3d", dict()), ("poisson3d", dict(quadrature="nodes", bc_mode="lift")),
               ("poisson3d", dict(loss="residual"))]
 
@@ -39,7 +40,8 @@ def data(p, grid, batch=2):
     p.set_progress(0.25)
     x = p.build_input(p.sample_params(0, range(batch)), dtype=torch.float64)
     g = torch.Generator().manual_seed(7)
-    raw = 0.4 + 0.3 * torch.randn((batch, 1, *grid), generator=g, dtype=torch.float64)
+    raw = 0.4 + 0.3 * torch.randn((batch, p.output_channels, *grid), generator=g,
+                                  dtype=torch.float64)
     return raw.requires_grad_(), x
 
 
