@@ -25,8 +25,9 @@ def ritz_combination(u: torch.Tensor, half_a: Callable, ell: Callable,
 
     ``half_a(v)`` and ``ell(v)``: (N,) a(v, v) / 2 and l(v) of fields v (N, 1, *grid), N a
     multiple of B (sample-major: the fields of sample 0 first); on a split grid, this block's
-    parts, and ``total`` sums a tensor over the blocks (identity when undivided). The sums and
-    the solve are in float32 at least (float64 for K > 1: G is a difference of energies)."""
+    parts, and ``total`` sums a tensor over the blocks (identity when undivided). The energies
+    are in float32 at least; for K > 1 the K x K system is assembled and solved in float64 (its
+    off-diagonal entries are differences of energies)."""
     b, k = u.shape[:2]
     v = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
     if k == 1:
