@@ -35,6 +35,35 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert "goal" in run.table(res)
 
 
+
+def _cfg(gemm, speedup):
+    return {"gemm_ratio": gemm, "gemm_ratio_cpu": gemm, "speedup_vs_plain": speedup,
+            "speedup_vs_plain_cpu": speedup}
+
+
+def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is_faster():
+    res = {"step": {"runs": [{"grid": 256, "threads": 2, "configs": {
+               "deepfusion": _cfg(0.61, 1.3), "deepfusion_bf16": _cfg(0.9, 2.1)}}]},
+           "comm": {"layout": {"P2xT1_speedup": 0.99},
+                    "overlap": {"no_overlap": {"step_s": 0.100, "allreduce_share": 0.05},
+                                "overlap": {"step_s": 0.101, "allreduce_share": 0.01}}},
+           "memory": {"rows": [{"size": 1024, "batch": 2, "checkpoint_levels": False,
+                                "step_s": 5.8, "peak_rss_mb": 4000, "threads": 2},
+                               {"size": 1024, "batch": 2, "checkpoint_levels": True,
+                                "step_s": 9.0, "peak_rss_mb": 2000, "threads": 2}]}}
+    g = run.goals(res)
+    met = {k: v["met"] for k, v in g.items()}
+    assert met == {"gemm_ratio_256_t2": True, "speedup_vs_plain_256_t2": False,
+                   "bf16_vs_plain_fp32_256_t2": True, "p2x1_vs_p1x2": False,
+                   "allreduce_share_p2_overlap": False,  # 1% share, but the step got slower
+                   "s_per_sample_1024_fp32": True}       # 5.8 s / batch 2 = 2.9 s
+    assert g["s_per_sample_1024_fp32"]["value"] == pytest.approx(2.9)
+    res["comm"]["overlap"]["overlap"]["step_s"] = 0.095
+    assert run.goals(res)["allreduce_share_p2_overlap"]["met"]
+    assert all(f"goal {k}:" in run.table({"machine": {"cores": 2, "torch": "t", "cpu_capability":
+                                                      "c", "loadavg": [0, 0, 0]}, "goals": g})
+               for k in g)
+
 OVERLAP_KEYS = {"step_s", "allreduce_s", "allreduce_share"}
 
 
