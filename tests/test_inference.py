@@ -58,6 +58,7 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
         assert f.attrs["problem"] == "poisson" and f.attrs["source"] == os.path.abspath(ckpt)
         assert json.loads(f.attrs["problem_kwargs"])["grid"] == GRID
         assert f.attrs["seconds_per_sample"] > 0
+        assert f.attrs["warmup"]  # 3 batches on one rank: an untimed warm-up pays
         assert np.all(f["u"][:, :, 0] == 1) and np.all(f["u"][:, :, -1] == 0)  # imposed
     ref = read_fields(r)
     assert ref["source"] == "reference:direct"
@@ -79,9 +80,11 @@ def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, c
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copy(ckpt, run_dir / "checkpoints" / "step_00000000.h5")
     p = str(tmp_path / "p.h5")
-    assert run(["infer", str(run_dir), "--sample", "1", "--out", p], capsys)[0] == 0
+    rc, out, _ = run(["infer", str(run_dir), "--sample", "1", "--out", p], capsys)
+    assert rc == 0 and "no warm-up" in out  # one batch: no untimed second forward
     with h5py.File(p) as f:
         assert f.attrs["source"] == str(run_dir / "checkpoints" / "step_00000000.h5")
+        assert not f.attrs["warmup"]
     rc, _, err = run(["infer", str(tmp_path), "--sample", "1", "--out", p], capsys)
     assert rc != 0 and "no complete checkpoint in" in err and "checkpoints" in err
 

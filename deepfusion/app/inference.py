@@ -271,6 +271,13 @@ def rank_batches(n: int, batch: int, rank: int, size: int) -> list[tuple[int, in
     return [(k * batch, min(n, (k + 1) * batch)) for k in range(first, last)]
 
 
+def warmup_pays(n: int, batch: int, units: int) -> bool:
+    """Whether an untimed warm-up forward pays: only if some rank (or domain group) runs more
+    than one batch. With one batch each (e.g. one huge field) it would double the wall time
+    only to keep kernel selection out of the timing, so the timing then includes it."""
+    return n > batch * units
+
+
 def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
     """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
     ranks (on every rank). ``compute(lo, hi) -> (u (b, *grid), inputs (b, C, *grid),
@@ -298,14 +305,15 @@ def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
 
 
 def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None,
-              domain=None):
+              domain=None, warmup: bool = True):
     """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
 
     With a ``work`` problem (another grid of the same problem) the inputs are resampled to its
     grid, the network runs and its output is imposed there, and the solution is interpolated
     back to ``problem``'s grid (resampling included in the time). Under a domain split
     (``domain``; the model and the work problem on its block) each rank runs its block and the
-    group's first rank assembles the field (u = None on the others).
+    group's first rank assembles the field (u = None on the others). With ``warmup`` every new
+    input shape first runs once untimed (one-off kernel selection stays out of the timing).
     """
     from diffnet.resample import resample_nodes
 
@@ -333,7 +341,7 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     @torch.inference_mode()
     def compute(lo, hi):
         x = samples.inputs(problem, lo, hi, dtype)
-        if x.shape not in warm:  # a new shape pays one-off kernel selection: untimed
+        if warmup and x.shape not in warm:  # a new shape pays one-off kernel selection
             run(x)
             warm.add(x.shape)
         t0 = time.perf_counter()

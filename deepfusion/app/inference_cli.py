@@ -134,7 +134,9 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
         raise
     say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
                  f"{grid_text(problem.grid)} on {comm.size} rank(s): "
-                 f"{busy / samples.n:.4g} s/sample compute, {wall:.3g} s wall, "
+                 f"{busy / samples.n:.4g} s/sample compute"
+                 f"{'' if attrs.get('warmup', True) else ' (one batch per rank: no warm-up, kernel selection included)'}"
+                 f", {wall:.3g} s wall, "
                  f"peak memory {max(peaks):.0f} MiB on the largest rank -> "
                  f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
     return 0
@@ -174,7 +176,8 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import grid_text, predictor, trained_config, training_grid, work_problem
+    from .inference import (grid_text, predictor, trained_config, training_grid, warmup_pays,
+                            work_problem)
 
     _threads(comm, args.threads)
     model, problem, work, meta = collective_check(comm, _load, args)
@@ -194,8 +197,10 @@ def _infer(args, comm) -> int:
                        f"and runs on {grid_text(problem.grid)} as is; its filters are "
                        f"tied to the training grid spacing, so check the error (deepfusion "
                        f"compare) or run it on its training grid with --work-grid trained")
-    compute = predictor(model, problem, samples, channels_last=cl, work=work, domain=domain)
-    attrs = {"source": os.path.abspath(args.checkpoint), "kind": "prediction",
+    warm = warmup_pays(samples.n, args.batch, domain.groups if domain else comm.size)
+    compute = predictor(model, problem, samples, channels_last=cl, work=work, domain=domain,
+                        warmup=warm)
+    attrs = {"warmup": warm, "source": os.path.abspath(args.checkpoint), "kind": "prediction",
              "step": int(meta.get("step", -1)),
              "work_grid": list((work or problem).grid),
              "domain": list(domain.split) if domain else []}
