@@ -11,6 +11,8 @@ worst relative L2 against the reference solver), the validation draw's (``eval.j
 ``data.eval_seed``, which the recipes were tuned on) beside it, and the training wall time.
 
 Variants:
+  * Poisson, energy loss in bf16 (``train.precision = "bf16"``; fails with the reason on a CPU
+    without AVX512-BF16/AMX, recorded as an error).
   * Poisson, residual loss, stencil ``sobel`` ([1,2,1] smoothing), ``sobel3103`` (the talk's
     [3,10,3]) and ``central`` (plain 3-point differences); and the energy loss (the recipe).
   * Burgers: the Lax-Oleinik loss (the recipe, ``burgers.toml``) with and without its annealed
@@ -34,6 +36,7 @@ RECIPES = os.path.join(ROOT, "configs", "recipes")
 
 VARIANTS = {
     "poisson_energy": ("poisson.toml", []),
+    "poisson_energy_bf16": ("poisson.toml", ['train.precision="bf16"']),
     "poisson_residual_sobel": ("poisson.toml", ['problem.options.loss="residual"',
                                                 'problem.options.stencil="sobel"']),
     "poisson_residual_sobel3103": ("poisson.toml", ['problem.options.loss="residual"',
