@@ -221,6 +221,14 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys)
         np.testing.assert_allclose(ff["u"][:], want, rtol=0, atol=2e-6)
         np.testing.assert_array_equal(ff["u"][:, :, 0], 1.0)  # Dirichlet values stay exact
         np.testing.assert_array_equal(ff["u"][:, :, -1], 0.0)
+    # 40x40 shares no interior nodes with 16x16, so resampled 40x40 inputs would differ from
+    # the 16x16 ones: parameter draws are rendered on the work grid instead, as in training
+    odd = str(tmp_path / "o.h5")
+    assert run(["infer", ckpt, "--sample", "3", "--grid", "40x40", "--work-grid", "trained",
+                "--out", odd], capsys)[0] == 0
+    with h5py.File(coarse) as fc, h5py.File(odd) as fo:
+        want = resample_nodes(torch.from_numpy(fc["u"][:])[:, None], (40, 40))[:, 0].numpy()
+        np.testing.assert_allclose(fo["u"][:], want, rtol=0, atol=2e-6)
     # compare names the work grid: the speed-up is a coarse model's plus interpolation
     ref = str(tmp_path / "r.h5")
     assert run(["solve", "--problem", "poisson", "--grid", "46x46", "--sample", "3",

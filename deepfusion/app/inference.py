@@ -308,8 +308,8 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
               domain=None, warmup: bool = True):
     """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
 
-    With a ``work`` problem (another grid of the same problem) the inputs are resampled to its
-    grid, the network runs and its output is imposed there, and the solution is interpolated
+    With a ``work`` problem (another grid of the same problem) the inputs are built on its grid
+    (from the parameters; given fields are resampled to it), the network runs and its output is imposed there, and the solution is interpolated
     back to ``problem``'s grid (resampling included in the time). Under a domain split
     (``domain``; the model and the work problem on its block) each rank runs its block and the
     group's first rank assembles the field (u = None on the others). With ``warmup`` every new
@@ -323,8 +323,14 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     dtype = next(model.parameters()).dtype
     on = work or problem
 
-    def run(x):
-        xin = resample_nodes(x, on.grid)
+    def run(x, lo, hi):
+        # Draws given by parameters are rendered on the grid the network runs on, as in
+        # training; resampling the fine rendering would blur jumps in the inputs (measured on a
+        # 100:1 coefficient: 8.4% against 5.1% for the same network). Given fields are resampled.
+        if work is not None and samples.fields is None:
+            xin = samples.inputs(work, lo, hi, dtype)
+        else:
+            xin = resample_nodes(x, on.grid)
         if domain is not None:
             xin = domain.block.local(xin).contiguous()
         xin = as_format(xin, channels_last)
@@ -342,10 +348,10 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     def compute(lo, hi):
         x = samples.inputs(problem, lo, hi, dtype)
         if warmup and x.shape not in warm:  # a new shape pays one-off kernel selection
-            run(x)
+            run(x, lo, hi)
             warm.add(x.shape)
         t0 = time.perf_counter()
-        u = run(x)
+        u = run(x, lo, hi)
         sec = time.perf_counter() - t0
         if u is None:
             return None, None, sec
