@@ -248,3 +248,12 @@ def test_domain_bench_quick_has_fields(tmp_path):
     for g in res["goals"].values():
         assert {"value", "goal", "met"} <= set(g)
     assert res["goals"]["domain_memory_p2_peak"]["goal"] == pytest.approx(1.25 / 2)
+
+
+def test_conv_rate_reports_both_rates_for_every_shape():
+    from bench import conv_rate
+
+    r = conv_rate.run(threads=1, repeats=1, shapes=((4, 8), (8, 4)), mm_sizes=(16,))
+    assert [(c["channels"], c["grid"]) for c in r["conv3x3"]] == [(4, 8), (8, 4)]
+    assert [m["n"] for m in r["mm"]] == [16]
+    assert all(v["gflops"] > 0 for v in r["conv3x3"] + r["mm"])
