@@ -42,23 +42,23 @@ def _goal(value, goal, met) -> dict:
     return {"value": value, "goal": goal, "met": bool(met)}
 
 
+def _at_least(value, name: str) -> dict:
+    return _goal(value, GOALS[name], value >= GOALS[name])
+
+
 def _step_goals(runs: list) -> dict:
     out = {}
     for r in runs:
         tag = f"{r['grid']}_t{r['threads']}"
         df = r["configs"]["deepfusion"]
-        out[f"gemm_ratio_{tag}"] = {**_goal(df["gemm_ratio"], GOALS["gemm_ratio"],
-                                            df["gemm_ratio"] >= GOALS["gemm_ratio"]),
+        out[f"gemm_ratio_{tag}"] = {**_at_least(df["gemm_ratio"], "gemm_ratio"),
                                     "value_cpu_time": df["gemm_ratio_cpu"]}
-        out[f"speedup_vs_plain_{tag}"] = {
-            **_goal(df["speedup_vs_plain"], GOALS["speedup_vs_plain"],
-                    df["speedup_vs_plain"] >= GOALS["speedup_vs_plain"]),
-            "value_cpu_time": df["speedup_vs_plain_cpu"]}
+        out[f"speedup_vs_plain_{tag}"] = {**_at_least(df["speedup_vs_plain"], "speedup_vs_plain"),
+                                          "value_cpu_time": df["speedup_vs_plain_cpu"]}
         bf = r["configs"].get("deepfusion_bf16")
         if bf is not None:
-            g = GOALS["bf16_vs_plain_fp32"]
-            out[f"bf16_vs_plain_fp32_{tag}"] = _goal(bf["speedup_vs_plain"], g,
-                                                     bf["speedup_vs_plain"] >= g)
+            out[f"bf16_vs_plain_fp32_{tag}"] = _at_least(bf["speedup_vs_plain"],
+                                                         "bf16_vs_plain_fp32")
     return out
 
 
@@ -66,8 +66,7 @@ def _comm_goals(comm: dict) -> dict:
     out = {}
     lay = comm.get("layout", {})
     if "P2xT1_speedup" in lay:
-        v, g = lay["P2xT1_speedup"], GOALS["p2x1_vs_p1x2"]
-        out["p2x1_vs_p1x2"] = _goal(v, g, v >= g)
+        out["p2x1_vs_p1x2"] = _at_least(lay["P2xT1_speedup"], "p2x1_vs_p1x2")
     ov = comm.get("overlap", {})
     if {"overlap", "no_overlap"} <= set(ov):
         on, off = ov["overlap"], ov["no_overlap"]

@@ -35,7 +35,6 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert "goal" in run.table(res)
 
 
-
 def _cfg(gemm, speedup):
     return {"gemm_ratio": gemm, "gemm_ratio_cpu": gemm, "speedup_vs_plain": speedup,
             "speedup_vs_plain_cpu": speedup}
@@ -63,6 +62,7 @@ def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is
     assert all(f"goal {k}:" in run.table({"machine": {"cores": 2, "torch": "t", "cpu_capability":
                                                       "c", "loadavg": [0, 0, 0]}, "goals": g})
                for k in g)
+
 
 OVERLAP_KEYS = {"step_s", "allreduce_s", "allreduce_share"}
 

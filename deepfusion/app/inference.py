@@ -309,8 +309,9 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
 
     With a ``work`` problem (another grid of the same problem) the inputs are built on its grid
-    (from the parameters; given fields are resampled to it), the network runs and its output is imposed there, and the solution is interpolated
-    back to ``problem``'s grid (resampling included in the time). Under a domain split
+    (from the parameters; given fields are resampled to it), the network runs and its output
+    is imposed there, and the solution is interpolated back to ``problem``'s grid (resampling
+    included in the time). Under a domain split
     (``domain``; the model and the work problem on its block) each rank runs its block and the
     group's first rank assembles the field (u = None on the others). With ``warmup`` every new
     input shape first runs once untimed (one-off kernel selection stays out of the timing).

@@ -132,11 +132,11 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
         if writer is not None:
             writer.discard()
         raise
+    cold = "" if attrs.get("warmup", True) else \
+        " (one batch per rank: no warm-up, kernel selection included)"
     say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
                  f"{grid_text(problem.grid)} on {comm.size} rank(s): "
-                 f"{busy / samples.n:.4g} s/sample compute"
-                 f"{'' if attrs.get('warmup', True) else ' (one batch per rank: no warm-up, kernel selection included)'}"
-                 f", {wall:.3g} s wall, "
+                 f"{busy / samples.n:.4g} s/sample compute{cold}, {wall:.3g} s wall, "
                  f"peak memory {max(peaks):.0f} MiB on the largest rank -> "
                  f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
     return 0
