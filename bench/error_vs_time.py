@@ -1,7 +1,7 @@
 """Held-out error against wall time of training runs, and the speed-up of one run over another.
 
     python -m bench.error_vs_time RUN_DIR [RUN_DIR ...] [--draws 64] [--seed TEST_SEED]
-                                  [--baseline RUN_DIR] [--goal 3]
+                                  [--baseline RUN_DIR] [--goal 3] [--stride N]
                                   [--out bench/out/error_vs_time.json]
 
 Every kept checkpoint of each run (``train.keep_checkpoints``, ``train.checkpoint_every``) that
@@ -9,7 +9,8 @@ was written on the run's final grid is evaluated on the same draws (default: 64 
 first run's ``data.test_seed``, the test draw no run was tuned on), with the wall time the
 checkpoint records (``elapsed_s``: the trajectory's time, summed over resumed segments). A
 multigrid run's checkpoints on coarser levels are skipped: the question is the error on the
-final grid.
+final grid. ``--stride N`` evaluates every N-th kept checkpoint and always the last (each one
+is a forward pass over all the draws on the final grid: a long run at 512x512 keeps dozens).
 
 With ``--baseline`` (e.g. the single-grid run), the speed-up of each other run is the
 baseline's time to first reach that run's final mean error, over that run's total time; if the
@@ -29,8 +30,10 @@ import torch
 from bench.common import emit_json
 
 
-def checkpoints(run_dir: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(run_dir, "checkpoints", "step_*.h5")))
+def checkpoints(run_dir: str, stride: int = 1) -> list[str]:
+    """The run's kept checkpoints in step order: every ``stride``-th, and always the last."""
+    paths = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "step_*.h5")))
+    return [p for i, p in enumerate(paths) if i % stride == 0 or i == len(paths) - 1]
 
 
 def final_grid(run_dir: str) -> tuple:
@@ -50,13 +53,14 @@ def draws(run_dir: str, n: int, seed):
     return prob, params, refs, seed
 
 
-def curve(run_dir: str, prob, params, refs, chunk: int = 8) -> list[dict]:
-    """Error of every checkpoint on the final grid, in step order."""
+def curve(run_dir: str, prob, params, refs, chunk: int = 8, stride: int = 1) -> list[dict]:
+    """Error of every ``stride``-th checkpoint (and the last) on the final grid, in step order.
+    With a stride > 1 the striding applies before the coarse-grid checkpoints are skipped."""
     from deepfusion.app.inference import load_model
     from diffnet.metrics import relative_l2
 
     points = []
-    for path in checkpoints(run_dir):
+    for path in checkpoints(run_dir, stride):
         model, _p, _w, meta = load_model(path, grid=tuple(prob.grid))
         if tuple(meta.get("grid", prob.grid)) != tuple(prob.grid):
             continue
@@ -95,8 +99,12 @@ def main(argv=None) -> int:
     p.add_argument("--draws", type=int, default=64)
     p.add_argument("--seed", type=int, default=None, help="default: data.test_seed of the runs")
     p.add_argument("--goal", type=float, default=3.0)
+    p.add_argument("--stride", type=int, default=1,
+                   help="evaluate every N-th kept checkpoint (and always the last)")
     p.add_argument("--out", default="bench/out/error_vs_time.json")
     a = p.parse_args(argv)
+    if a.stride < 1:
+        p.error(f"--stride must be >= 1, got {a.stride}")
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     runs = a.runs + ([a.baseline] if a.baseline and a.baseline not in a.runs else [])
     grids = {final_grid(r) for r in runs}
@@ -105,7 +113,7 @@ def main(argv=None) -> int:
     prob, params, refs, seed = draws(runs[0], a.draws, a.seed)
     res = {"grid": list(prob.grid), "draws": a.draws, "seed": seed, "runs": {}}
     for r in runs:
-        res["runs"][r] = curve(r, prob, params, refs)
+        res["runs"][r] = curve(r, prob, params, refs, stride=a.stride)
     if a.baseline:
         res["speedup"] = {}
         for r in a.runs:

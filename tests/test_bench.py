@@ -29,6 +29,9 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert {row["checkpoint_levels"] for row in rows} == {False, True}
     for row in rows:
         assert row["peak_rss_mb"] > 0 and "step_increase_mb" in row
+        # Two steps timed, freed memory kept as `deepfusion train` keeps it.
+        assert len(row["step_s_all"]) == 2 and row["step_s_steady"] == row["step_s_all"][1]
+        assert row["reuse_memory"] is True
     (inf,) = res["memory"]["inference"]
     assert inf["size"] == 64 and inf["peak_rss_mb"] > 0 and inf["forward_s"] > 0
     assert any(k.startswith("speedup_vs_plain") for k in res["goals"])
@@ -59,6 +62,10 @@ def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is
     assert g["s_per_sample_1024_fp32"]["value"] == pytest.approx(2.9)
     res["comm"]["overlap"]["overlap"]["step_s"] = 0.095
     assert run.goals(res)["allreduce_share_p2_overlap"]["met"]
+    # The 1024^2 goal reads the steady (second) step where there is one, not the first.
+    res["memory"]["rows"][0].update(step_s=12.0, step_s_steady=5.0)
+    goal = run.goals(res)["s_per_sample_1024_fp32"]
+    assert goal["value"] == pytest.approx(2.5) and goal["first_step_s"] == 12.0 and goal["met"]
     assert all(f"goal {k}:" in run.table({"machine": {"cores": 2, "torch": "t", "cpu_capability":
                                                       "c", "loadavg": [0, 0, 0]}, "goals": g})
                for k in g)
