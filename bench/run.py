@@ -7,7 +7,9 @@
 Writes OUT/bench.json and prints a short table:
   * the fp32 GEMM rate (torch.mm 2048^2, 1 and 2 threads) and each configuration's achieved
     FLOP rate for a full training step, as a ratio (bench/step_bench.py);
-  * DeepFusion's step against a plain PyTorch loop on the same problem, generator and batch;
+  * DeepFusion's step against a plain PyTorch loop on the same problem, generator and batch:
+    in one process (same allocator), and each in its own process with its own allocator, as
+    `deepfusion train` and a plain script run (bench/allocator_bench.py);
   * P=2 ranks x 1 thread against P=1 x 2 threads; the allreduce share of a step with and
     without overlap; our allreduce against gloo (bench/comm_bench.py);
   * peak RSS per rank at 256^2 .. 1024^2 with and without activation checkpointing
@@ -26,7 +28,7 @@ import os
 import sys
 import time
 
-from bench import comm_bench, domain_bench, memory_bench, step_bench
+from bench import allocator_bench, comm_bench, domain_bench, memory_bench, step_bench
 from bench.common import ROOT, load, machine, run_json
 
 # The performance issue's (second round) goals; each is printed as met / not met.
@@ -60,6 +62,15 @@ def _step_goals(runs: list) -> dict:
             out[f"bf16_vs_plain_fp32_{tag}"] = _at_least(bf["speedup_vs_plain"],
                                                          "bf16_vs_plain_fp32")
     return out
+
+
+def _as_run_goals(alloc: dict) -> dict:
+    """The step as ``deepfusion train`` runs it (freed memory kept) against the plain loop with
+    glibc's defaults, each in its own process."""
+    return {f"speedup_vs_plain_as_run_{r['grid']}_t{r['threads']}": {
+                **_at_least(r["configs"]["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain"),
+                "plain_with_reuse": r["configs"]["plain_reuse"]["speedup_vs_plain"]}
+            for r in alloc.get("runs", [])}
 
 
 def _comm_goals(comm: dict) -> dict:
@@ -98,6 +109,7 @@ def _memory_goals(mem: dict) -> dict:
 def goals(res: dict) -> dict:
     """The issue's goals, from the measured numbers (a part that did not run has no goal line)."""
     out = _step_goals(res.get("step", {}).get("runs", []))
+    out.update(_as_run_goals(res.get("allocator", {})))
     out.update(_comm_goals(res.get("comm", {})))
     out.update(_memory_goals(res.get("memory", {})))
     if "domain" in res:
@@ -121,6 +133,11 @@ def table(res: dict) -> str:
                              f"{v['samples_per_s']:>7.1f} {v['gflops']:>6.1f} "
                              f"{v['gemm_ratio']:>6.0%} {v['gemm_ratio_cpu']:>10.0%} "
                              f"{v['speedup_vs_plain']:>7.2f}")
+    for r in res.get("allocator", {}).get("runs", []):
+        lines.append(f"as run {r['grid']}^2 b{r['batch']} t{r['threads']} (own process each): " +
+                     ", ".join(f"{k} {v['step_s'] * 1e3:.0f} ms x{v['speedup_vs_plain']:.2f} "
+                               f"({v['faults_per_step']:.0f} faults/step)"
+                               for k, v in r["configs"].items()))
     comm = res.get("comm", {})
     for mb, v in comm.get("allreduce", {}).items():
         lines.append(f"allreduce {mb} MB, P=2: ours {v['mpi_ms']:.2f} ms vs gloo "
@@ -182,7 +199,8 @@ def main(argv=None) -> int:
     p.add_argument("--mem-sizes", default="256,512,1024")
     p.add_argument("--mem-batch", type=int, default=2)
     p.add_argument("--infer-sizes", default="1024,2048", help="inference peak-memory grids")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: step,comm,memory")
+    p.add_argument("--skip", default="",
+                   help="comma list of parts to skip: step,allocator,comm,memory")
     p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
     p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
     p.add_argument("--with-domain", action="store_true",
@@ -209,6 +227,11 @@ def main(argv=None) -> int:
                                      tuple(int(t) for t in a.threads.split(",")), a.repeats,
                                      compile_=a.compile, profile=not a.quick,
                                      bf16=_want_bf16(a.bf16, a.quick))
+    if "allocator" not in skip:
+        res["allocator"] = allocator_bench.run(step_bench.parse_grids(a.grids),
+                                               tuple(int(t) for t in a.threads.split(",")),
+                                               repeats=1 if a.quick else 3,
+                                               steps=2 if a.quick else 5)
     if "comm" not in skip:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)

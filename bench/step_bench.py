@@ -24,7 +24,7 @@ from bench.common import (Timer, build, emit_json, gemm_flops, gemm_seconds, inp
                           step_flops)
 
 
-def _stock_norms(model):
+def stock_norms(model):
     """Swap the generator's InstanceNorm for torch's nn.InstanceNorm2d (same parameters)."""
     from torch import nn
 
@@ -100,7 +100,7 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
         m.load_state_dict(state)
         return m.to(memory_format=torch.channels_last) if cl else m
 
-    configs["plain"] = make_plain(task, _stock_norms(fresh(False)), x)
+    configs["plain"] = make_plain(task, stock_norms(fresh(False)), x)
     configs["deepfusion"] = make_deepfusion(task, fresh(True), x, channels_last=True)
     configs["deepfusion_nchw"] = make_deepfusion(task, fresh(False), x, channels_last=False)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
