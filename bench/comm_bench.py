@@ -10,6 +10,8 @@ Parts (every MPI part is an ``mpiexec -n P python -m bench.comm_bench --worker .
              share of the step spent blocked in the allreduce;
   layout     P=2 ranks x 1 thread against P=1 x 2 threads on the same global batch: launches
              alternate, each reports the median step time of ``--steps`` steps.
+Every worker keeps freed memory for reuse, as ``deepfusion train`` does without a domain split
+(``parallel.reuse_memory``).
 """
 from __future__ import annotations
 
@@ -36,9 +38,11 @@ def _free_port() -> int:
 def _setup(threads: int):
     from deepfusion.engine.comm import world
     from deepfusion.engine.layout import setup_threads
+    from deepfusion.engine.memory import reuse_freed_memory
 
     comm = world()
     setup_threads(comm, threads)  # before the first torch op
+    reuse_freed_memory(True)  # as `deepfusion train` runs without a domain split (the default)
     return comm
 
 
