@@ -10,7 +10,8 @@ user runs it: each in its own process, with its own C allocator setting.
 which hands large blocks out as fresh mmaps and so faults a step's activations in again every
 step (tens of thousands of minor page faults per step at 64^2 x 16). A process's allocator can
 be set once, so each configuration runs in its own worker process: ``plain`` (default malloc),
-``deepfusion`` (reuse, as trained) and, to separate the two effects, ``plain_reuse``. Workers
+``deepfusion`` (reuse, as trained), with ``--bf16`` also ``deepfusion_bf16`` (``train.precision =
+"bf16"``, reuse), and, to separate the two effects, ``plain_reuse``. Workers
 take turns (``--repeats`` rounds), each warms up 2 steps and reports the median of ``--steps``
 steps and its page faults per step; the result per configuration is the median over rounds.
 """
@@ -26,7 +27,7 @@ from bench.common import emit_json, load, median, run_json
 
 # name -> (step maker, keep freed memory)
 CONFIGS = {"plain": ("plain", False), "plain_reuse": ("plain", True),
-           "deepfusion": ("deepfusion", True)}
+           "deepfusion": ("deepfusion", True), "deepfusion_bf16": ("deepfusion_bf16", True)}
 
 
 def worker(a) -> int:
@@ -45,7 +46,8 @@ def worker(a) -> int:
     if kind == "plain":
         step = make_plain(task, stock_norms(model), x)
     else:
-        step = make_deepfusion(task, model.to(memory_format=torch.channels_last), x)
+        step = make_deepfusion(task, model.to(memory_format=torch.channels_last), x,
+                               precision="bf16" if kind == "deepfusion_bf16" else "fp32")
     for _ in range(2):
         step()
     times = []
@@ -59,10 +61,10 @@ def worker(a) -> int:
     return 0
 
 
-def bench_grid(grid, batch, threads, repeats, steps, log=print) -> dict:
-    rounds = {k: [] for k in CONFIGS}
+def bench_grid(grid, batch, threads, repeats, steps, bf16=False, log=print) -> dict:
+    rounds = {k: [] for k in CONFIGS if bf16 or k != "deepfusion_bf16"}
     for _ in range(repeats):
-        for k in CONFIGS:
+        for k in rounds:
             r = run_json([sys.executable, "-m", "bench.allocator_bench", "--worker", "--config", k,
                           "--grid", str(grid), "--batch", str(batch), "--threads", str(threads),
                           "--steps", str(steps)])
@@ -83,8 +85,10 @@ def bench_grid(grid, batch, threads, repeats, steps, log=print) -> dict:
     return out
 
 
-def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, steps=5, log=print) -> dict:
-    return {"runs": [bench_grid(g, b, t, repeats, steps, log) for t in threads for g, b in grids]}
+def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, steps=5, bf16=False,
+        log=print) -> dict:
+    return {"runs": [bench_grid(g, b, t, repeats, steps, bf16, log)
+                     for t in threads for g, b in grids]}
 
 
 def main(argv=None) -> int:
@@ -99,13 +103,14 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--bf16", action="store_true", help="also time train.precision = bf16")
     p.add_argument("--out")
     a = p.parse_args(argv)
     if a.worker:
         a.threads = int(a.threads)
         return worker(a)
     res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
-              a.steps)
+              a.steps, a.bf16)
     emit_json(res, a.out)
     return 0
 

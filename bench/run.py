@@ -67,10 +67,16 @@ def _step_goals(runs: list) -> dict:
 def _as_run_goals(alloc: dict) -> dict:
     """The step as ``deepfusion train`` runs it (freed memory kept) against the plain loop with
     glibc's defaults, each in its own process."""
-    return {f"speedup_vs_plain_as_run_{r['grid']}_t{r['threads']}": {
-                **_at_least(r["configs"]["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain"),
-                "plain_with_reuse": r["configs"]["plain_reuse"]["speedup_vs_plain"]}
-            for r in alloc.get("runs", [])}
+    out = {}
+    for r in alloc.get("runs", []):
+        tag, c = f"{r['grid']}_t{r['threads']}", r["configs"]
+        out[f"speedup_vs_plain_as_run_{tag}"] = {
+            **_at_least(c["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain"),
+            "plain_with_reuse": c["plain_reuse"]["speedup_vs_plain"]}
+        if "deepfusion_bf16" in c:
+            out[f"bf16_vs_plain_fp32_as_run_{tag}"] = _at_least(
+                c["deepfusion_bf16"]["speedup_vs_plain"], "bf16_vs_plain_fp32")
+    return out
 
 
 def _comm_goals(comm: dict) -> dict:
@@ -231,7 +237,8 @@ def main(argv=None) -> int:
         res["allocator"] = allocator_bench.run(step_bench.parse_grids(a.grids),
                                                tuple(int(t) for t in a.threads.split(",")),
                                                repeats=1 if a.quick else 3,
-                                               steps=2 if a.quick else 5)
+                                               steps=2 if a.quick else 5,
+                                               bf16=_want_bf16(a.bf16, a.quick))
     if "comm" not in skip:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)

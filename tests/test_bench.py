@@ -54,7 +54,8 @@ def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is
                "deepfusion": _cfg(0.61, 1.3), "deepfusion_bf16": _cfg(0.9, 2.1)}}]},
            "allocator": {"runs": [{"grid": 64, "threads": 1, "configs": {
                "plain": {"speedup_vs_plain": 1.0}, "plain_reuse": {"speedup_vs_plain": 1.2},
-               "deepfusion": {"speedup_vs_plain": 1.45}}}]},
+               "deepfusion": {"speedup_vs_plain": 1.45},
+               "deepfusion_bf16": {"speedup_vs_plain": 1.9}}}]},
            "comm": {"layout": {"P2xT1_speedup": 0.99},
                     "overlap": {"no_overlap": {"step_s": 0.100, "allreduce_share": 0.05},
                                 "overlap": {"step_s": 0.101, "allreduce_share": 0.01}}},
@@ -66,7 +67,7 @@ def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is
     met = {k: v["met"] for k, v in g.items()}
     assert met == {"gemm_ratio_256_t2": True, "speedup_vs_plain_256_t2": False,
                    "bf16_vs_plain_fp32_256_t2": True, "p2x1_vs_p1x2": False,
-                   "speedup_vs_plain_as_run_64_t1": True,
+                   "speedup_vs_plain_as_run_64_t1": True, "bf16_vs_plain_fp32_as_run_64_t1": False,
                    "allreduce_share_p2_overlap": False,  # 1% share, but the step got slower
                    "s_per_sample_1024_fp32": True}       # 5.8 s / batch 2 = 2.9 s
     assert g["s_per_sample_1024_fp32"]["value"] == pytest.approx(2.9)
