@@ -25,9 +25,10 @@ import time
 
 from bench.common import emit_json, load, median, run_json
 
-# name -> (step maker, keep freed memory)
-CONFIGS = {"plain": ("plain", False), "plain_reuse": ("plain", True),
-           "deepfusion": ("deepfusion", True), "deepfusion_bf16": ("deepfusion_bf16", True)}
+# name -> (step maker, keep freed memory, train.precision of the deepfusion step)
+CONFIGS = {"plain": ("plain", False, None), "plain_reuse": ("plain", True, None),
+           "deepfusion": ("deepfusion", True, "fp32"),
+           "deepfusion_bf16": ("deepfusion", True, "bf16")}
 
 
 def worker(a) -> int:
@@ -36,7 +37,7 @@ def worker(a) -> int:
     torch.set_num_threads(a.threads)
     from deepfusion.engine.memory import reuse_freed_memory
 
-    kind, reuse = CONFIGS[a.config]
+    kind, reuse, precision = CONFIGS[a.config]
     reuse_freed_memory(reuse)
     from bench.common import build, inputs
     from bench.step_bench import make_deepfusion, make_plain, stock_norms
@@ -47,7 +48,7 @@ def worker(a) -> int:
         step = make_plain(task, stock_norms(model), x)
     else:
         step = make_deepfusion(task, model.to(memory_format=torch.channels_last), x,
-                               precision="bf16" if kind == "deepfusion_bf16" else "fp32")
+                               precision=precision)
     for _ in range(2):
         step()
     times = []
@@ -62,7 +63,7 @@ def worker(a) -> int:
 
 
 def bench_grid(grid, batch, threads, repeats, steps, bf16=False, log=print) -> dict:
-    rounds = {k: [] for k in CONFIGS if bf16 or k != "deepfusion_bf16"}
+    rounds = {k: [] for k, (_, _, precision) in CONFIGS.items() if bf16 or precision != "bf16"}
     for _ in range(repeats):
         for k in rounds:
             r = run_json([sys.executable, "-m", "bench.allocator_bench", "--worker", "--config", k,

@@ -228,17 +228,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     res = {"machine": machine(), "argv": sys.argv[1:] if argv is None else list(argv)}
     print(f"bench: load {load()}", flush=True)
+    grids, threads = step_bench.parse_grids(a.grids), tuple(int(t) for t in a.threads.split(","))
+    bf16 = _want_bf16(a.bf16, a.quick)
     if "step" not in skip:
-        res["step"] = step_bench.run(step_bench.parse_grids(a.grids),
-                                     tuple(int(t) for t in a.threads.split(",")), a.repeats,
-                                     compile_=a.compile, profile=not a.quick,
-                                     bf16=_want_bf16(a.bf16, a.quick))
+        res["step"] = step_bench.run(grids, threads, a.repeats, compile_=a.compile,
+                                     profile=not a.quick, bf16=bf16)
     if "allocator" not in skip:
-        res["allocator"] = allocator_bench.run(step_bench.parse_grids(a.grids),
-                                               tuple(int(t) for t in a.threads.split(",")),
-                                               repeats=1 if a.quick else 3,
-                                               steps=2 if a.quick else 5,
-                                               bf16=_want_bf16(a.bf16, a.quick))
+        res["allocator"] = allocator_bench.run(grids, threads, repeats=1 if a.quick else 3,
+                                               steps=2 if a.quick else 5, bf16=bf16)
     if "comm" not in skip:
         res["comm"] = comm_bench.run(a.layout_grid, a.layout_batch, a.layout_steps,
                                      a.layout_repeats, repeats_ar=5 if a.quick else 20)
