@@ -275,3 +275,29 @@ def test_conv_rate_reports_both_rates_for_every_shape():
     assert [(c["channels"], c["grid"]) for c in r["conv3x3"]] == [(4, 8), (8, 4)]
     assert [m["n"] for m in r["mm"]] == [16]
     assert all(v["gflops"] > 0 for v in r["conv3x3"] + r["mm"])
+
+
+def test_scheme_floor_marches_the_losses_zero_and_it_converges(tmp_path):
+    """The marched field is the residual loss's zero (its "pde" term vanishes); MUSCL's floor is
+    below first-order upwind's, and both fall from 32x32 to 64x64."""
+    import torch
+
+    from bench import scheme_floor
+    from diffnet.problems import get_problem
+
+    p = get_problem("burgers", grid=(32, 32), hard_bc=True, scheme="muscl", horizon=8)
+    params = p.sample_params(7, range(3))
+    u = torch.from_numpy(scheme_floor.march(p, params))[:, None]
+    inputs = p.build_input(params, dtype=torch.float64)
+    assert float(p.loss_terms(u, inputs)["pde"].max()) < 1e-20
+    assert float(p.loss_terms(u + 0.01 * torch.rand_like(u), inputs)["pde"].min()) > 1e-6
+
+    out = tmp_path / "f.json"
+    assert scheme_floor.main(["--grids", "32,64", "--schemes", "upwind,muscl:mc", "--draws", "4",
+                              "--out", str(out)]) == 0
+    f = {(r["grid"][0], r["scheme"]): r["rel_l2_mean"]
+         for r in json.loads(out.read_text())["rows"]}
+    assert f[64, "muscl:mc"] < f[64, "upwind"] and f[32, "muscl:mc"] < f[32, "upwind"]
+    assert f[64, "muscl:mc"] < f[32, "muscl:mc"] and f[64, "upwind"] < f[32, "upwind"]
+    with pytest.raises(SystemExit):
+        scheme_floor.main(["--schemes", "stencil"])
