@@ -26,9 +26,7 @@ import time
 
 import numpy as np
 
-from bench.common import emit_json, load
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.common import ROOT, emit_json, load
 
 
 def parse_scheme(text: str) -> tuple[str, str]:
@@ -53,10 +51,13 @@ def parse(argv):
         args.c_range = tuple(float(c) for c in args.c_range.split(","))
     except ValueError as e:
         ap.error(f"--grids / --c-range must be comma-separated numbers ({e})")
+    from diffnet.problems.burgers_fv import FV_SCHEMES
+
     args.schemes = [parse_scheme(s) for s in args.schemes.split(",")]
-    bad = [s for s, _ in args.schemes if s not in ("upwind", "muscl")]
+    bad = [s for s, _ in args.schemes if s not in FV_SCHEMES]
     if bad:
-        ap.error(f"--schemes: {bad} are not finite-volume schemes; valid: upwind, muscl[:limiter]")
+        ap.error(f"--schemes: {bad} are not finite-volume schemes; valid: "
+                 f"{', '.join(FV_SCHEMES)} (muscl[:limiter])")
     if args.draws < 1 or min(args.grids) < 3 or len(args.c_range) != 2:
         ap.error("need --draws >= 1, every grid >= 3 and --c-range lo,hi")
     return args
@@ -75,23 +76,25 @@ def march(problem, params: np.ndarray):
     return torch.stack(rows, dim=1).numpy()
 
 
-def floors(grid: int, schemes, args, refs: dict) -> list[dict]:
-    """One result per scheme on the N x N grid; ``refs`` caches the exact solutions per grid."""
+def floors(grid: int, schemes, args) -> list[dict]:
+    """One result per scheme on the N x N grid, all against one set of exact solutions."""
     from diffnet.metrics import relative_l2
     from diffnet.problems import get_problem
 
+    def burgers(scheme="lax-oleinik", limiter="mc"):
+        return get_problem("burgers", grid=(grid, grid), c_range=args.c_range, hard_bc=True,
+                           scheme=scheme, limiter=limiter)
+
+    exact = burgers()
+    params = exact.sample_params(args.seed, range(args.draws))
+    t0 = time.perf_counter()
+    refs = np.stack([exact.reference_solution(p) for p in params])
+    print(f"{grid}x{grid}: {args.draws} exact solutions in {time.perf_counter() - t0:.1f} s",
+          flush=True)
     out = []
     for scheme, limiter in schemes:
-        problem = get_problem("burgers", grid=(grid, grid), c_range=args.c_range, hard_bc=True,
-                              scheme=scheme, limiter=limiter)
-        params = problem.sample_params(args.seed, range(args.draws))
-        if grid not in refs:
-            t0 = time.perf_counter()
-            refs[grid] = np.stack([problem.reference_solution(p) for p in params])
-            print(f"{grid}x{grid}: {args.draws} exact solutions in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
         t0 = time.perf_counter()
-        errs = [float(e) for e in relative_l2(march(problem, params), refs[grid])]
+        errs = [float(e) for e in relative_l2(march(burgers(scheme, limiter), params), refs)]
         name = scheme if scheme == "upwind" else f"{scheme}:{limiter}"
         out.append({"grid": [grid, grid], "scheme": name, "rel_l2_mean": float(np.mean(errs)),
                     "rel_l2_median": float(statistics.median(errs)),
@@ -105,8 +108,7 @@ def floors(grid: int, schemes, args, refs: dict) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    refs: dict = {}
-    rows = [r for g in args.grids for r in floors(g, args.schemes, args, refs)]
+    rows = [r for g in args.grids for r in floors(g, args.schemes, args)]
     res = {"command": "python -m bench.scheme_floor " + " ".join(sys.argv[1:] if argv is None
                                                                   else argv),
            "c_range": list(args.c_range), "seed": args.seed, "draws": args.draws,
