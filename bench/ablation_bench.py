@@ -29,9 +29,8 @@ import subprocess
 import sys
 import time
 
-from bench.common import emit_json
+from bench.common import ROOT, emit_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "configs", "recipes")
 
 VARIANTS = {

@@ -28,9 +28,7 @@ import time
 
 import numpy as np
 
-from bench.common import emit_json, load
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.common import ROOT, emit_json, load
 
 
 def parse(argv):

@@ -45,9 +45,8 @@ import statistics
 import sys
 import time
 
-from bench.common import emit_json, load, machine, peak_rss_mb
+from bench.common import ROOT, emit_json, load, machine, peak_rss_mb
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # numpy is imported inside the functions: the BLAS reads its thread count when numpy loads,
 # which must come after set_threads.

@@ -39,9 +39,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import emit_json, peak_rss_mb
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.common import ROOT, emit_json, peak_rss_mb
 
 
 # ---------------------------------------------------------------------------------------------
