@@ -93,7 +93,7 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, steps=5, bf16=Fal
 
 
 def main(argv=None) -> int:
-    from bench.step_bench import parse_grids
+    from bench.step_bench import parse_grids, parse_threads
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     if a.worker:
         a.threads = int(a.threads)
         return worker(a)
-    res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
+    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats,
               a.steps, a.bf16)
     emit_json(res, a.out)
     return 0

@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     res = {"machine": machine(), "argv": sys.argv[1:] if argv is None else list(argv)}
     print(f"bench: load {load()}", flush=True)
-    grids, threads = step_bench.parse_grids(a.grids), tuple(int(t) for t in a.threads.split(","))
+    grids, threads = step_bench.parse_grids(a.grids), step_bench.parse_threads(a.threads)
     bf16 = _want_bf16(a.bf16, a.quick)
     if "step" not in skip:
         res["step"] = step_bench.run(grids, threads, a.repeats, compile_=a.compile,

@@ -190,6 +190,11 @@ def parse_grids(text: str):
     return tuple(tuple(int(v) for v in item.split(":")) for item in text.split(","))
 
 
+def parse_threads(text: str) -> tuple[int, ...]:
+    """"1,2" -> (1, 2): the thread counts of --threads."""
+    return tuple(int(t) for t in text.split(","))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grids", default="64:16,256:2", help="GRID:GLOBAL_BATCH,...")
@@ -202,7 +207,7 @@ def main(argv=None):
     if a.compile and a.out:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                               os.path.join(os.path.dirname(os.path.abspath(a.out)), "inductor_cache"))
-    res = run(parse_grids(a.grids), tuple(int(t) for t in a.threads.split(",")), a.repeats,
+    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats,
               compile_=a.compile, bf16=a.bf16)
     emit_json(res, a.out)
 
