@@ -9,6 +9,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
   deepfusion       deepfusion.engine.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
                    channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
+  deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
+                   the concatenation, as before diffnet.generators.DenseGrad (isolates it)
   deepfusion_compile  (--compile) the engine with torch.compile'd generator
 and one torch.mm of 2048 x 2048 per round (the GEMM limit under the same load). FLOPs of a
 step are counted with torch.utils.flop_counter.FlopCounterMode over forward + backward.
@@ -36,6 +38,24 @@ def stock_norms(model):
                 new = nn.InstanceNorm2d(child.num_features, eps=child.eps, affine=True)
                 new.load_state_dict(child.state_dict())
                 setattr(mod, cname, new)
+    return model
+
+
+def sliced_grad(model):
+    """Undo ``DenseGrad`` in every ``Up`` of ``model``: the upsampling's backward then gets the
+    channel slice of the concatenation's gradient, as a plain U-Net gives it (an ablation)."""
+    import types
+
+    import torch
+
+    from diffnet.generators import Up
+
+    def forward(self, x, skip):
+        return self.block(torch.cat([self.up(x), skip], dim=1))
+
+    for mod in model.modules():
+        if type(mod) is Up:
+            mod.forward = types.MethodType(forward, mod)
     return model
 
 
@@ -103,6 +123,7 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["plain"] = make_plain(task, stock_norms(fresh(False)), x)
     configs["deepfusion"] = make_deepfusion(task, fresh(True), x, channels_last=True)
     configs["deepfusion_nchw"] = make_deepfusion(task, fresh(False), x, channels_last=False)
+    configs["deepfusion_sliced_grad"] = make_deepfusion(task, sliced_grad(fresh(True)), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
     if compile_:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffnet.generators import (ACTIVATIONS, GENERATORS, InstanceNorm, UNet, UNetSmall,
+from diffnet.generators import (ACTIVATIONS, GENERATORS, DenseGrad, InstanceNorm, UNet, UNetSmall,
                                 build_generator, count_parameters, impose_dirichlet)
 from diffnet.norms import InstanceNormNHWC
 
@@ -315,3 +315,37 @@ def test_instance_norm_nhwc_is_accurate_in_float32_on_a_large_grid():
         x64.var((2, 3), unbiased=False, keepdim=True) + EPS)
     assert (got.double() - ref).abs().max() < 1e-5
     assert torch.equal(w, InstanceNorm(2).weight.data) and torch.equal(b, InstanceNorm(2).bias.data)
+
+
+@pytest.mark.parametrize("fmt, shape", [(torch.channels_last, (2, 3, 4, 5)),
+                                        (torch.channels_last_3d, (2, 3, 4, 5, 6)),
+                                        (torch.contiguous_format, (2, 3, 4, 5))])
+def test_dense_grad_hands_on_the_concatenation_gradient_dense_and_unchanged(fmt, shape):
+    a = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=fmt).requires_grad_()
+    seen = {}
+    a.register_hook(lambda g: seen.setdefault("g", g))
+    skip = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=fmt)
+    z = torch.cat([DenseGrad.apply(a), skip], dim=1)
+    gz = torch.randn_like(z)
+    z.backward(gz)
+    assert seen["g"].is_contiguous(memory_format=fmt)
+    assert torch.equal(seen["g"], gz[:, :shape[1]])
+    # Without it the gradient is the slice, dense in no format (what DenseGrad is for).
+    b = a.detach().clone().requires_grad_()
+    b.register_hook(lambda g: seen.__setitem__("plain", g))
+    torch.cat([b, skip], dim=1).backward(gz)
+    assert not seen["plain"].is_contiguous(memory_format=fmt)
+
+
+def test_unet_gradients_are_those_of_the_plain_concatenation():
+    torch.manual_seed(0)
+    net = UNet(in_channels=2, depth=2, base_width=4, max_width=8).double()
+    net = net.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 2, 16, 16, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    net(x).square().sum().backward()
+    dense = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    for up in net.ups:  # the same network, concatenating without DenseGrad
+        up.forward = lambda y, skip, up=up: up.block(torch.cat([up.up(y), skip], dim=1))
+    net(x).square().sum().backward()
+    assert all(torch.equal(d, p.grad) for d, p in zip(dense, net.parameters()))
