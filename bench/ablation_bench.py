@@ -2,6 +2,7 @@
 
     python -m bench.ablation_bench --out bench/out/ablation.json [--only NAME,...]
                                    [--poisson-steps 960] [--burgers-steps 320] [--threads 2]
+                                   [--seeds 0[,1,...]]
 
 Every variant is ``deepfusion train`` on a recipe (``configs/recipes``) with one option changed
 and the same step budget, initialisation and training pool, one process after another on the
@@ -9,14 +10,16 @@ same machine. The record is the accuracy on the **test draw** (``deepfusion eval
 ``data.test_samples`` = 64 draws of ``data.test_seed``, never used for tuning; mean / median /
 worst relative L2 against the reference solver), the validation draw's (``eval.json``,
 ``data.eval_seed``, which the recipes were tuned on) beside it, and the training wall time.
+``--seeds 0,1`` runs every variant once per initialisation (``train.init_seed``): the
+run-to-run spread that a variant's difference must exceed to count (e.g. bf16 against fp32).
 
 Variants:
   * Poisson, energy loss in bf16 (``train.precision = "bf16"``; fails with the reason on a CPU
     without AVX512-BF16/AMX, recorded as an error).
   * Poisson, residual loss, stencil ``sobel`` ([1,2,1] smoothing), ``sobel3103`` (the talk's
     [3,10,3]) and ``central`` (plain 3-point differences); and the energy loss (the recipe).
-  * Burgers: the Lax-Oleinik loss (the recipe, ``burgers.toml``) with and without its annealed
-    smoothing, hard vs soft boundary values; the MUSCL residual (``burgers_muscl.toml``), hard
+  * Burgers: the Lax-Oleinik loss (the recipe, ``burgers.toml``) in fp32 and bf16, with and
+    without its annealed smoothing, hard vs soft boundary values; the MUSCL residual (``burgers_muscl.toml``), hard
     (u0 and the inflow written exactly) vs soft (penalty terms, weight ``bc_weight``); and the
     central ``sobel`` residual, hard vs soft.
 """
@@ -43,6 +46,7 @@ VARIANTS = {
     "poisson_residual_central": ("poisson.toml", ['problem.options.loss="residual"',
                                                   'problem.options.stencil="central"']),
     "burgers_lax_oleinik": ("burgers.toml", []),
+    "burgers_lax_oleinik_bf16": ("burgers.toml", ['train.precision="bf16"']),
     "burgers_lax_oleinik_unsmoothed": ("burgers.toml", ["problem.options.smoothing=0.0"]),
     "burgers_lax_oleinik_soft": ("burgers.toml", ["problem.options.hard_bc=false"]),
     "burgers_muscl_hard": ("burgers_muscl.toml", []),
@@ -55,11 +59,11 @@ VARIANTS = {
 }
 
 
-def run_variant(name: str, args, tmp: str) -> dict:
+def run_variant(name: str, args, tmp: str, seed: int = 0) -> dict:
     recipe, sets = VARIANTS[name]
     steps = args.poisson_steps if recipe == "poisson.toml" else args.burgers_steps
-    run_dir = os.path.join(tmp, name)
-    sets = sets + [f"train.max_steps={steps}", "train.epochs=1000", f"run.dir={run_dir}",
+    run_dir = os.path.join(tmp, name if seed == 0 else f"{name}_seed{seed}")
+    sets = sets + [f"train.init_seed={seed}", f"train.max_steps={steps}", "train.epochs=1000", f"run.dir={run_dir}",
                    f"parallel.threads_per_rank={args.threads}", "train.eval_every_epochs=0",
                    "train.log_every=100000", "run.progress=log"]
     cmd = [sys.executable, "-m", "deepfusion", "train", os.path.join(RECIPES, recipe),
@@ -82,8 +86,19 @@ def run_variant(name: str, args, tmp: str) -> dict:
     with open(test_json) as f:
         test = json.load(f)
     return {"name": name, "recipe": recipe, "overrides": VARIANTS[name][1], "steps": steps,
-            "wall_s": wall, **{k: test[k] for k in keys},
+            "init_seed": seed, "wall_s": wall, **{k: test[k] for k in keys},
             "validation": {k: val[k] for k in keys}}
+
+
+def parse_seeds(p: argparse.ArgumentParser, text: str) -> list[int]:
+    """"0,1" -> [0, 1]; a usage error naming the value unless all are integers >= 0."""
+    try:
+        seeds = [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"--seeds takes a comma list of integers >= 0, got {text!r}")
+    if any(v < 0 for v in seeds):
+        p.error(f"--seeds takes integers >= 0, got {text!r}")
+    return seeds
 
 
 def main(argv=None) -> int:
@@ -94,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--burgers-steps", type=int, default=320)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", default="runs/ablation", help="where the runs' directories go")
+    p.add_argument("--seeds", default="0", help="comma list of train.init_seed values; every "
+                   "variant runs once per seed (the run-to-run spread)")
     args = p.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(VARIANTS)
     bad = [n for n in names if n not in VARIANTS]
@@ -102,10 +119,12 @@ def main(argv=None) -> int:
     out = {"machine": {"cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
            "results": []}
     os.makedirs(args.runs, exist_ok=True)
+    seeds = parse_seeds(p, args.seeds)
     for name in names:
-        rec = run_variant(name, args, args.runs)
-        out["results"].append(rec)
-        print(json.dumps(rec), flush=True)
+        for seed in seeds:
+            rec = run_variant(name, args, args.runs, seed)
+            out["results"].append(rec)
+            print(json.dumps(rec), flush=True)
     out["machine"]["loadavg_end"] = os.getloadavg()
     emit_json(out, args.out)
     return 0

@@ -154,16 +154,21 @@ def test_ablation_bench_records_eval_of_each_variant(tmp_path):
 
     out = tmp_path / "abl.json"
     assert ablation_bench.main(["--out", str(out), "--only", "poisson_residual_central",
-                                "--poisson-steps", "2", "--threads", "1",
+                                "--poisson-steps", "2", "--threads", "1", "--seeds", "0,1",
                                 "--runs", str(tmp_path / "runs")]) == 0
-    (rec,) = json.loads(out.read_text())["results"]
+    rec, rec1 = json.loads(out.read_text())["results"]
     assert rec["name"] == "poisson_residual_central" and rec["steps"] == 2
     assert 'problem.options.stencil="central"' in rec["overrides"]
     assert rec["n"] == 64 and rec["seed"] == 271828  # the test draw (data.test_seed)
     assert 0 < rec["rel_l2_mean"] <= rec["rel_l2_max"]
     assert rec["validation"]["n"] == 16 and rec["validation"]["seed"] == 12345
-    with pytest.raises(SystemExit):
-        ablation_bench.main(["--only", "nope", "--out", str(out)])
+    # --seeds: the same variant from another initialisation, in its own run directory
+    assert (rec["init_seed"], rec1["init_seed"]) == (0, 1)
+    assert rec1["rel_l2_mean"] != rec["rel_l2_mean"]
+    assert (tmp_path / "runs" / "poisson_residual_central_seed1" / "test.json").exists()
+    for bad in (["--only", "nope"], ["--seeds", "0,x"], ["--seeds", "-1"]):
+        with pytest.raises(SystemExit):
+            ablation_bench.main(bad + ["--out", str(out)])
 
 
 def test_error_split_puts_a_moved_front_near_fronts_and_a_bias_away(tmp_path):
