@@ -5,7 +5,7 @@ import torch
 
 from deepfusion.config import ParallelConfig
 from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.layout import bf16_supported, check_precision
+from deepfusion.engine.layout import bf16_flags, bf16_supported, check_precision, precision_line
 from deepfusion.engine.parallel import parallelize
 from deepfusion.engine.step import LossAndGrad
 from diffnet.generators import build_generator
@@ -18,6 +18,25 @@ def test_bf16_refused_without_cpu_support(tmp_path):
     with pytest.raises(ValueError, match="avx512_bf16 or amx_bf16"):
         check_precision("bf16", str(fake))
     check_precision("fp32", str(fake))
+
+
+@pytest.mark.parametrize("flags, found", [
+    ("fpu sse avx2", []),
+    ("fpu avx512f avx512_bf16", ["avx512_bf16"]),
+    ("avx512_bf16 amx_tile amx_bf16", ["avx512_bf16", "amx_bf16"])])
+def test_start_up_line_names_the_precision_and_the_cpus_bf16_flags(tmp_path, flags, found):
+    """Both CPU paths (Skylake-like, AVX512-BF16 only, AMX) through a fake /proc/cpuinfo."""
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert bf16_flags(str(fake)) == found
+    line = precision_line("fp32", str(fake))
+    assert line.startswith("precision: fp32")
+    if found:
+        assert all(f in line for f in found) and 'train.precision = "bf16"' in line
+        assert precision_line("bf16", str(fake)).startswith("precision: bf16")
+    else:
+        assert "no bf16 path" in line
+    assert bf16_flags(str(tmp_path / "missing")) == []
 
 
 @pytest.mark.skipif(not bf16_supported(), reason="this CPU has no avx512_bf16/amx_bf16")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from ..config import load_config
-from ..engine.layout import report, setup_threads
+from ..engine.layout import precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
 from .policy import collective_check, say_once
 
@@ -40,6 +40,7 @@ def cmd_train(args, comm) -> int:
     if layouts is not None:  # rank 0 prints the layout
         text, warns = report(layouts, comm.library_version())
         print(text, flush=True)
+        print(precision_line(cfg.train.precision), flush=True)
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     task = collective_check(comm, build_problem, cfg)

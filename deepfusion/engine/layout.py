@@ -91,19 +91,37 @@ def report(layouts: list[RankLayout], mpi_version: str) -> tuple[str, list[str]]
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The native bf16 flags (AVX512-BF16, AMX-BF16) that /proc/cpuinfo lists for this CPU."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in BF16_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
 def bf16_supported(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """True if the CPU has native bf16 arithmetic (AVX512-BF16 or AMX-BF16) per /proc/cpuinfo.
 
     Without them oneDNN emulates bf16 and a training step runs 15-30x slower than fp32.
     """
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return bool(set(line.split(":", 1)[1].split()) & set(BF16_FLAGS))
-    except OSError:
-        pass
-    return False
+    return bool(bf16_flags(cpuinfo))
+
+
+def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The start-up line on the step's precision and what this CPU offers."""
+    flags = bf16_flags(cpuinfo)
+    if precision == "bf16":
+        return (f"precision: bf16 (the generator under bf16 autocast, loss and optimizer in "
+                f"fp32; CPU: {', '.join(flags)})")
+    if flags:
+        return (f"precision: fp32; this CPU has {', '.join(flags)}: train.precision = \"bf16\" "
+                f"runs the step faster (README, \"Performance\")")
+    return "precision: fp32 (this CPU has no avx512_bf16 or amx_bf16, so no bf16 path)"
 
 
 def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo") -> None:
