@@ -6,8 +6,9 @@ Parts (every MPI part is an ``mpiexec -n P python -m bench.comm_bench --worker .
   allreduce  our allreduce (comm.allreduce_: mpi4py in-place Allreduce on a numpy view) against
              torch.distributed gloo all_reduce of the same float32 buffer, P=2, interleaved;
   buckets    GradSync.reduce() of the default generator's gradient for several parallel.bucket_mb;
-  overlap    P=2 x 1 thread training steps with parallel.overlap off / on (interleaved): the
-             share of the step spent blocked in the allreduce;
+  overlap    P=2 x 1 thread training steps with parallel.overlap off / on / on without
+             GradSync's progress polling (interleaved): the step time and the share of it
+             spent blocked in the allreduce;
   layout     P=2 ranks x 1 thread against P=1 x 2 threads on the same global batch: launches
              alternate, each reports the median step time of ``--steps`` steps.
 Every worker keeps freed memory for reuse, as ``deepfusion train`` does without a domain split
@@ -97,19 +98,21 @@ def worker_buckets(comm, bucket_mbs, repeats, generator="unet") -> dict:
     return out
 
 
-def _engine(comm, grid, global_batch, *, overlap, bucket_mb, generator="unet"):
+def _engine(comm, grid, global_batch, *, overlap, bucket_mb, generator="unet", poll=True):
     from bench.common import build, inputs
     from bench.step_bench import make_deepfusion
     task, model = build("burgers", grid, generator)  # make_deepfusion broadcasts it
     local = global_batch // comm.size
     x = inputs(task, global_batch)[comm.rank * local:(comm.rank + 1) * local]
     return make_deepfusion(task, model, x, comm=comm, overlap=overlap, bucket_mb=bucket_mb,
-                           global_batch=global_batch)
+                           global_batch=global_batch, poll=poll)
 
 
 def worker_overlap(comm, grid, global_batch, steps, bucket_mb) -> dict:
     engines = {"no_overlap": _engine(comm, grid, global_batch, overlap=False, bucket_mb=bucket_mb),
-               "overlap": _engine(comm, grid, global_batch, overlap=True, bucket_mb=bucket_mb)}
+               "overlap": _engine(comm, grid, global_batch, overlap=True, bucket_mb=bucket_mb),
+               "overlap_no_poll": _engine(comm, grid, global_batch, overlap=True,
+                                          bucket_mb=bucket_mb, poll=False)}
     rec = {k: {"step": [], "allreduce": []} for k in engines}
     for r in range(steps + 1):
         for k, f in engines.items():

@@ -94,6 +94,9 @@ def _comm_goals(comm: dict) -> dict:
                     on["allreduce_share"] <= g and on["step_s"] < off["step_s"]),
             "step_s": on["step_s"], "step_s_no_overlap": off["step_s"],
             "share_no_overlap": off["allreduce_share"]}
+        if "overlap_no_poll" in ov:  # the overlap without GradSync's progress polling
+            out["allreduce_share_p2_overlap"]["step_s_overlap_no_poll"] = \
+                ov["overlap_no_poll"]["step_s"]
     return out
 
 

@@ -77,8 +77,9 @@ def make_plain(task, model, x, lr=1e-3):
 
 
 def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
-                    overlap=False, global_batch=None, precision="fp32"):
-    """The engine's step as Trainer.train_step runs it (minus data loading and logging)."""
+                    overlap=False, global_batch=None, precision="fp32", poll=True):
+    """The engine's step as Trainer.train_step runs it (minus data loading and logging);
+    ``poll=False`` turns off GradSync's progress polling (an ablation of the overlap)."""
     from deepfusion.config import OptimConfig, ParallelConfig
     from deepfusion.engine.comm import SerialComm
     from deepfusion.engine.optim import FirstOrderStepper
@@ -87,6 +88,7 @@ def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=
 
     comm = comm or SerialComm()
     pm = parallelize(model, comm, ParallelConfig(bucket_mb=bucket_mb, overlap=overlap))
+    pm.grads.poll = poll
     lg = LossAndGrad(pm, task, global_batch=global_batch or x.shape[0],
                      term_names=task.loss_term_names, channels_last=channels_last,
                      precision=precision)

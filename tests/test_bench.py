@@ -111,7 +111,7 @@ def test_comm_bench_tiny_has_fields():
     buckets = res["buckets"]["bucket_mb"]
     assert set(buckets) == {"0.25", "4"}
     assert buckets["0.25"]["buckets"] > buckets["4"]["buckets"] >= 1
-    assert {"overlap", "no_overlap"} == set(res["overlap"])
+    assert {"overlap", "no_overlap", "overlap_no_poll"} == set(res["overlap"])
     for rec in res["overlap"].values():
         _check_overlap_record(rec)
         assert rec["allreduce_s"] > 0  # P=2: the gradient and the loss are really reduced
@@ -123,8 +123,8 @@ def test_comm_bench_tiny_has_fields():
 
 def test_comm_bench_overlap_times_both_engines_over_the_same_steps(monkeypatch):
     """worker_overlap (one process, SerialComm) takes the median of exactly `steps` step times
-    and `steps` allreduce times for each of overlap and no_overlap (the warm-up round
-    dropped), and returns well-formed records."""
+    and `steps` allreduce times for each of overlap, no_overlap and overlap_no_poll (the
+    warm-up round dropped), and returns well-formed records."""
     import torch
 
     from deepfusion.engine.comm import SerialComm
@@ -143,10 +143,10 @@ def test_comm_bench_overlap_times_both_engines_over_the_same_steps(monkeypatch):
         res = comm_bench.worker_overlap(SerialComm(), grid=32, global_batch=2, steps=3, bucket_mb=0.25)
     finally:
         torch.set_num_threads(threads)
-    assert set(res) == {"overlap", "no_overlap"}
+    assert set(res) == {"overlap", "no_overlap", "overlap_no_poll"}
     for rec in res.values():
         _check_overlap_record(rec)
-    assert lengths == [3, 3, 3, 3]  # (step, allreduce) x (no_overlap, overlap)
+    assert lengths == [3] * 6  # (step, allreduce) x (no_overlap, overlap, overlap_no_poll)
 
 
 def test_ablation_bench_records_eval_of_each_variant(tmp_path):

@@ -52,6 +52,9 @@ class _DoneRequest:
     def wait(self):
         return None
 
+    def Test(self) -> bool:  # noqa: N802 (mpi4py's name: requests of both kinds are alike)
+        return True
+
 
 class Communicator:
     """Interface shared by the MPI and serial communicators."""
@@ -64,7 +67,8 @@ class Communicator:
         raise NotImplementedError
 
     def iallreduce_(self, buf, op: str = "sum"):
-        """Start an in-place allreduce; returns a request whose ``wait()`` completes it."""
+        """Start an in-place allreduce; returns a request whose ``wait()`` completes it and
+        whose ``Test()`` progresses it (True once complete)."""
         raise NotImplementedError
 
     def bcast_(self, buf, root: int = 0):

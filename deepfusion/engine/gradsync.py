@@ -10,6 +10,12 @@ With ``overlap=True`` a post-accumulate-grad hook counts each bucket's ready par
 starts a non-blocking allreduce as soon as a bucket is complete, while backward continues (as
 DDP and Horovod do). Buckets are launched strictly in index order on every rank: MPI requires
 collectives in the same order everywhere, and readiness order is not something to rely on.
+
+MPICH (and Open MPI by default) make no asynchronous progress: a started allreduce moves only
+inside MPI calls, so without them it would all happen in the final ``wait``. With ``poll`` (the
+default) every hook also tests the oldest unfinished request, which drives MPI's progress
+engine from the backward pass (``python -m bench.comm_bench``, ``overlap`` lines: steps with
+overlap and polling, overlap without polling, and no overlap).
 """
 from __future__ import annotations
 
@@ -25,10 +31,12 @@ class GradSync:
     """Owns the flat gradient buckets of ``model`` and reduces them over ``comm``."""
 
     def __init__(self, model: torch.nn.Module, comm: Communicator, *, bucket_mb: float = 4.0,
-                 overlap: bool = False):
+                 overlap: bool = False, poll: bool = True):
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
         self.comm, self.overlap = comm, overlap and comm.size > 1
+        self.poll = poll  # with overlap: test the oldest unfinished request in every hook
+        self._done = 0    # buckets [0, _done) are known to be reduced in this step
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = self._make_buckets(self.params, bucket_mb)
         self.seconds = 0.0  # time blocked in communication during the last reduce
@@ -118,6 +126,9 @@ class GradSync:
             nb = self.buckets[self._next]
             nb["req"] = self.comm.iallreduce_(nb["flat"])
             self._next += 1
+        # Drive MPI's progress engine from the backward pass (it makes none of its own).
+        while self.poll and self._done < self._next and self.buckets[self._done]["req"].Test():
+            self._done += 1
 
     def accumulate_only(self, flag: bool):
         """While True, backward passes only accumulate (micro-batches before the last one)."""
@@ -135,7 +146,7 @@ class GradSync:
                 for b in self.buckets:
                     b["req"].wait()
                     b["req"], b["ready"] = None, 0
-                self._next = 0
+                self._next = self._done = 0
             else:
                 for b in self.buckets:
                     self.comm.allreduce_(b["flat"])
