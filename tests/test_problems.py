@@ -257,6 +257,33 @@ def test_burgers_reference_residual_small_pre_shock():
     assert errs[1] < 0.3 * errs[0]        # residual of the reference shrinks under refinement
 
 
+@pytest.mark.parametrize("scheme", ["upwind", "muscl"])
+def test_burgers_k_step_residuals_share_one_march(scheme):
+    """The k-step residuals of one shared march (k = 1, 2, 4, ..., 16) are those of separate
+    marches of k steps each, bit for bit; their gradients agree to rounding (the shared graph
+    adds the residuals' contributions in another order)."""
+    p = get_problem("burgers", grid=(32, 24), scheme=scheme, horizon=16, c_range=(3, 6))
+    x = p.build_input(np.array([[4.0], [5.5]]), dtype=torch.float64)
+    noise = torch.rand(2, 1, 32, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    u = x[:, :1] + 0.1 * noise
+    shared_u, separate_u = u.clone().requires_grad_(True), u.clone().requires_grad_(True)
+    shared = p._fv_residuals(shared_u)
+    separate = []
+    for k in p.horizons():                 # the definition: k steps from row i - k
+        v = separate_u[..., :-k, :]
+        for _ in range(k):
+            v = p.step(v)
+        r = torch.zeros_like(separate_u)
+        r[..., k:, 1:] = ((separate_u[..., k:, :] - v) / (k * p.spacing[0]))[..., 1:]
+        separate.append(r)
+    assert p.horizons() == (1, 2, 4, 8, 16) and len(shared) == len(separate)
+    for a, b in zip(shared, separate):
+        assert torch.equal(a, b)
+    sum(r.square().sum() for r in shared).backward()
+    sum(r.square().sum() for r in separate).backward()
+    torch.testing.assert_close(shared_u.grad, separate_u.grad, rtol=1e-12, atol=0)
+
+
 def test_burgers_reference_solution():
     p = get_problem("burgers", grid=(32, 32), c_range=(3, 16))
     ref = p.reference_solution(np.array([10.0]))

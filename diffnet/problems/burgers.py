@@ -281,8 +281,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
             pde = mean_part(g, (1, 2), (h - 1) * w, self.block)
             return {"pde": pde, "bc": self._bc(u, inputs)}
         if self.scheme != "stencil" and self.horizon > 1:
-            rs = ([self._fv_residual(u, k) for k in self.horizons()] if self.block.whole
-                  else self._fv_residuals_part(u))
+            rs = self._fv_residuals(u) if self.block.whole else self._fv_residuals_part(u)
         else:
             rs = [self.pde_residual(u)]
         if self.row_weight > 0:
