@@ -97,6 +97,11 @@ def _comm_goals(comm: dict) -> dict:
         if "overlap_no_poll" in ov:  # the overlap without GradSync's progress polling
             out["allreduce_share_p2_overlap"]["step_s_overlap_no_poll"] = \
                 ov["overlap_no_poll"]["step_s"]
+        asy = comm.get("overlap_async_progress", {})
+        if {"overlap", "no_overlap"} <= set(asy):  # beside the goal: the default launch decides
+            out["allreduce_share_p2_overlap"]["async_progress"] = {
+                k: {"step_s": asy[k]["step_s"], "share": asy[k]["allreduce_share"]}
+                for k in ("overlap", "no_overlap")}
     return out
 
 
@@ -155,9 +160,11 @@ def table(res: dict) -> str:
         lines.append("GradSync.reduce by bucket_mb: " + ", ".join(
             f"{mb}: {v['reduce_ms']:.2f} ms ({v['buckets']} buckets)"
             for mb, v in comm["buckets"]["bucket_mb"].items()))
-    for k, v in comm.get("overlap", {}).items():
-        lines.append(f"P=2x1 {k}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
-                     f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
+    for key, label in (("overlap", ""), ("overlap_async_progress", ", async progress")):
+        for k, v in comm.get(key, {}).items():
+            if isinstance(v, dict) and "step_s" in v:
+                lines.append(f"P=2x1 {k}{label}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
+                             f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
     lay = comm.get("layout", {})
     for k in ("P1xT2", "P2xT1"):
         if k in lay:

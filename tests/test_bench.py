@@ -115,6 +115,11 @@ def test_comm_bench_tiny_has_fields():
     for rec in res["overlap"].values():
         _check_overlap_record(rec)
         assert rec["allreduce_s"] > 0  # P=2: the gradient and the loss are really reduced
+    asy = res["overlap_async_progress"]   # the same three engines, MPICH's progress thread on
+    assert asy.pop("mpi_thread_level") in ("single", "funneled", "serialized", "multiple")
+    assert set(asy) == set(res["overlap"])
+    for rec in asy.values():
+        _check_overlap_record(rec)
     lay = res["layout"]
     assert "P1xT2" in lay and "P2xT1" in lay and "P2xT1_speedup" in lay
     assert lay["P2xT1_speedup"] == pytest.approx(lay["P1xT2"]["step_s"] / lay["P2xT1"]["step_s"])
