@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import time
@@ -161,8 +160,7 @@ def worker_layout(comm, grid, global_batch, steps) -> dict:
 
 def worker(a) -> int:
     comm = _setup(a.threads)
-    out = {"loadavg": load(), "mpi_thread_level": thread_level(),
-           "async_progress": os.environ.get("MPICH_ASYNC_PROGRESS", "0")}
+    out = {"loadavg": load(), "mpi_thread_level": thread_level()}
     parts = a.parts.split(",")
     if "allreduce" in parts:
         out["allreduce"] = worker_allreduce(comm, [float(v) for v in a.sizes_mb.split(",")], a.repeats_ar)
@@ -203,11 +201,11 @@ def run(grid=64, batch=16, steps=6, repeats=3, sizes_mb="5.43,7.8", bucket_mbs="
             log(f"  allreduce {mb} MB P=2: ours {v['mpi_ms']:.2f} ms, gloo {v['gloo_ms']:.2f} ms")
         log("  buckets: " + ", ".join(f"{mb} MB -> {v['reduce_ms']:.2f} ms"
                                       for mb, v in r["buckets"]["bucket_mb"].items()))
-        log("  P=2x1 allreduce share: " + ", ".join(
-            f"{k} {v['allreduce_share']:.1%} of {v['step_s'] * 1e3:.0f} ms" for k, v in r["overlap"].items()))
+        log("  P=2x1 allreduce share: " + _shares(r["overlap"]))
     else:
         log(f"  comm worker failed: {r['error'][-300:]}")
-    out["overlap_async_progress"] = overlap_async_progress(grid, batch, steps, bucket_mb, log)
+    out["async_progress_thread_level"], out["overlap_async_progress"] = overlap_async_progress(
+        grid, batch, steps, bucket_mb, log)
     # layout: alternate launches so both layouts see the same load
     runs = {"P1xT2": [], "P2xT1": []}
     for _ in range(repeats):
@@ -234,19 +232,25 @@ def run(grid=64, batch=16, steps=6, repeats=3, sizes_mb="5.43,7.8", bucket_mbs="
     return out
 
 
-def overlap_async_progress(grid, batch, steps, bucket_mb, log=print) -> dict:
+def _shares(overlap: dict) -> str:
+    return ", ".join(f"{k} {v['allreduce_share']:.1%} of {v['step_s'] * 1e3:.0f} ms"
+                     for k, v in overlap.items())
+
+
+def overlap_async_progress(grid, batch, steps, bucket_mb, log=print) -> tuple[str, dict]:
     """The overlap part again, its own launch, with MPICH's asynchronous progress thread on:
     a third thread per rank moves the started allreduce while backward computes (on a node
-    with no spare core it takes its cycles from the ranks' compute threads)."""
+    with no spare core it takes its cycles from the ranks' compute threads). Returns the MPI
+    thread level granted and the overlap part's records ({} if the launch failed)."""
     r = run_json(mpi_cmd(2, "bench.comm_bench", _worker_args(
         "overlap", 1, grid=grid, batch=batch, steps=steps, bucket_mb=bucket_mb)),
         env={"MPICH_ASYNC_PROGRESS": "1"})
     if "error" in r:
         log(f"  async-progress worker failed: {r['error'][-300:]}")
-        return r
-    log(f"  P=2x1 with MPICH_ASYNC_PROGRESS=1 (thread level {r['mpi_thread_level']}): " + ", ".join(
-        f"{k} {v['allreduce_share']:.1%} of {v['step_s'] * 1e3:.0f} ms" for k, v in r["overlap"].items()))
-    return {"mpi_thread_level": r["mpi_thread_level"], **r["overlap"]}
+        return "unknown", {}
+    log(f"  P=2x1 with MPICH_ASYNC_PROGRESS=1 (thread level {r['mpi_thread_level']}): "
+        + _shares(r["overlap"]))
+    return r["mpi_thread_level"], r["overlap"]
 
 
 def main(argv=None):

@@ -162,9 +162,8 @@ def table(res: dict) -> str:
             for mb, v in comm["buckets"]["bucket_mb"].items()))
     for key, label in (("overlap", ""), ("overlap_async_progress", ", async progress")):
         for k, v in comm.get(key, {}).items():
-            if isinstance(v, dict) and "step_s" in v:
-                lines.append(f"P=2x1 {k}{label}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
-                             f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
+            lines.append(f"P=2x1 {k}{label}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
+                         f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
     lay = comm.get("layout", {})
     for k in ("P1xT2", "P2xT1"):
         if k in lay:
