@@ -231,34 +231,42 @@ class KLDiffusionProblem(Problem):
     def diffusion_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
         """(B,) integral of nu |grad u|^2 / 2 over the unit square (see the class docstring);
         on a split block, this block's part of it."""
+        return sum((w * f.square()).flatten(1).sum(dim=1)
+                   for f, w in self.diffusion_features(u, nu))
+
+    def diffusion_features(self, u: torch.Tensor, nu: torch.Tensor) -> list:
+        """The diffusion energy as weighted squares: pairs (F, w), F linear in u and w >= 0
+        broadcasting to F's shape, with ``diffusion_energy(u, nu)`` = sum over the pairs of
+        sum(w * F^2) per sample. The quadratic form's polar a(u, v) then needs no second
+        evaluation: the Ritz Gram matrix is sums of w * F_i * F_j. u may hold K fields per
+        sample (B, K, *grid) against one nu (B, 1, *grid): F is then (B, K, ...), field-major
+        within a sample, and the weights, which depend on nu only, are made once per sample."""
         hy, hx = self.spacing
         wr, wc, wn = (self.part(t) for t in self._weights(u))
-        if self.quadrature == "faces" and not self.block.whole:
-            return self._face_energy_part(u, nu, wr, wc)
-        if self.quadrature == "faces":
+        h, w = self.grid
+        if self.quadrature == "nodes":
+            b, k = u.shape[:2]
+            d = self.fd_grad(u.reshape(b * k, 1, *u.shape[2:]), self.block)
+            return [(d.view(b, k, *d.shape[1:]), (0.5 * nu * wn).unsqueeze(1))]
+        if self.block.whole:
             dx = (u[..., :, 1:] - u[..., :, :-1]) / hx               # (B,1,H,W-1)
-            ex = harmonic_mean(nu[..., :, 1:], nu[..., :, :-1]) * dx.square()
+            nx = harmonic_mean(nu[..., :, 1:], nu[..., :, :-1])
             dy = (u[..., 1:, :] - u[..., :-1, :]) / hy               # (B,1,H-1,W)
-            ey = harmonic_mean(nu[..., 1:, :], nu[..., :-1, :]) * dy.square()
-            # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1).
-            w = self.grid[1] - 1
-            h = self.grid[0] - 1
-            return 0.5 * ((ex * wr).sum(dim=(1, 2, 3)) / w + (ey * wc).sum(dim=(1, 2, 3)) / h)
-        d = self.fd_grad(u, self.block)
-        return 0.5 * (nu * d.square().sum(dim=1, keepdim=True) * wn).sum(dim=(1, 2, 3))
+            ny = harmonic_mean(nu[..., 1:, :], nu[..., :-1, :])
+        else:
+            dx, nx, dy, ny = self._face_differences_part(u, nu)
+        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1).
+        return [(dx, nx * (0.5 / (w - 1)) * wr), (dy, ny * (0.5 / (h - 1)) * wc)]
 
-    def _face_energy_part(self, u, nu, wr, wc) -> torch.Tensor:
-        """This block's part of the "faces" energy: the edges it owns (``owned_edges``), with
-        the trapezoidal weights of its rows / columns (wr, wc cut to the block)."""
+    def _face_differences_part(self, u, nu):
+        """The edges this block owns (``owned_edges``): x-differences and harmonic-mean nu on
+        them, then the same along y."""
         hy, hx = self.spacing
         p = self.block.halo(torch.cat([u, nu], dim=1), 1)         # one exchange for both
-        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, self.block, 1))
-        ex = harmonic_mean(n1, n0) * ((u1 - u0) / hx).square()
-        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, self.block, 0))
-        ey = harmonic_mean(n1, n0) * ((u1 - u0) / hy).square()
-        h, w = self.grid
-        return 0.5 * ((ex * wr).sum(dim=(1, 2, 3)) / (w - 1)
-                      + (ey * wc).sum(dim=(1, 2, 3)) / (h - 1))
+        (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 1))
+        dx, nx = (u1 - u0) / hx, harmonic_mean(n1, n0)
+        (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 0))
+        return dx, nx, (u1 - u0) / hy, harmonic_mean(n1, n0)
 
     def integrate(self, g: torch.Tensor) -> torch.Tensor:
         """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square; on a

@@ -89,13 +89,15 @@ class ReactionDiffusion(KLDiffusionProblem):
         nu = inputs[:, 0:1].to(torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
                                 else u.dtype)
         return ritz_combination(
-            u, lambda v: self.quadratic_energy(v, nu.repeat_interleave(len(v) // len(nu), 0)),
+            u, lambda v: self.quadratic_features(v, nu),
             lambda v: self.integrate(v * self.source), self.block.sum)
 
-    def quadratic_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
-        """(B,) a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's
-        part on a split)."""
-        return self.diffusion_energy(u, nu) + self.integrate(0.5 * self.kappa ** 2 * u * u)
+    def quadratic_features(self, u: torch.Tensor, nu: torch.Tensor) -> list:
+        """a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's part on
+        a split) as weighted squares, for the K fields of u (B, K, *grid) (see
+        ``diffusion_features``)."""
+        wn = self.part(self._weights(u)[2])
+        return self.diffusion_features(u, nu) + [(u, (0.5 * self.kappa ** 2) * wn)]
 
     def _bubble(self, like: torch.Tensor) -> torch.Tensor:
         key = ("bubble", like.dtype, like.device)
