@@ -13,6 +13,7 @@ from scipy.fft import idctn
 
 from diffnet.problems import get_problem
 from diffnet.problems.fields import trapezoid_weights
+from diffnet.problems.ritz import gram
 from diffnet.problems.random_fields import (cosine_basis, draw_coefficients, grf_scales,
                                             render, xi_stream_positions)
 from diffnet.reference import solve_diffusion
@@ -310,6 +311,30 @@ def test_ritz_fields_find_the_solution_in_their_span():
         assert torch.all(e <= one.loss_terms(one.impose(raw[:, i:i + 1], x), x)["pde"] + 1e-15)
     with pytest.raises(ValueError, match="ritz_fields = 2 .* needs ritz = true"):
         make((16, 16), ritz_fields=2)
+
+
+@pytest.mark.parametrize("name,kw", [("darcy", {}), ("darcy", {"quadrature": "nodes"}),
+                                     ("reaction_diffusion", {"quadrature": "nodes"}),
+                                     ("reaction_diffusion", {})])
+def test_ritz_gram_is_the_polar_of_the_energy(name, kw):
+    """The Gram matrix from the energy's weighted squares (one product) is a(u_i, u_j) =
+    (a(u_i + u_j) - a(u_i) - a(u_j)) / 2, with a(v, v) = 2 (E(v) + l(v)) from the loss's
+    energy E (float64, K = 3, two samples)."""
+    p = get_problem(name, grid=(17, 13), ritz=True, ritz_fields=3, **kw)
+    x = p.build_input(p.sample_params(2, [0, 1]), dtype=torch.float64)
+    u = torch.randn((2, 3, 17, 13), generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64)
+
+    def a(v):                                             # (2,) a(v, v) of one field per sample
+        return 2 * (p.loss_terms(v, x)["pde"] + p.integrate(v * p.source))
+
+    g = gram(p.quadratic_features(u, x[:, :1]), 2, 3)
+    for i in range(3):
+        for j in range(3):
+            ui, uj = u[:, i:i + 1], u[:, j:j + 1]
+            want = (a(ui + uj) - a(ui) - a(uj)) / 2
+            torch.testing.assert_close(g[:, i, j], want, rtol=1e-12, atol=0)
+    assert torch.all(torch.linalg.eigvalsh(g) > 0)          # SPD: distinct random fields
 
 
 @pytest.mark.parametrize("kw", [{}, {"quadrature": "nodes", "bc_mode": "lift",
