@@ -7,8 +7,9 @@ b_i = l(u_i), per sample (a K x K solve), and its energy is -b.G^-1.b / 2. K = 1
 scaling c = l(u) / a(u, u). The problem gives its quadratic energy as weighted squares,
 a(u, u) / 2 = sum over pairs (F, w) of sum(w F(u)^2) with F linear, so G is sums of
 w F(u_i) F(u_j): one batched product, K evaluations of F rather than the K (K + 1) / 2 energies
-that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take (at 512x512, K = 16, that
-was 11 s per step for two samples; one product is a small fraction of the step). The network then only has to span the solution, not to get its
+that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take (``python -m
+bench.ritz_bench``: 0.44 s against 5.9 s for impose + energy + backward at 512x512, K = 16,
+two samples, one thread). The network then only has to span the solution, not to get its
 amplitudes right: the amplitudes are global (for Darcy the effective conductivity of the whole
 medium) and the energy's flattest directions, where gradient training converges slowest.
 """
