@@ -27,7 +27,8 @@ REG = 1e-7
 def gram(features: list, b: int, k: int) -> torch.Tensor:
     """(b, k, k) float64 a(u_i, u_j) from the pairs (F, w) of b samples' k fields (F's first
     dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)). The products
-    are float32 GEMMs: no less exact than the energies were."""
+    run in the fields' dtype (float32 in training): they subtract nothing, so they are no less
+    exact than the energies themselves."""
     g = 0
     for f, w in features:
         fw = (f * w).reshape(b, k, -1)
