@@ -48,3 +48,39 @@ def test_a_directory_without_checkpoints_is_bad_input(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     p = deepfusion(0, ["evaluate", str(tmp_path)])
     assert p.returncode == 2 and "no complete checkpoint" in p.stderr and "Traceback" not in p.stderr
+
+
+RITZ = TINY.replace('name = "burgers"\ngrid = [16, 16]',
+                    'name = "darcy"\ngrid = [16, 16]\n'
+                    'options = { family = "fine-scale", output_scale = 0.01, ritz = true, '
+                    'ritz_fields = 2 }')
+
+
+@pytest.mark.mpi
+def test_an_answer_option_replaces_the_checkpoints(tmp_path):
+    """--option changes how the answer is formed (here the Ritz coefficients become fields on
+    a 2 x 2 partition) on evaluate and infer, is recorded, and is refused when it names no
+    option, sets the grid, or changes the channels the network was built for."""
+    assert RITZ != TINY
+    cfg = tmp_path / "ritz.toml"
+    cfg.write_text(RITZ)
+    run = str(tmp_path / "run")
+    assert train(0, str(cfg), run, "train.max_steps=4", "data.test_samples=3").returncode == 0
+    errs = {}
+    for opt in ([], ["--option", "ritz_partition=2"]):
+        out = str(tmp_path / f"e{len(opt)}.json")
+        p = deepfusion(2, ["evaluate", run, "--out", out, *opt])
+        assert p.returncode == 0, p.stderr
+        s = json.load(open(out))
+        assert s["options"] == ({"ritz_partition": 2} if opt else {})
+        assert ("with --option ritz_partition=2" in p.stdout) == bool(opt)
+        errs[len(opt)] = s["rel_l2"]
+    assert errs[0] != errs[2]
+    p = deepfusion(0, ["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
+                       "--option", "ritz_partition=2"])
+    assert p.returncode == 0, p.stderr
+    for bad, says in (("ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
+                      ("bogus=1", "unknown option(s) ['bogus']"),
+                      ("grid=[8,8]", "give the grid with --grid")):
+        p = deepfusion(2, ["evaluate", run, "--option", bad])
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -223,7 +223,9 @@ def test_elliptic_terms_split_exactly(name, kw, split):
 
 RITZ = [("darcy", dict(ritz=True, ritz_fields=3, family="fine-scale")),
         ("darcy", dict(ritz=True, quadrature="nodes", bc_mode="lift")),
-        ("reaction_diffusion", dict(ritz=True, ritz_fields=2, quadrature="nodes"))]
+        ("reaction_diffusion", dict(ritz=True, ritz_fields=2, quadrature="nodes")),
+        ("darcy", dict(ritz=True, ritz_fields=2, ritz_partition=3, family="fine-scale")),
+        ("reaction_diffusion", dict(ritz=True, ritz_partition=2))]
 
 
 @pytest.mark.parametrize("split", SPLITS, ids=str)

@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", metavar="FILE.json",
                    help="summary file (default RUN_DIR/eval_seed<SEED>.json)")
     e.add_argument("--threads", type=int, default=0, help="threads per rank (0 = auto)")
+    e.add_argument("--option", action="append", metavar="KEY=VALUE", help=inference_cli.ANSWER_OPTION_HELP)
     e.set_defaults(run=_distributed("cmd_evaluate"))
     c = sub.add_parser("config", help="list config keys, or print a resolved config")
     c.add_argument("config", nargs="?")

@@ -109,12 +109,14 @@ def checkpoint_file(path: str) -> str:
     return found
 
 
-def load_model(path, grid=None, work_grid=None):
+def load_model(path, grid=None, work_grid=None, options=None):
     """(model in eval mode, problem, work problem or None, meta) rebuilt from a checkpoint.
 
     ``problem`` is on ``grid`` (default: the training grid); with ``work_grid`` (the
     ``--work-grid`` text, see :func:`resolve_work_grid`) the network runs on the work problem's
     grid and its imposed output is interpolated to ``grid`` (see :func:`predictor`).
+    ``options`` (the ``--option`` pairs) replace problem options of the checkpoint, e.g. how
+    the answer is formed from the network's output; the network must still fit the problem.
     """
     from diffnet.generators import build_generator
 
@@ -132,9 +134,34 @@ def load_model(path, grid=None, work_grid=None):
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
     # default: the grid the network was trained on when the checkpoint was written
-    problem = build_problem(spec_p["name"], spec_p["kwargs"], grid or training_grid(meta))
+    problem = build_problem(spec_p["name"], answer_options(spec_p, options),
+                            grid or training_grid(meta))
+    if options:
+        check_fits(problem, spec_p, options)
     where = None if grid is None else f"--grid {grid_text(grid)}"
     return model, problem, work_problem(model, problem, meta, work_grid, where), meta
+
+
+def answer_options(spec: dict, options) -> dict:
+    """The checkpoint's problem options with the ``--option`` pairs in place (not the grid,
+    which --grid sets)."""
+    options = dict(options or {})
+    if "grid" in options:
+        raise ValueError("--option grid=... : give the grid with --grid HxW")
+    return {**spec["kwargs"], **options}        # the problem refuses unknown names
+
+
+def check_fits(problem, spec: dict, options: dict) -> None:
+    """ValueError when the ``--option`` pairs change the channels the network was built for."""
+    from diffnet.problems import get_problem
+
+    trained = get_problem(spec["name"], **spec["kwargs"])
+    for what in ("input_channels", "output_channels"):
+        if getattr(problem, what) != getattr(trained, what):
+            raise ValueError(f"--option {', '.join(f'{k}={v}' for k, v in options.items())} "
+                             f"changes the problem's {what.replace('_', ' ')} "
+                             f"({getattr(trained, what)} -> {getattr(problem, what)}), which "
+                             f"the network was built for; change only options that keep them")
 
 
 def work_problem(model, problem, meta, work_grid, where=None):

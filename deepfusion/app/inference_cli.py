@@ -14,6 +14,9 @@ import time
 from .policy import ExitCode, collective_check, run_distributed, say_once
 
 DEFAULT_SEED = 12345
+ANSWER_OPTION_HELP = ("replace a problem option of the checkpoint (VALUE as JSON), e.g. how the "
+                      "answer is formed from the network's output; refused if it changes the "
+                      "channels the network was built for")
 
 
 def _input_args(p, what: str) -> None:
@@ -55,6 +58,7 @@ def register(sub) -> None:
                    help="run the network on this grid and interpolate its output to --grid "
                         "(resolution transfer; 'trained' = the checkpoint's training grid; "
                         "default 'none': the network runs on the inference grid itself)")
+    i.add_argument("--option", action="append", metavar="KEY=VALUE", help=ANSWER_OPTION_HELP)
     i.add_argument("--domain", metavar="PRxPC|PDxPRxPC",
                    help="split every field over ranks (domain parallelism, exact): blocks per "
                         "axis, e.g. 1x2; the ranks form groups of that many, each group "
@@ -167,7 +171,8 @@ def _load(args):
         check_precision("bf16")
     args.checkpoint = checkpoint_file(args.checkpoint)
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
-                                            work_grid=args.work_grid)
+                                            work_grid=args.work_grid,
+                                            options=parse_options(args.option))
     if args.precision == "bf16":
         import torch
 
@@ -203,7 +208,8 @@ def _infer(args, comm) -> int:
     attrs = {"warmup": warm, "source": os.path.abspath(args.checkpoint), "kind": "prediction",
              "step": int(meta.get("step", -1)),
              "work_grid": list((work or problem).grid),
-             "domain": list(domain.split) if domain else []}
+             "domain": list(domain.split) if domain else [],
+             "options": parse_options(args.option)}
     return _execute(comm, args, problem, samples, compute, attrs, domain)
 
 

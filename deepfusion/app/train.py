@@ -117,9 +117,10 @@ def _evaluation_target(args):
     """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
     from ..config import DataConfig
     from .inference import checkpoint_file, load_model, trained_config
+    from .inference_cli import parse_options
 
     path = checkpoint_file(args.checkpoint)
-    model, problem, _work, meta = load_model(path)
+    model, problem, _work, meta = load_model(path, options=parse_options(args.option))
     data = {**vars(DataConfig()), **trained_config(meta, "data")}
     seed = data["test_seed"] if args.seed is None else args.seed
     n = data["test_samples"] if args.samples is None else args.samples
@@ -140,6 +141,7 @@ def cmd_evaluate(args, comm) -> int:
     from ..engine.evaluate import evaluate, summary_text
     from ..engine.memformat import convert_model
     from .inference import trained_config
+    from .inference_cli import parse_options
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for note in notes:
@@ -154,9 +156,11 @@ def cmd_evaluate(args, comm) -> int:
     out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
                                    f"eval_seed{seed}.json")
     with open(out, "w") as f:
-        json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"), **summary}, f,
-                  indent=1)
+        json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"),
+                   "options": parse_options(args.option), **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
-    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}: "
+    given = " ".join(f"--option {k}={json.dumps(v)}" for k, v in parse_options(args.option).items())
+    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}"
+          f"{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)
     return 0

@@ -83,8 +83,8 @@ class Darcy(ReactionDiffusion):
     "lognormal").
 
     ``impose`` (u = 0 on the boundary, exact), ``bc_mode`` ("overwrite" / "lift"),
-    ``output_scale`` (u ~ f / (8 a), so ~0.01 for these families), ``ritz``, ``ritz_fields``, ``quadrature`` and
-    ``stencil``: as ``ReactionDiffusion`` (this is its kappa = 0 case with another coefficient),
+    ``output_scale`` (u ~ f / (8 a), so ~0.01 for these families), ``ritz``, ``ritz_fields``,
+    ``ritz_partition``, ``quadrature`` and ``stencil``: as ``ReactionDiffusion`` (this is its kappa = 0 case with another coefficient),
     and so is the exact split of impose and loss on a block of the grid (``on_block``).
 
     Loss: "pde" = the energy E(u) = integral of a |grad u|^2 / 2 - f u (diffusion part by the
@@ -104,10 +104,10 @@ class Darcy(ReactionDiffusion):
                  a_hi=None, a_lo=None, coefficient: str = "threshold", modes: int = 32,
                  source: float = 1.0, quadrature: str = "faces", stencil: str = "sobel",
                  bc_mode: str = "overwrite", output_scale: float = 1.0, ritz: bool = False,
-                 ritz_fields: int = 1):
+                 ritz_fields: int = 1, ritz_partition: int = 0):
         super().__init__(grid=grid, kappa=0.0, source=source, quadrature=quadrature,
                          stencil=stencil, bc_mode=bc_mode, output_scale=output_scale, ritz=ritz,
-                         ritz_fields=ritz_fields)
+                         ritz_fields=ritz_fields, ritz_partition=ritz_partition)
         # The KL parameters of the base are not this family's: removed, so reading them fails.
         del self.n_terms, self.omega_range
         self.family = check_choice("family", family, tuple(FAMILIES))
@@ -138,7 +138,7 @@ class Darcy(ReactionDiffusion):
                "tau": self.tau, "alpha": self.alpha, "modes": self.modes,
                "source": self.source, "quadrature": self.quadrature, "stencil": self.stencil,
                "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz,
-               "ritz_fields": self.output_channels}
+               "ritz_fields": self.output_channels, "ritz_partition": self.partition}
         if self.coefficient == "threshold":
             cfg.update(a_hi=self.a_hi, a_lo=self.a_lo)
         return cfg

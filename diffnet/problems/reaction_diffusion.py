@@ -5,7 +5,7 @@ import torch
 
 from ..validation import check_bool, check_choice, check_int, check_number
 from .fields import KLDiffusionProblem
-from .ritz import ritz_combination
+from .ritz import Partition, partition_combination, ritz_combination
 
 
 class ReactionDiffusion(KLDiffusionProblem):
@@ -28,7 +28,10 @@ class ReactionDiffusion(KLDiffusionProblem):
     ``output_channels``) and their Galerkin combination is the answer. The network then only
     has to span the solution: the amplitudes, global properties (for Darcy, the effective
     conductivity of the whole medium), are what energy training converges to slowest, being
-    the energy's flattest directions.
+    the energy's flattest directions. ``ritz_partition`` m > 0 (default 0) makes the K
+    coefficients bilinear fields on an m x m coarse grid, found by the Galerkin solve in the
+    span of the fields times the (m + 1)^2 hats (``Partition``): amplitudes corrected region by
+    region, never a higher energy than m = 0 (the "faces" quadrature only).
 
     Loss: "pde" = the energy
 
@@ -51,7 +54,7 @@ class ReactionDiffusion(KLDiffusionProblem):
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  kappa: float = 5.0, source: float = 1.0, quadrature: str = "faces",
                  stencil: str = "sobel", bc_mode: str = "overwrite", output_scale: float = 1.0,
-                 ritz: bool = False, ritz_fields: int = 1):
+                 ritz: bool = False, ritz_fields: int = 1, ritz_partition: int = 0):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.ritz = check_bool("ritz", ritz)
@@ -60,6 +63,7 @@ class ReactionDiffusion(KLDiffusionProblem):
             raise ValueError(f"ritz_fields = {ritz_fields} combines the network's fields by the "
                              f"Ritz-Galerkin solve, which needs ritz = true; set ritz = true or "
                              f"ritz_fields = 1")
+        self.partition = self._check_partition(ritz_partition)
         self.kappa = check_number("kappa", kappa, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, ("overwrite", "lift"))
         self.output_scale = check_number("output_scale", output_scale, lo=0.0)
@@ -69,7 +73,19 @@ class ReactionDiffusion(KLDiffusionProblem):
     def config(self) -> dict:
         return {**super().config(), "kappa": self.kappa, "source": self.source,
                 "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz,
-                "ritz_fields": self.output_channels}
+                "ritz_fields": self.output_channels, "ritz_partition": self.partition}
+
+    def _check_partition(self, m) -> int:
+        m = check_int("ritz_partition", m, 0, min(self.grid) - 1)
+        if m and not self.ritz:
+            raise ValueError(f"ritz_partition = {m} makes the Ritz coefficients fields, which "
+                             f"needs ritz = true; set ritz = true or ritz_partition = 0")
+        if m and self.quadrature != "faces":
+            raise ValueError(f"ritz_partition = {m} assembles the Gram matrix cell by cell, "
+                             f"which needs the two-point 'faces' quadrature, not "
+                             f"quadrature = {self.quadrature!r}; set quadrature = \"faces\" "
+                             f"or ritz_partition = 0")
+        return m
 
     def _interior(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.dtype, like.device)
@@ -88,9 +104,16 @@ class ReactionDiffusion(KLDiffusionProblem):
             return u
         nu = inputs[:, 0:1].to(torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
                                 else u.dtype)
-        return ritz_combination(
-            u, lambda v: self.quadratic_features(v, nu),
-            lambda v: self.integrate(v * self.source), self.block.sum)
+        features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
+        if self.partition:
+            key = ("partition", self.grid, self.partition)
+            if key not in self._masks:
+                self._masks[key] = Partition(self.grid, self.partition)
+            load = self.source * self.part(self._weights(u)[2])
+            return partition_combination(u, features, load, self.block.sum, self._masks[key],
+                                         self.block)
+        return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
+                                self.block.sum)
 
     def quadratic_features(self, u: torch.Tensor, nu: torch.Tensor) -> list:
         """a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's part on

@@ -1,0 +1,114 @@
+"""The partition-of-unity Ritz answer (``ritz_partition``): the hats, the cell-by-cell Gram
+matrix against the dense Galerkin solve over every product u_i phi_a (float64), exact
+recovery of a solution whose amplitude is bilinear on the coarse grid, never a higher energy
+than the plain combination, and the refusals. The split-grid case is in
+test_problems_on_blocks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from diffnet.problems import get_problem
+from diffnet.problems.ritz import Partition, ritz_combination
+
+GRID = (19, 23)            # not square, and (n - 1) / m not an integer for m = 3
+
+
+def fine(grid=GRID, **kw):
+    return get_problem("darcy", grid=grid, family="fine-scale", output_scale=0.01, ritz=True,
+                       **kw)
+
+
+def products(p, u):
+    """(B, K J, H, W) every u_i phi_a, field-major, as dense fields."""
+    part = Partition(p.grid, p.partition)
+    hy, hx = part.hats
+    phi = (hy[:, None, :, None] * hx[None, :, None, :]).reshape(-1, *p.grid).to(u)
+    return (u[:, :, None] * phi[None, None]).flatten(1, 2)
+
+
+@pytest.mark.parametrize("m", [1, 3, 5])
+def test_the_hats_are_a_partition_of_unity_with_four_per_cell(m):
+    part = Partition(GRID, m)
+    hy, hx = part.hats
+    assert hy.shape == (m + 1, GRID[0]) and hx.shape == (m + 1, GRID[1])
+    for h, lines in zip(part.hats, part.lines):
+        torch.testing.assert_close(h.sum(0), torch.ones(h.shape[1], dtype=h.dtype))
+        assert torch.equal(h[:, lines], torch.eye(m + 1, dtype=h.dtype))
+    phi = (hy[:, None, :, None] * hx[None, :, None, :]).reshape(-1, *GRID)
+    for rng, hats in part.cells():
+        (y0, y1), (x0, x1) = ((lo, n if hi is None else hi + 1) for (lo, hi), n
+                              in zip(rng, GRID))          # the closed cell
+        live = set(np.flatnonzero(phi[:, y0:y1, x0:x1].abs().sum((1, 2)).numpy()))
+        assert live <= set(hats) and len(set(hats)) == 4
+    class Whole:
+        start, shape = (0, 0), GRID
+    torch.testing.assert_close(part.colours(Whole, hy).sum(0),
+                               torch.ones(GRID, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_cell_by_cell_gram_is_the_dense_galerkin_solve(m):
+    """The answer equals ritz_combination over all K (m + 1)^2 products as dense fields."""
+    p = fine(ritz_fields=2, ritz_partition=m)
+    x = p.build_input(p.sample_params(3, [0, 1]), dtype=torch.float64)
+    raw = torch.randn((2, 2, *GRID), generator=torch.Generator().manual_seed(1),
+                      dtype=torch.float64)
+    got = p.impose(raw, x)
+    u = raw * p._interior(raw)
+    nu = x[:, :1]
+    want = ritz_combination(products(p, u), lambda v: p.quadratic_features(v, nu),
+                            lambda v: p.integrate(v * p.source), lambda t: t)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+
+
+def test_a_bilinear_amplitude_error_is_corrected_exactly():
+    """A field equal to the solution divided by a positive bilinear function of the coarse
+    grid has the solution in its partition span: the answer is the reference (to the 1e-7
+    shift of G), where the plain Ritz scaling is not."""
+    p = fine(ritz_partition=3)
+    params = p.sample_params(4, [0, 1])
+    x = p.build_input(params, dtype=torch.float64)
+    ref = torch.tensor(np.stack([p.reference_solution(q) for q in params]))[:, None]
+    hy, hx = Partition(GRID, 3).hats
+    amp = torch.einsum("yx,yh,xw->hw", 1 + torch.rand((4, 4), dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(2)), hy, hx)
+    raw = ref / amp / p.output_scale
+    rel = lambda u: float((u - ref).norm() / ref.norm())
+    assert rel(p.impose(raw, x)) < 1e-5
+    assert rel(fine().impose(raw, x)) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["darcy", "reaction_diffusion"])
+def test_the_energy_is_never_above_the_plain_combination(name):
+    kw = {"family": "fine-scale"} if name == "darcy" else {}
+    grid = (33, 33)
+    plain = get_problem(name, grid=grid, ritz=True, ritz_fields=3, **kw)
+    part = get_problem(name, grid=grid, ritz=True, ritz_fields=3, ritz_partition=4, **kw)
+    x = plain.build_input(plain.sample_params(5, [0, 1, 2]), dtype=torch.float64)
+    raw = torch.randn((3, 3, *grid), generator=torch.Generator().manual_seed(3),
+                      dtype=torch.float64).cumsum(-1).cumsum(-2)
+    e0 = plain.loss_terms(plain.impose(raw, x), x)["pde"]
+    e1 = part.loss_terms(part.impose(raw, x), x)["pde"]
+    assert torch.all(e1 <= e0 + 1e-12 * e0.abs()) and torch.any(e1 < e0 - 1e-3 * e0.abs())
+
+
+def test_gradients_through_the_partition_solve_are_exact():
+    """Training differentiates through G, b and the solve: gradcheck on a small grid."""
+    p = fine(grid=(7, 9), ritz_fields=2, ritz_partition=2)
+    x = p.build_input(p.sample_params(3, [0]), dtype=torch.float64)
+    raw = torch.randn((1, 2, 7, 9), dtype=torch.float64, requires_grad=True,
+                      generator=torch.Generator().manual_seed(4))
+    assert torch.autograd.gradcheck(lambda r: p.loss_terms(p.impose(r, x), x)["pde"], (raw,))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(ritz=False, ritz_partition=2), "ritz_partition = 2 .* needs ritz = true"),
+    (dict(ritz=True, quadrature="nodes", ritz_partition=2), "needs the two-point 'faces'"),
+    (dict(ritz=True, ritz_partition=16), "ritz_partition"),
+    (dict(ritz=True, ritz_partition=-1), "ritz_partition"),
+])
+def test_bad_partitions_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        get_problem("darcy", grid=(16, 16), **kw)
