@@ -4,6 +4,7 @@
                                 [--checkpoint CKPT [--work-grid trained]] [--batches 1,2,4,8]
                                 [--samples 8] [--precision fp32|bf16]
                                 [--problem poisson] [--solvers direct,amg]
+                                [--option KEY=VALUE ...]
 
 For each grid size N (N x N, or N x N x N for a 3-D problem such as ``poisson3d``) and each
 configuration -- network inference at every batch size and each reference solver of
@@ -40,6 +41,7 @@ import tempfile
 import time
 
 from bench.common import ROOT, emit_json, peak_rss_mb
+from deepfusion.app.inference_cli import parse_options
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +64,8 @@ def _setup(cfg):
         from deepfusion.app.inference import load_model
 
         model, problem, work, _ = load_model(cfg["checkpoint"], grid=_grid(cfg),
-                                             work_grid=cfg.get("work_grid"))
+                                             work_grid=cfg.get("work_grid"),
+                                             options=cfg.get("options"))
     else:
         from diffnet.generators import build_generator
         from diffnet.problems import get_problem
@@ -178,7 +181,8 @@ def bench_size(size: int, args, tmp: str) -> dict:
     from diffnet.metrics import relative_l2
 
     base = {"size": size, "seed": 777, "threads": args.threads, "checkpoint": args.checkpoint,
-            "work_grid": args.work_grid, "precision": args.precision, "problem": args.problem}
+            "work_grid": args.work_grid, "precision": args.precision, "problem": args.problem,
+            "options": args.options}
     n_solve = args.solver_samples or (2 if size >= 1024 else 4)
     ref = args.solvers[0]  # the errors are measured against the first solver
     ref_path = os.path.join(tmp, f"ref{size}.npy")
@@ -275,6 +279,9 @@ def main(argv=None) -> int:
     p.add_argument("--solvers", default="direct,amg",
                    help="reference methods to time; the first is the error reference")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="as deepfusion infer --option (with --checkpoint): replace a problem "
+                        "option of the checkpoint, e.g. ritz_partition=4")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -283,6 +290,7 @@ def main(argv=None) -> int:
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     args.solvers = [m for m in args.solvers.split(",") if m]
+    args.options = parse_options(args.option)
     if args.checkpoint:
         args.checkpoint = os.path.abspath(args.checkpoint)
         args.problem = _checkpoint_problem(args.checkpoint)
@@ -291,7 +299,7 @@ def main(argv=None) -> int:
                        "threads": args.threads, "python": platform.python_version(),
                        "loadavg_start": os.getloadavg()},
            "checkpoint": args.checkpoint, "work_grid": args.work_grid, "problem": args.problem,
-           "precision": args.precision, "results": []}
+           "precision": args.precision, "options": args.options, "results": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             print("size " + "x".join([str(size)] * len(_dims_of(args))), flush=True)

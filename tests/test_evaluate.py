@@ -2,10 +2,12 @@
 training pool or the validation draw unless asked, and then with a warning."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.mpi_util import deepfusion
+from tests.mpi_util import ROOT, deepfusion
 from tests.test_engine_mpi import TINY, train
 
 
@@ -79,6 +81,17 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     p = deepfusion(0, ["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
                        "--option", "ritz_partition=2"])
     assert p.returncode == 0, p.stderr
+    ref = str(tmp_path / "ref.h5")
+    assert deepfusion(0, ["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
+                          "--grid", "16x16", "--sample", "3", "--out", ref]).returncode == 0
+    out = str(tmp_path / "rp.json")
+    p = subprocess.run([sys.executable, "-m", "bench.ritz_partition", run, ref, "--partitions",
+                        "0,2", "--samples", "3", "--control", "--threads", "1", "--out", out],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    r = json.load(open(out))
+    assert [row["m"] for row in r["partitions"]] == [0, 2] and r["samples"] == 3
+    assert r["partitions"][1]["unknowns"] == 2 * 9 and len(r["control_constant_field"]) == 1
     for bad, says in (("ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
                       ("bogus=1", "unknown option(s) ['bogus']"),
                       ("grid=[8,8]", "give the grid with --grid")):
