@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
-from diffnet.problems.ritz import Partition, ritz_combination
+from diffnet.problems.ritz import Partition, ritz_combination, solve_gram
 
 GRID = (19, 23)            # not square, and (n - 1) / m not an integer for m = 3
 
@@ -112,3 +112,19 @@ def test_gradients_through_the_partition_solve_are_exact():
 def test_bad_partitions_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         get_problem("darcy", grid=(16, 16), **kw)
+
+
+def test_the_gram_solve_is_right_for_large_batched_systems_on_two_threads():
+    """A batch of 1296 x 1296 systems (m = 8, K = 16) on two threads: torch's batched LU
+    solve fails there (MKL pivots), the Cholesky solve does not."""
+    n, threads = 1296, torch.get_num_threads()
+    a = torch.randn((3, n, n), dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    g = a @ a.transpose(1, 2) / n + torch.eye(n, dtype=torch.float64)
+    rhs = torch.randn((3, n), dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    try:
+        torch.set_num_threads(2)
+        c = solve_gram(g, rhs)
+    finally:
+        torch.set_num_threads(threads)
+    res = torch.einsum("bij,bj->bi", g, c) - rhs          # G is shifted by 1e-7 of its diagonal
+    assert float(res.abs().max()) < 1e-5 * float(rhs.abs().max())

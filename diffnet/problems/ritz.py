@@ -67,14 +67,22 @@ def ritz_combination(u: torch.Tensor, features: Callable, ell: Callable,
 
 
 def solve_gram(g: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """(b, n) float64 c with G c = rhs, G (b, n, n) symmetrised and shifted by REG."""
+    """(b, n) float64 c with G c = rhs, G (b, n, n) symmetrised and shifted by REG.
+
+    By Cholesky (G is positive definite once shifted), not a batched LU: torch 2.13's batched
+    ``linalg.solve`` on more than one thread fails for n >= ~200 (MKL rejects the pivots:
+    "Pivots given to lu_solve must all be greater or equal to 1"), the size of a partition's
+    G. Where Cholesky fails to rounding, one LU solve per sample."""
     b, n = rhs.shape
     if n == 1:
         return rhs / g[:, :, 0].clamp_min(torch.finfo(g.dtype).tiny)
     g = 0.5 * (g + g.transpose(1, 2))                             # symmetric to rounding
     shift = REG * g.diagonal(dim1=1, dim2=2).mean(dim=1).clamp_min(torch.finfo(g.dtype).tiny)
     g = g + shift.view(b, 1, 1) * torch.eye(n, dtype=g.dtype)
-    return torch.linalg.solve(g, rhs.unsqueeze(-1)).squeeze(-1)
+    chol, info = torch.linalg.cholesky_ex(g)
+    if bool((info == 0).all()):
+        return torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
+    return torch.stack([torch.linalg.solve(g[i], rhs[i]) for i in range(b)])
 
 
 class Partition:
