@@ -2,6 +2,7 @@
 is refused before anything is built (exit 2, the fix named); a stop signal that arrives while
 the train command is still loading is kept for the first step (checkpoint, exit 99)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,9 +40,11 @@ def test_a_singleton_under_a_multi_task_launcher_is_refused(tmp_path):
 
 
 @pytest.mark.mpi
-def test_a_stop_signal_during_start_up_stops_after_the_first_step(tmp_path):
-    """SIGUSR1 after the run is built but before its first step (the default action would kill
-    the rank; the handler is in from the start of the train command): not fatal, not lost."""
+def test_a_stop_signal_during_start_up_is_neither_fatal_nor_lost(tmp_path):
+    """SIGUSR1 as soon as the run directory exists, during start-up (the default action would
+    kill the rank; the handler is in from the start of the train command): not fatal, not lost,
+    the run stops with a checkpoint at the next step boundary and resumes. Which step that is
+    depends on how far start-up got (a tiny run's first step takes milliseconds)."""
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     run = tmp_path / "run"
@@ -55,6 +58,7 @@ def test_a_stop_signal_during_start_up_stops_after_the_first_step(tmp_path):
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 99, err
-    assert "checkpoint written at step 1" in err
+    stopped = re.search(r"checkpoint written at step (\d+)", err)
+    assert stopped and 1 <= int(stopped.group(1)) < 20, err     # TINY runs 20 steps
     p = deepfusion(0, ["train", "--resume", str(run)])
     assert p.returncode == 0, p.stderr

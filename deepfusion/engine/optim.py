@@ -13,9 +13,8 @@ import abc
 import math
 import time
 
-import torch
-
 from .data import LazyBatch
+from .firstorder import SGD, Adam
 from .step import LossAndGrad, StepResult
 
 SCHEDULES = ("constant", "cosine", "step", "exponential")
@@ -26,7 +25,7 @@ class Stepper(abc.ABC):
 
     name: str = ""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg, loss_and_grad: LossAndGrad):
+    def __init__(self, optimizer, cfg, loss_and_grad: LossAndGrad):
         self.optimizer, self.cfg, self.lg = optimizer, cfg, loss_and_grad
 
     @abc.abstractmethod
@@ -53,12 +52,10 @@ class FirstOrderStepper(Stepper):
 
     def __init__(self, name: str, params, cfg, loss_and_grad: LossAndGrad):
         self.name = name
-        if name == "adam":
-            opt = torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas),
-                                   weight_decay=cfg.weight_decay, foreach=True)
+        if name == "adam":   # not torch.optim: see firstorder (start-up time)
+            opt = Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         elif name == "sgd":
-            opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                                  weight_decay=cfg.weight_decay, foreach=True)
+            opt = SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         else:
             raise ValueError(f"{name!r} is not a first-order optimiser; valid: adam, sgd")
         super().__init__(opt, cfg, loss_and_grad)
