@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
-from diffnet.problems.ritz import Partition, ritz_combination, solve_gram
+from diffnet.problems.ritz import (Partition, partition_combination, ritz_combination,
+                                   solve_gram)
 
 GRID = (19, 23)            # not square, and (n - 1) / m not an integer for m = 3
 
@@ -128,3 +129,32 @@ def test_the_gram_solve_is_right_for_large_batched_systems_on_two_threads():
         torch.set_num_threads(threads)
     res = torch.einsum("bij,bj->bi", g, c) - rhs          # G is shifted by 1e-7 of its diagonal
     assert float(res.abs().max()) < 1e-5 * float(rhs.abs().max())
+
+
+@pytest.mark.parametrize("m", [0, 2])
+def test_the_energy_gradient_at_fixed_coefficients_is_the_full_gradient(m):
+    """c minimises the energy over the span, so the energy's gradient with c held fixed (the
+    default: no backward pass through G and its solve) equals the gradient through the
+    solve (differentiate=True), to the 1e-7 shift of G (float64)."""
+    p = fine(ritz_fields=3, ritz_partition=m)
+    x = p.build_input(p.sample_params(3, [0, 1]), dtype=torch.float64)
+    nu = x[:, :1]
+    part = Partition(p.grid, m) if m else None
+    grads = []
+    for differentiate in (False, True):
+        raw = torch.randn((2, 3, *GRID), generator=torch.Generator().manual_seed(8),
+                          dtype=torch.float64, requires_grad=True)
+        u = raw * p._interior(raw)
+        feats = lambda v: p.quadratic_features(v, nu)
+        if m:
+            load = p.source * p._weights(u)[2]
+            ans = partition_combination(u, feats, load, lambda t: t, part, p.block,
+                                        differentiate=differentiate)
+        else:
+            ans = ritz_combination(u, feats, lambda v: p.integrate(v * p.source), lambda t: t,
+                                   differentiate=differentiate)
+        (g,) = torch.autograd.grad(p.loss_terms(ans, x)["pde"].sum(), raw)
+        grads.append(g)
+    assert float(grads[0].abs().max()) > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5,
+                               atol=1e-5 * float(grads[1].abs().max()))
