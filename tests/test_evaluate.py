@@ -90,8 +90,21 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     r = json.load(open(out))
+    ckpt = r["checkpoint"]
     assert [row["m"] for row in r["partitions"]] == [0, 2] and r["samples"] == 3
     assert r["partitions"][1]["unknowns"] == 2 * 9 and len(r["control_constant_field"]) == 1
+    bench = {}
+    for opt in ([], ["--option", "ritz_partition=2"]):
+        out = str(tmp_path / f"ib{len(opt)}.json")
+        p = subprocess.run([sys.executable, "-m", "bench.infer_bench", "--checkpoint", ckpt,
+                            "--sizes", "16", "--batches", "1", "--samples", "2",
+                            "--solver-samples", "2", "--solvers", "direct", "--threads", "1",
+                            *opt, "--out", out], capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+        bench[len(opt)] = json.load(open(out))
+    assert bench[2]["options"] == {"ritz_partition": 2} and bench[0]["options"] == {}
+    assert (bench[2]["results"][0]["rel_l2_vs_reference"]["mean"]
+            != bench[0]["results"][0]["rel_l2_vs_reference"]["mean"])   # the option answered
     for bad, says in (("ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
                       ("bogus=1", "unknown option(s) ['bogus']"),
                       ("grid=[8,8]", "give the grid with --grid")):
