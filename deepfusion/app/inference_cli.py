@@ -170,9 +170,9 @@ def _load(args):
 
         check_precision("bf16")
     args.checkpoint = checkpoint_file(args.checkpoint)
+    args.options = parse_options(args.option)
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
-                                            work_grid=args.work_grid,
-                                            options=parse_options(args.option))
+                                            work_grid=args.work_grid, options=args.options)
     if args.precision == "bf16":
         import torch
 
@@ -209,7 +209,7 @@ def _infer(args, comm) -> int:
              "step": int(meta.get("step", -1)),
              "work_grid": list((work or problem).grid),
              "domain": list(domain.split) if domain else [],
-             "options": parse_options(args.option)}
+             "options": args.options}
     return _execute(comm, args, problem, samples, compute, attrs, domain)
 
 

@@ -120,7 +120,8 @@ def _evaluation_target(args):
     from .inference_cli import parse_options
 
     path = checkpoint_file(args.checkpoint)
-    model, problem, _work, meta = load_model(path, options=parse_options(args.option))
+    args.options = parse_options(args.option)     # parsed once, here, under collective_check
+    model, problem, _work, meta = load_model(path, options=args.options)
     data = {**vars(DataConfig()), **trained_config(meta, "data")}
     seed = data["test_seed"] if args.seed is None else args.seed
     n = data["test_samples"] if args.samples is None else args.samples
@@ -141,7 +142,6 @@ def cmd_evaluate(args, comm) -> int:
     from ..engine.evaluate import evaluate, summary_text
     from ..engine.memformat import convert_model
     from .inference import trained_config
-    from .inference_cli import parse_options
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for note in notes:
@@ -157,9 +157,9 @@ def cmd_evaluate(args, comm) -> int:
                                    f"eval_seed{seed}.json")
     with open(out, "w") as f:
         json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"),
-                   "options": parse_options(args.option), **summary}, f, indent=1)
+                   "options": args.options, **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
-    given = " ".join(f"--option {k}={json.dumps(v)}" for k, v in parse_options(args.option).items())
+    given = " ".join(f"--option {k}={json.dumps(v)}" for k, v in args.options.items())
     print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}"
           f"{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)

@@ -19,7 +19,6 @@ class _Plain:
     """A parameter group of hyper-parameters, per-parameter state, state_dict round trip."""
 
     defaults: dict = {}
-    slots: tuple = ()
 
     def __init__(self, params, **hyper):
         self.params = list(params)

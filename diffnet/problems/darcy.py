@@ -84,8 +84,9 @@ class Darcy(ReactionDiffusion):
 
     ``impose`` (u = 0 on the boundary, exact), ``bc_mode`` ("overwrite" / "lift"),
     ``output_scale`` (u ~ f / (8 a), so ~0.01 for these families), ``ritz``, ``ritz_fields``,
-    ``ritz_partition``, ``quadrature`` and ``stencil``: as ``ReactionDiffusion`` (this is its kappa = 0 case with another coefficient),
-    and so is the exact split of impose and loss on a block of the grid (``on_block``).
+    ``ritz_partition``, ``quadrature`` and ``stencil``: as ``ReactionDiffusion`` (this is its
+    kappa = 0 case with another coefficient), and so is the exact split of impose and loss on a
+    block of the grid (``on_block``).
 
     Loss: "pde" = the energy E(u) = integral of a |grad u|^2 / 2 - f u (diffusion part by the
     "faces" two-point-flux quadrature with harmonic face averages, source by the lumped

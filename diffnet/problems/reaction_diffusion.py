@@ -64,6 +64,7 @@ class ReactionDiffusion(KLDiffusionProblem):
                              f"Ritz-Galerkin solve, which needs ritz = true; set ritz = true or "
                              f"ritz_fields = 1")
         self.partition = self._check_partition(ritz_partition)
+        self._hats = Partition(self.grid, self.partition) if self.partition else None
         self.kappa = check_number("kappa", kappa, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, ("overwrite", "lift"))
         self.output_scale = check_number("output_scale", output_scale, lo=0.0)
@@ -105,12 +106,9 @@ class ReactionDiffusion(KLDiffusionProblem):
         nu = inputs[:, 0:1].to(torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
                                 else u.dtype)
         features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
-        if self.partition:
-            key = ("partition", self.grid, self.partition)
-            if key not in self._masks:
-                self._masks[key] = Partition(self.grid, self.partition)
+        if self._hats is not None:
             load = self.source * self.part(self._weights(u)[2])
-            return partition_combination(u, features, load, self.block.sum, self._masks[key],
+            return partition_combination(u, features, load, self.block.sum, self._hats,
                                          self.block)
         return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
                                 self.block.sum)

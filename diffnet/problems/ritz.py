@@ -8,8 +8,8 @@ scaling c = l(u) / a(u, u). The problem gives its quadratic energy as weighted s
 a(u, u) / 2 = sum over pairs (F, w) of sum(w F(u)^2) with F linear, so G is sums of
 w F(u_i) F(u_j): one batched product, K evaluations of F rather than the K (K + 1) / 2 energies
 that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take (``python -m
-bench.ritz_bench``: 0.44 s against 5.9 s for impose + energy + backward at 512x512, K = 16,
-two samples, one thread). The network then only has to span the solution, not to get its
+bench.ritz_bench``: 0.215 s against 0.388 s for impose + energy + backward at 512x512, K = 16,
+two samples, one thread; 0.44 s against 5.9 s while the backward pass still went through G). The network then only has to span the solution, not to get its
 amplitudes right: the amplitudes are global (for Darcy the effective conductivity of the whole
 medium) and the energy's flattest directions, where gradient training converges slowest.
 
@@ -28,8 +28,9 @@ Gradients: the coefficients are computed without autograd by default. The loss i
 E, and c minimises E over the span, so dE/dc = 0 there and the energy's gradient with respect
 to the fields is its partial derivative at fixed c (the envelope theorem; exact up to the
 1e-7 shift of G). Differentiating through G and its solve would add nothing to that gradient
-and cost a backward pass through a dense (K (m + 1)^2)^2 factorisation per sample: 4.5 s
-against 0.5 s for a 64x64 batch of 8 at m = 8, K = 16. ``differentiate=True`` keeps the full
+and cost a backward pass through a dense (K (m + 1)^2)^2 factorisation per sample: a training
+step on a 64x64 level at m = 8, K = 16 took 7-16 s with it (and G copied once per cell)
+against 0.58 s now (README, "Coefficient fields on the fine-scale family"). ``differentiate=True`` keeps the full
 graph, for a loss that is not this energy (tests compare the two gradients).
 """
 from __future__ import annotations
