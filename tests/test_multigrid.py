@@ -227,3 +227,28 @@ def test_a_changed_plan_is_refused_on_resume(mg, tmp_path):
     assert p.returncode != 0
     p = deepfusion(2, ["train", "--resume", d, "--set", "train.levels[0].steps=6"])
     assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr
+
+
+@pytest.mark.mpi
+def test_a_finished_run_extended_by_a_level_is_the_run_that_listed_it(mg, tmp_path):
+    """--resume under a plan that appends a prolonged level to the finished run's plan: the
+    network grows at the new level and every loss equals the run that listed all three levels
+    from the start; a plan that changes a visit so far is still refused."""
+    grown = "train.levels[2].prolong=true"
+    whole, ext = str(tmp_path / "whole"), str(tmp_path / "ext")
+    assert train(2, mg, whole, grown).returncode == 0
+    two = ["train.levels=[{grid=[16,16], steps=5}, {grid=[32,32], epochs=1, global_batch=8}]",
+           "problem.grid=[32,32]"]
+    p = train(2, mg, ext, *two)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(losses(ext)) == 7
+    p = deepfusion(2, ["train", mg, "--resume", ext, "--set", grown])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "the plan extends the checkpoint's: 1 more visit(s) after its 2, from step 7" in p.stdout
+    assert "prolonging the network from 32x32" in p.stdout
+    assert losses(ext) == losses(whole) and len(losses(whole)) == 11
+    assert load_model(latest_checkpoint(ext))[0].config() == \
+        load_model(latest_checkpoint(whole))[0].config()
+    p = deepfusion(2, ["train", mg, "--resume", ext, "--set", grown,
+                       "--set", "train.levels[1].global_batch=4"])
+    assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr

@@ -348,17 +348,22 @@ class Trainer:
         self.log.info(f"resumed from {path} at step {self.step}")
 
     def check_plan(self, meta: dict):
-        """A multigrid run resumes only under the plan it was written with (train.max_steps may
-        change: it cuts the plan, it does not change it)."""
+        """A multigrid run resumes only under the plan it was written with, or under that plan
+        extended by further visits after its last (a finished run trained on: the visits so
+        far are unchanged, so is the trajectory). train.max_steps may change: it cuts the
+        plan, it does not change it."""
         if not self.cfg.train.levels or "plan" not in meta:
             return
-        ours = self.plan_signature
-        if meta["plan"] != ours:
+        ours, theirs = self.plan_signature, meta["plan"]
+        if ours[:len(theirs)] != theirs:
             raise InputError(f"--resume {self.run_dir}: the checkpoint was written under another "
                              f"level plan ([level, grid, first step, steps, batch] per visit: "
-                             f"{meta['plan']}, now {ours}); resume with the run's own "
-                             f"train.levels and train.cycle, or start a new run with "
-                             f"model.init_from")
+                             f"{theirs}, now {ours}); resume with the run's own "
+                             f"train.levels and train.cycle (further levels may follow its "
+                             f"last), or start a new run with model.init_from")
+        if len(ours) > len(theirs):
+            self.log.info(f"the plan extends the checkpoint's: {len(ours) - len(theirs)} more "
+                          f"visit(s) after its {len(theirs)}, from step {ours[len(theirs)][2]}")
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self):
