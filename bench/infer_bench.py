@@ -83,7 +83,8 @@ def _setup(cfg):
 def _infer(cfg, model, problem, work, params):
     import numpy as np
 
-    from deepfusion.app.inference import Samples, predictor
+    from deepfusion.app.inference import predictor
+    from deepfusion.app.samples import Samples
 
     compute = predictor(model, problem, Samples(params), channels_last=True, work=work)
     preds, total, b = [], 0.0, cfg["batch"]

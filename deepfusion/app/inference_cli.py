@@ -147,7 +147,7 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
 
 
 def _samples(comm, args, problem):
-    from .inference import resolve_samples
+    from .samples import resolve_samples
 
     problem, samples, warns = collective_check(
         comm, lambda: resolve_samples(problem, sample=args.sample, seed=args.seed,
