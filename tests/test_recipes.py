@@ -154,3 +154,14 @@ def test_study_configs_load(config):
     from deepfusion.engine.levels import plan
 
     assert plan(load_config(os.path.join(STUDIES, config)))
+
+
+def test_the_1024_study_extends_the_fine_darcy_recipes_run():
+    """configs/studies/darcy_fine_1024.toml resumes the recipe's run (its plan must extend the
+    recipe's, or --resume refuses it): kept in step when the recipe changes."""
+    from deepfusion.config import load_config
+    from deepfusion.engine.levels import plan, signature
+
+    recipe = signature(plan(load_config(os.path.join(RECIPES, "darcy_fine.toml")), cut=False))
+    study = signature(plan(load_config(os.path.join(STUDIES, "darcy_fine_1024.toml")), cut=False))
+    assert len(study) == len(recipe) + 1 and study[:len(recipe)] == recipe
