@@ -1,7 +1,7 @@
 """The cost of the Ritz combination: the Gram matrix by one product against polarisation.
 
     python -m bench.ritz_bench [--grid 512] [--fields 1,4,8,16] [--batch 2] [--threads 1]
-                               [--repeats 3] [--out bench/out/ritz.json]
+                               [--repeats 3] [--partitions 2,8] [--out bench/out/ritz.json]
 
 For each K of ``--fields``, on ``--batch`` fine-scale Darcy draws at ``--grid``² (the problem
 ``darcy_fine.toml`` trains, ``ritz = true, ritz_fields = K``), times impose + energy + backward
@@ -17,6 +17,12 @@ a training step besides the network, with G assembled two ways side by side:
 It also reports the largest relative difference between the two combinations (they agree to
 float32 rounding: polarisation subtracts energies and is the less exact of the two) and the
 process's peak RSS. One line per K; JSON (``emit_json``) to ``--out``.
+
+``--partitions m1,m2,..`` times instead the answer with coefficient fields (``ritz_partition =
+m``, K = the last of ``--fields``) on the same random fields, one sample at a time as
+``deepfusion infer`` answers: impose alone (no autograd, the inference cost) and impose +
+energy + backward (the training cost; c a constant to autograd). It does not depend on the
+network, so the cost can be compared across commits with the same command.
 """
 from __future__ import annotations
 
@@ -83,6 +89,32 @@ def run(grid: int, fields: list[int], batch: int, repeats: int) -> list[dict]:
     return rows
 
 
+def run_partitions(grid: int, k: int, partitions: list[int], repeats: int) -> list[dict]:
+    rows = []
+    for m in partitions:
+        p = get_problem("darcy", grid=(grid, grid), family="fine-scale", output_scale=0.01,
+                        ritz=True, ritz_fields=k, ritz_partition=m)
+        x = p.build_input(p.sample_params(0, [0]))
+        u = torch.randn((1, k, grid, grid), generator=torch.Generator().manual_seed(k))
+        with torch.no_grad():   # not inference_mode: the problem caches masks for training
+            answer = statistics.median(_timed(lambda: p.impose(u, x), repeats + 1)[1:])
+        train, _ = time_one(p, x, u, repeats)
+        rows.append({"grid": grid, "fields": k, "partition": m, "batch": 1,
+                     "impose_s": answer, "impose_energy_backward_s": train})
+        print(f"{grid}² K={k:2d} ritz_partition={m}: impose {answer:.3f} s, impose + energy + "
+              f"backward {train:.3f} s (one sample)", flush=True)
+    return rows
+
+
+def _timed(fn, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ritz_bench",
                                  description=__doc__.splitlines()[0])
@@ -91,10 +123,18 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--partitions", default="",
+                    help="m values: time the answer with coefficient fields instead (K = the "
+                         "last of --fields)")
     ap.add_argument("--out", default="bench/out/ritz.json")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    rows = run(a.grid, [int(k) for k in a.fields.split(",")], a.batch, a.repeats)
+    fields = [int(k) for k in a.fields.split(",")]
+    if a.partitions:
+        rows = run_partitions(a.grid, fields[-1], [int(m) for m in a.partitions.split(",")],
+                              a.repeats)
+    else:
+        rows = run(a.grid, fields, a.batch, a.repeats)
     emit_json({"bench": "ritz", "machine": machine(), "threads": a.threads, "rows": rows,
                "peak_rss_mb": peak_rss_mb()}, a.out)
     return 0

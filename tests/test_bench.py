@@ -311,3 +311,14 @@ def test_scheme_floor_marches_the_losses_zero_and_it_converges(tmp_path):
     assert f[64, "muscl:mc"] < f[32, "muscl:mc"] and f[64, "upwind"] < f[32, "upwind"]
     with pytest.raises(SystemExit):
         scheme_floor.main(["--schemes", "stencil"])
+
+
+def test_ritz_bench_times_the_partition_answer_for_each_m(tmp_path):
+    from bench import ritz_bench
+
+    out = tmp_path / "ritz.json"
+    assert ritz_bench.main(["--grid", "32", "--fields", "2", "--partitions", "2,4",
+                            "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["partition"] for r in rows] == [2, 4]
+    assert all(r["impose_s"] > 0 and r["impose_energy_backward_s"] > 0 for r in rows)

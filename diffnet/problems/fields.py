@@ -249,24 +249,26 @@ class KLDiffusionProblem(Problem):
             d = self.fd_grad(u.reshape(b * k, 1, *u.shape[2:]), self.block)
             return [(d.view(b, k, *d.shape[1:]), (0.5 * nu * wn).unsqueeze(1))]
         if self.block.whole:
-            dx = (u[..., :, 1:] - u[..., :, :-1]) / hx               # (B,1,H,W-1)
+            dx = u[..., :, 1:] - u[..., :, :-1]                       # (B,1,H,W-1)
             nx = harmonic_mean(nu[..., :, 1:], nu[..., :, :-1])
-            dy = (u[..., 1:, :] - u[..., :-1, :]) / hy               # (B,1,H-1,W)
+            dy = u[..., 1:, :] - u[..., :-1, :]                       # (B,1,H-1,W)
             ny = harmonic_mean(nu[..., 1:, :], nu[..., :-1, :])
         else:
             dx, nx, dy, ny = self._face_differences_part(u, nu)
-        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1).
-        return [(dx, nx * (0.5 / (w - 1)) * wr), (dy, ny * (0.5 / (h - 1)) * wc)]
+        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1). F is the
+        # plain difference and 1 / h^2 sits in the small weight: dividing F (K fields, or 4 K
+        # in a partition's Gram matrix) by h was a whole pass over the largest tensor here.
+        return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
+                (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
 
     def _face_differences_part(self, u, nu):
-        """The edges this block owns (``owned_edges``): x-differences and harmonic-mean nu on
-        them, then the same along y."""
-        hy, hx = self.spacing
+        """The edges this block owns (``owned_edges``): differences (not divided by the
+        spacing) and harmonic-mean nu on them along x, then the same along y."""
         p = self.block.halo(torch.cat([u, nu], dim=1), 1)         # one exchange for both
         (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 1))
-        dx, nx = (u1 - u0) / hx, harmonic_mean(n1, n0)
+        dx, nx = u1 - u0, harmonic_mean(n1, n0)
         (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 0))
-        return dx, nx, (u1 - u0) / hy, harmonic_mean(n1, n0)
+        return dx, nx, u1 - u0, harmonic_mean(n1, n0)
 
     def integrate(self, g: torch.Tensor) -> torch.Tensor:
         """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square; on a

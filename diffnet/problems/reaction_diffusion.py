@@ -117,8 +117,10 @@ class ReactionDiffusion(KLDiffusionProblem):
         """a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's part on
         a split) as weighted squares, for the K fields of u (B, K, *grid) (see
         ``diffusion_features``)."""
-        wn = self.part(self._weights(u)[2])
-        return self.diffusion_features(u, nu) + [(u, (0.5 * self.kappa ** 2) * wn)]
+        pairs = self.diffusion_features(u, nu)
+        if self.kappa == 0:     # Darcy: a zero-weight pair would add a third to G's products
+            return pairs
+        return pairs + [(u, (0.5 * self.kappa ** 2) * self.part(self._weights(u)[2]))]
 
     def _bubble(self, like: torch.Tensor) -> torch.Tensor:
         key = ("bubble", like.dtype, like.device)

@@ -49,10 +49,20 @@ def gram(features: list, b: int, k: int) -> torch.Tensor:
     dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)). The products
     run in the fields' dtype (float32 in training): they subtract nothing, so they are no less
     exact than the energies themselves."""
+    return gram_of_scaled(scaled(features), b, k)
+
+
+def scaled(features: list) -> list:
+    """The features F sqrt(w) (w >= 0): a(u, v) = 2 sum of their products, no weight left."""
+    return [f * w.sqrt() for f, w in features]
+
+
+def gram_of_scaled(feats: list, b: int, k: int) -> torch.Tensor:
+    """(b, k, k) float64 2 sum over the scaled features S of S_i . S_j (see ``gram``)."""
     g = 0
-    for f, w in features:
-        fw = (f * w).reshape(b, k, -1)
-        g = g + 2 * torch.bmm(fw, f.reshape(b, k, -1).transpose(1, 2)).double()
+    for f in feats:
+        f = f.reshape(b, k, -1)
+        g = g + 2 * torch.bmm(f, f.transpose(1, 2)).double()
     return g
 
 
@@ -187,19 +197,20 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
 
 def _cell_gram(feats: list, partition: Partition, block, b: int, k: int) -> torch.Tensor:
     """(b, K J, K J) G (this block's part) from the features of the 4 K coloured fields: per
-    cell, the Gram matrix of its edges and nodes, scattered to the cell's four hats."""
+    cell, the Gram matrix of its edges and nodes, scattered to the cell's four hats. The
+    weights are folded into the features once (``scaled``), not cut and multiplied per cell."""
     j = (partition.m + 1) ** 2
     field = torch.arange(k).repeat_interleave(4) * j                # local (i, q) -> i J + hat
+    feats = scaled(feats)
     where, parts = [], []
     for rng, hats in partition.cells():
-        cut = [(_cut_cell(f, rng, block.start, f.shape[-2:]),
-                _cut_cell(w, rng, block.start, f.shape[-2:])) for f, w in feats]
-        cut = [(f, w) for f, w in cut if f is not None]
+        cut = [_cut_cell(f, rng, block.start, f.shape[-2:]) for f in feats]
+        cut = [f for f in cut if f is not None]
         if not cut:
             continue
         idx = field + torch.tensor(hats).repeat(k)
         where.append((idx[:, None] * (k * j) + idx[None, :]).reshape(-1))
-        parts.append(gram(cut, b, 4 * k).reshape(b, -1))
+        parts.append(gram_of_scaled(cut, b, 4 * k).reshape(b, -1))
     # one scatter of every cell's block: adding them one by one copies G once per cell
     g = torch.zeros(b, (k * j) ** 2, dtype=torch.float64)
     if parts:
