@@ -156,12 +156,18 @@ def test_study_configs_load(config):
     assert plan(load_config(os.path.join(STUDIES, config)))
 
 
-def test_the_1024_study_extends_the_fine_darcy_recipes_run():
-    """configs/studies/darcy_fine_1024.toml resumes the recipe's run (its plan must extend the
-    recipe's, or --resume refuses it): kept in step when the recipe changes."""
+def test_the_1024_study_starts_as_the_fine_darcy_recipe():
+    """configs/studies/darcy_fine_1024.toml trains the recipe's 64x64 and 256x256 levels, the
+    same visits (so its 256x256 network is the recipe's), then a 1024x1024 level in place of
+    the recipe's 512x512 one: kept in step when the recipe changes."""
     from deepfusion.config import load_config
     from deepfusion.engine.levels import plan, signature
 
-    recipe = signature(plan(load_config(os.path.join(RECIPES, "darcy_fine.toml")), cut=False))
-    study = signature(plan(load_config(os.path.join(STUDIES, "darcy_fine_1024.toml")), cut=False))
-    assert len(study) == len(recipe) + 1 and study[:len(recipe)] == recipe
+    rc = load_config(os.path.join(RECIPES, "darcy_fine.toml"))
+    sc = load_config(os.path.join(STUDIES, "darcy_fine_1024.toml"))
+    recipe, study = (signature(plan(c, cut=False)) for c in (rc, sc))
+    assert len(study) == len(recipe) and study[:2] == recipe[:2] and study[2] != recipe[2]
+    assert sc.train.levels[:2] == rc.train.levels[:2]
+    assert (sc.model, sc.data, sc.optim) == (rc.model, rc.data, rc.optim)
+    assert sc.problem.options == rc.problem.options
+    assert "1024" in str(study[2]) and "512" in str(recipe[2])
