@@ -13,7 +13,9 @@ SuperLU, "amg" pyamg smoothed aggregation + CG) -- a fresh subprocess measures t
 sample (after an untimed warm-up: the network on the same shape, the solver on a 16-node grid
 of the same problem, which loads the same code without a second large solve) and its peak RSS
 (VmHWM, also given as the increase over the RSS right after setup), so configurations
-do not inherit each other's memory. The first solver of ``--solvers`` is the reference the
+do not inherit each other's memory. Every worker keeps freed memory for reuse, as ``deepfusion
+infer`` and ``solve`` do (``deepfusion.engine.memory``), so the timed pass after the warm-up
+does not fault its pages in again. The first solver of ``--solvers`` is the reference the
 errors are measured against (use ``--solvers amg`` in 3-D above 32^3: a sparse direct
 factorisation of a 3-D grid fills in far beyond the machine's memory).
 
@@ -137,6 +139,9 @@ def worker(cfg: dict) -> dict:
     """Measure one configuration; print and return its JSON record."""
     import numpy as np
 
+    from deepfusion.engine.memory import reuse_freed_memory
+
+    reuse_freed_memory(True)   # both sides, as deepfusion infer and solve run
     model, problem, work, params = _setup(cfg)
     rss0 = peak_rss_mb()
     if cfg["kind"] == "infer":

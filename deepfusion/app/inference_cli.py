@@ -88,10 +88,17 @@ def register(sub) -> None:
 # shared steps
 # ---------------------------------------------------------------------------------------------
 
-def _threads(comm, requested: int) -> None:
+def _threads(comm, requested: int, split: bool = False) -> None:
+    """The thread layout, and freed memory kept for the next batch (as training keeps it:
+    ``deepfusion.engine.memory``) unless the fields are split over ranks (``--domain``),
+    where keeping it costs the most memory per rank."""
     from ..engine.layout import setup_threads
+    from ..engine.memory import reuse_freed_memory
 
     setup_threads(comm, max(0, int(requested or 0)))
+    note = reuse_freed_memory(not split)
+    if note:
+        say_once(comm, f"deepfusion: note: {note}")
 
 
 def _check_batch(args) -> None:
@@ -184,7 +191,7 @@ def _infer(args, comm) -> int:
     from .inference import (grid_text, predictor, trained_config, training_grid, warmup_pays,
                             work_problem)
 
-    _threads(comm, args.threads)
+    _threads(comm, args.threads, split=bool(args.domain))
     model, problem, work, meta = collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
     if args.inputs:  # the file set the grid: refuse one the network cannot run on, up front

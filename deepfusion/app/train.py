@@ -139,6 +139,9 @@ def _evaluation_target(args):
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
+    note = reuse_freed_memory(True)  # as infer: the batches fault their memory in once
+    if note:
+        say_once(comm, f"deepfusion: note: {note}")
     from ..engine.evaluate import evaluate, summary_text
     from ..engine.memformat import convert_model
     from .inference import trained_config
