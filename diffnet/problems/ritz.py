@@ -46,9 +46,8 @@ REG = 1e-7
 
 def gram(features: list, b: int, k: int) -> torch.Tensor:
     """(b, k, k) float64 a(u_i, u_j) from the pairs (F, w) of b samples' k fields (F's first
-    dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)). The products
-    run in the fields' dtype (float32 in training): they subtract nothing, so they are no less
-    exact than the energies themselves."""
+    dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)), in the
+    features' dtype (``ritz_combination`` gives float64 ones)."""
     return gram_of_scaled(scaled(features), b, k)
 
 
@@ -79,7 +78,12 @@ def ritz_combination(u: torch.Tensor, features: Callable, ell: Callable,
     ``differentiate`` (see the module docstring)."""
     b, k = u.shape[:2]
     with torch.set_grad_enabled(differentiate and torch.is_grad_enabled()):
-        v = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
+        # float64 from the differences on: a face difference of nodal values h apart keeps
+        # ~log10(1/h) fewer digits than the values, and G^-1 amplifies what is lost. With
+        # float32 fields at 1024x1024 (K = 16) c went wrong on some samples: 12 of the 384
+        # steps of a training level had a positive energy (impossible for the exact c) and
+        # gradient norms up to 26, against ~1e-3 (README, "The native 1024x1024 network").
+        v = u.double()
         flat = v.reshape(b * k, 1, *v.shape[2:])
         g = total(gram(features(v), b, k))
         rhs = total(ell(flat).view(b, k)).double()
