@@ -42,12 +42,14 @@ import torch
 # G + REG * mean(diag G) * I: fields a network makes nearly dependent (at initialisation, say)
 # give a near-singular G; the shift bounds c at a relative energy cost of ~REG.
 REG = 1e-7
+# Elements per float64 chunk when G is summed from float32 features (32 MiB).
+CHUNK = 1 << 22
 
 
 def gram(features: list, b: int, k: int) -> torch.Tensor:
     """(b, k, k) float64 a(u_i, u_j) from the pairs (F, w) of b samples' k fields (F's first
-    dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)), in the
-    features' dtype (``ritz_combination`` gives float64 ones)."""
+    dims (b, k) or (b * k,)): a(u, v) = 2 sum over the pairs of sum(w F(u) F(v)), the
+    products summed in float64 (``gram_of_scaled``)."""
     return gram_of_scaled(scaled(features), b, k)
 
 
@@ -57,11 +59,20 @@ def scaled(features: list) -> list:
 
 
 def gram_of_scaled(feats: list, b: int, k: int) -> torch.Tensor:
-    """(b, k, k) float64 2 sum over the scaled features S of S_i . S_j (see ``gram``)."""
+    """(b, k, k) float64 2 sum over the scaled features S of S_i . S_j (see ``gram``), summed
+    in float64 whatever S's dtype. A product of two float32 numbers is exact in float64; a
+    float32 sum of ~10^6 of them is not, and G^-1 amplifies its error where the K fields are
+    nearly dependent: with float32 sums at 1024x1024 (K = 16) c went wrong on some samples, 12
+    of the 384 steps of a training level had a positive energy (impossible for the exact c)
+    and gradient norms up to 26 against ~3e-3 (README, "The native 1024x1024 network").
+    Float32 features are converted in chunks, so the float64 copy stays small."""
     g = 0
     for f in feats:
         f = f.reshape(b, k, -1)
-        g = g + 2 * torch.bmm(f, f.transpose(1, 2)).double()
+        step = f.shape[-1] if f.dtype == torch.float64 else max(1, CHUNK // (b * k))
+        for s in range(0, f.shape[-1], step):
+            c = f[..., s:s + step].double()
+            g = g + 2 * torch.bmm(c, c.transpose(1, 2))
     return g
 
 
@@ -78,12 +89,7 @@ def ritz_combination(u: torch.Tensor, features: Callable, ell: Callable,
     ``differentiate`` (see the module docstring)."""
     b, k = u.shape[:2]
     with torch.set_grad_enabled(differentiate and torch.is_grad_enabled()):
-        # float64 from the differences on: a face difference of nodal values h apart keeps
-        # ~log10(1/h) fewer digits than the values, and G^-1 amplifies what is lost. With
-        # float32 fields at 1024x1024 (K = 16) c went wrong on some samples: 12 of the 384
-        # steps of a training level had a positive energy (impossible for the exact c) and
-        # gradient norms up to 26, against ~1e-3 (README, "The native 1024x1024 network").
-        v = u.double()
+        v = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
         flat = v.reshape(b * k, 1, *v.shape[2:])
         g = total(gram(features(v), b, k))
         rhs = total(ell(flat).view(b, k)).double()
