@@ -55,14 +55,15 @@ def polarised_gram(features: list, b: int, k: int) -> torch.Tensor:
 
 
 def time_one(problem, x, u, repeats: int) -> tuple[float, torch.Tensor]:
-    times = []
-    for _ in range(repeats + 1):
-        v = u.detach().requires_grad_()
-        t = time.perf_counter()
-        out = problem.impose(v, x)
+    """Median seconds of impose + energy + backward after one warm-up, and the answer."""
+    last = []
+
+    def step():
+        out = problem.impose(u.detach().requires_grad_(), x)
         problem.loss_terms(out, x)["pde"].sum().backward()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[1:]), out.detach()
+        last[:] = [out.detach()]
+
+    return statistics.median(_timed(step, repeats + 1)[1:]), last[0]
 
 
 def run(grid: int, fields: list[int], batch: int, repeats: int) -> list[dict]:
@@ -107,6 +108,7 @@ def run_partitions(grid: int, k: int, partitions: list[int], repeats: int) -> li
 
 
 def _timed(fn, n: int) -> list[float]:
+    """Seconds of each of n calls of fn."""
     times = []
     for _ in range(n):
         t = time.perf_counter()

@@ -314,9 +314,9 @@ def test_ritz_fields_find_the_solution_in_their_span():
 
 
 def test_ritz_fields_given_in_float32_are_combined_as_in_float64():
-    """Float32 fields whose face differences cancel (nearly dependent fields, nodal values
-    ~1000x their differences, as K = 16 network fields at 1024x1024): the Ritz answer is the
-    float64 one to float32 rounding (1.3e-5; with G summed in float32: 8e-4)."""
+    """Nearly dependent float32 fields (a common part 1000x the parts that tell them apart,
+    as K = 16 network fields can be): the Ritz answer is the float64 one to float32 rounding
+    (1.3e-5; with G's products summed in float32: 8e-4)."""
     p = make((33, 33), ritz=True, ritz_fields=3, family="fine-scale", output_scale=0.01)
     x = p.build_input(p.sample_params(4, [0, 1]), dtype=torch.float64)
     y, xx = torch.meshgrid(*[torch.linspace(0, 1, 33, dtype=torch.float64)] * 2, indexing="ij")

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from .policy import ExitCode, collective_check, run_distributed, say_once
+from .policy import ExitCode, collective_check, run_distributed, say_note, say_once
 
 DEFAULT_SEED = 12345
 ANSWER_OPTION_HELP = ("replace a problem option of the checkpoint (VALUE as JSON), e.g. how the "
@@ -96,9 +96,7 @@ def _threads(comm, requested: int, split: bool = False) -> None:
     from ..engine.memory import reuse_freed_memory
 
     setup_threads(comm, max(0, int(requested or 0)))
-    note = reuse_freed_memory(not split)
-    if note:
-        say_once(comm, f"deepfusion: note: {note}")
+    say_note(comm, reuse_freed_memory(not split))
 
 
 def _check_batch(args) -> None:

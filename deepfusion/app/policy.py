@@ -53,6 +53,13 @@ def say_once(comm, msg: str, *, err: bool = True) -> None:
         print(msg, file=sys.stderr if err else sys.stdout, flush=True)
 
 
+def say_note(comm, note: str) -> None:
+    """``say_once`` of a ``deepfusion: note:`` line, nothing when ``note`` is empty (the
+    setters that return a note only when there is something to say)."""
+    if note:
+        say_once(comm, f"deepfusion: note: {note}")
+
+
 def run_local(fn, args) -> int:
     """A one-process command: an input error is one line and exit 2."""
     try:

@@ -15,7 +15,7 @@ import sys
 from ..config import load_config
 from ..engine.layout import precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
-from .policy import collective_check, say_once
+from .policy import collective_check, say_note, say_once
 
 
 def cmd_train(args, comm) -> int:
@@ -26,9 +26,7 @@ def cmd_train(args, comm) -> int:
     cfg = collective_check(comm, load_config, args.config, args.set or [])
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
-    note = reuse_freed_memory(cfg.parallel.reuses_memory())
-    if note:
-        say_once(comm, f"deepfusion: note: {note}")
+    say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
@@ -139,9 +137,7 @@ def _evaluation_target(args):
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
-    note = reuse_freed_memory(True)  # as infer: the batches fault their memory in once
-    if note:
-        say_once(comm, f"deepfusion: note: {note}")
+    say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
     from ..engine.evaluate import evaluate, summary_text
     from ..engine.memformat import convert_model
     from .inference import trained_config
