@@ -168,16 +168,15 @@ class Partition:
                 yield rng, [corner[0][q // 2] * (m + 1) + corner[1][q % 2] for q in range(4)]
 
 
-def _cut_cell(t: torch.Tensor, rng, start, full) -> torch.Tensor | None:
-    """The part of a feature or weight t (..., fy, fx) (axes of size 1 broadcast) that lies in
-    the cell's global ranges, on a block whose first node is ``start``; None when empty.
-    ``full`` is the feature's (fy, fx), which a broadcast axis of t does not show."""
-    for a, ((lo, hi), s, f) in enumerate(zip(rng, start, full)):
+def _cut_cell(t: torch.Tensor, rng, start) -> torch.Tensor | None:
+    """The part of a scaled feature t (..., fy, fx) that lies in the cell's global ranges, on a
+    block whose first node is ``start``; None when empty."""
+    for a, ((lo, hi), s) in enumerate(zip(rng, start)):
+        f = t.shape[t.dim() - 2 + a]
         lo, hi = max(lo - s, 0), f if hi is None else min(hi - s, f)
         if hi <= lo:
             return None
-        if t.shape[t.dim() - 2 + a] != 1:
-            t = t.narrow(t.dim() - 2 + a, lo, hi - lo)
+        t = t.narrow(t.dim() - 2 + a, lo, hi - lo)
     return t
 
 
@@ -216,7 +215,7 @@ def _cell_gram(feats: list, partition: Partition, block, b: int, k: int) -> torc
     feats = scaled(feats)
     where, parts = [], []
     for rng, hats in partition.cells():
-        cut = [_cut_cell(f, rng, block.start, f.shape[-2:]) for f in feats]
+        cut = [_cut_cell(f, rng, block.start) for f in feats]
         cut = [f for f in cut if f is not None]
         if not cut:
             continue
