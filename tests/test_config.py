@@ -148,6 +148,7 @@ def test_wrong_type_messages():
     ("train.keep_checkpoints=0", "train.keep_checkpoints must be >= 1"),
     ("train.rollback_lr_factor=1.0", "train.rollback_lr_factor must be < 1.0"),
     ("train.checkpoint_minutes=-1", "train.checkpoint_minutes must be >= 0.0"),
+    ("train.time_limit_minutes=-1", "train.time_limit_minutes must be >= 0.0"),
     ("data.test_seed=12345", "data.test_seed must differ from data.seed (0) and data.eval_seed"),
     ("train.fail_at_step=3", "unknown key 'train.fail_at_step'"),
     ("parallel.bucket_mb=0", "parallel.bucket_mb must be > 0.0"),

@@ -143,6 +143,24 @@ def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
     assert len(losses(d)) == n_done + 3
 
 
+def test_time_limit_checkpoints_and_the_segments_make_the_uninterrupted_run(tiny, tmp_path):
+    """train.time_limit_minutes (for launchers that send no signal): every rank stops after the
+    same step with a checkpoint and exit 99, as on SIGUSR1; segments resumed under a limit
+    again and then without one give the uninterrupted run's losses, step for step."""
+    whole = str(tmp_path / "whole")
+    assert train(2, tiny, whole).returncode == 0
+    d = str(tmp_path / "seg")
+    p = train(2, tiny, d, "train.time_limit_minutes=1e-9")  # the limit has passed at step 1
+    assert p.returncode == 99, p.stderr
+    assert "train.time_limit_minutes = 1e-09 reached: checkpoint written at step 1" in p.stderr
+    assert os.listdir(os.path.join(d, "checkpoints")) == ["step_00000001.h5"]
+    p = deepfusion(2, ["train", "--resume", d, "--set", "train.time_limit_minutes=1e-9"])
+    assert p.returncode == 99 and "written at step 2" in p.stderr, p.stderr
+    p = deepfusion(2, ["train", "--resume", d, "--set", "train.time_limit_minutes=0"])
+    assert p.returncode == 0, p.stderr
+    assert losses(d) == losses(whole) and len(losses(d)) == 20
+
+
 def test_metrics_hold_epoch_and_eval_records(tiny, tmp_path):
     d = str(tmp_path / "m")
     p = train(0, tiny, d, "train.eval_every_epochs=2")

@@ -20,7 +20,8 @@ class ParametersDiverged(RuntimeError):
 
 
 class Preempted(Exception):
-    """A stop signal arrived; a checkpoint was written: requeue the job with --resume."""
+    """A stop signal arrived or train.time_limit_minutes passed; a checkpoint was written:
+    requeue the job with --resume."""
 
 
 class InjectedFailure(RuntimeError):

@@ -24,8 +24,9 @@ from .memformat import as_format
 from .parallel import ParallelModel
 
 # Per-rank requests reduced (summed) with the loss, so every rank sees them at the same step:
-# "stop" (SIGTERM/SIGUSR1 on some rank), "checkpoint" (rank 0's clock says one is due).
-FLAGS = ("stop", "checkpoint")
+# "stop" (SIGTERM/SIGUSR1 on some rank), "checkpoint" (rank 0's clock says one is due),
+# "time_limit" (rank 0's clock says train.time_limit_minutes have passed).
+FLAGS = ("stop", "checkpoint", "time_limit")
 
 
 @dataclass

@@ -60,7 +60,7 @@ class Trainer:
         # (a checkpoint carries it); what error-against-time curves are drawn against
         self.elapsed_before, self.t_start = 0.0, time.perf_counter()
         self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
-        self.last_save = time.monotonic()
+        self.last_save = self.process_start = time.monotonic()
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
                           progress=cfg.run.progress, total_steps=self.total_steps,
                           term_names=terms)
@@ -159,6 +159,7 @@ class Trainer:
         self.task.set_progress(self.step / (self.total_steps - v.steps + self.schedule_steps))
         self.loss_and_grad.flags["checkpoint"] = float(self.checkpoint_due())
         self.loss_and_grad.flags["stop"] = float(stop.requested())
+        self.loss_and_grad.flags["time_limit"] = float(self.time_is_up())
         batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
         res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
                            lr_scale=self.lr_scale)
@@ -258,10 +259,20 @@ class Trainer:
         return (self.comm.rank == 0 and minutes > 0
                 and time.monotonic() - self.last_save >= 60.0 * minutes)
 
+    def time_is_up(self) -> bool:
+        """Rank 0's clock: ``train.time_limit_minutes`` since this process started (a resumed
+        segment has its own limit, as a requeued job has)."""
+        minutes = self.cfg.train.time_limit_minutes
+        return (self.comm.rank == 0 and minutes > 0
+                and time.monotonic() - self.process_start >= 60.0 * minutes)
+
     def maybe_checkpoint(self, res: StepResult):
-        if res.flags["stop"] > 0:
+        why = ("stop signal received" if res.flags["stop"] > 0 else
+               f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
+               if res.flags["time_limit"] > 0 else "")
+        if why:
             self.save_checkpoint()
-            raise Preempted(f"stop signal received: checkpoint written at step {self.step}; "
+            raise Preempted(f"{why}: checkpoint written at step {self.step}; "
                             f"resume with --resume {self.run_dir}")
         every = self.cfg.train.checkpoint_every
         due = (every > 0 and self.step % every == 0) or res.flags["checkpoint"] > 0
