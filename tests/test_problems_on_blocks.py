@@ -200,18 +200,6 @@ def test_burgers_terms_split_exactly(kw, split):
     check_split_exact(lambda: get_problem("burgers", grid=GRID, **kw), GRID, split)
 
 
-@pytest.mark.parametrize("split", SPLITS, ids=str)
-def test_burgers_polish_splits_exactly(split):
-    """polish (answering only, so no gradient to compare): each block moves its own nodes with
-    the gathered u0 row, bit for bit the undivided answer."""
-    make = lambda p=3: get_problem("burgers", grid=GRID, scheme="lax-oleinik", hard_bc=True,  # noqa: E731
-                                   polish=p)
-    raw, x, u_ref, _ = undivided(make, GRID)
-    u, _ = split_run(make, GRID, split, raw, x)
-    assert torch.equal(u, u_ref)
-    assert not torch.allclose(u_ref, make(0).impose(raw, x))     # the polish moved the nodes
-
-
 @pytest.mark.parametrize("split", ([2, 1], [1, 2], [2, 2]), ids=str)
 @pytest.mark.parametrize("scheme,horizon", [("upwind", 4), ("muscl", 2), ("muscl", 4)])
 def test_burgers_finite_volume_horizons_split_or_are_refused(scheme, horizon, split):
