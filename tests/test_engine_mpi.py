@@ -103,10 +103,6 @@ def test_bad_config_rejected_cleanly_under_mpiexec(tiny, tmp_path):
     p = train(4, tiny, str(tmp_path / "r"), "data.global_batch=6")
     assert p.returncode == 2
     assert "not divisible" in p.stderr and "4" in p.stderr and "8" in p.stderr
-    # an option for answering only (the problem's check_training), refused once, before training
-    p = train(2, tiny, str(tmp_path / "r"), 'problem.options={scheme="lax-oleinik", polish=2}')
-    assert p.returncode == 2
-    assert "polish = 2 is for answering" in p.stderr and p.stderr.count("deepfusion: error") == 1
 
 
 def test_nonfinite_loss_stops_all_ranks(tiny, tmp_path):

@@ -32,15 +32,12 @@ def torch_dtype(cfg) -> torch.dtype:
 
 def build_problem(cfg, grid=None):
     """The problem of ``[problem]`` on ``grid`` (default ``problem.grid``; a multigrid level
-    asks for its own), to train: options for answering only are refused here. The registry
-    lists valid names and options."""
+    asks for its own). The registry lists valid names and options."""
     if not cfg.problem.name:
         raise ValueError(f"problem.name is not set: choose one of {sorted(PROBLEMS)} "
                          f"([problem] name = ... in the config, or --set problem.name=...)")
     grid = tuple(cfg.problem.grid if grid is None else grid)
-    problem = get_problem(cfg.problem.name, grid=grid, **cfg.problem.options)
-    problem.check_training()
-    return problem
+    return get_problem(cfg.problem.name, grid=grid, **cfg.problem.options)
 
 
 def problem_factory(cfg, task):

@@ -210,10 +210,6 @@ class Problem(abc.ABC):
                              f"channels {list(fields)} (missing {missing}, unknown {unknown})")
         return np.stack([fields[c] for c in need], axis=1)
 
-    def check_training(self) -> None:
-        """Raise ValueError naming the option if this instance is for answering only (an option
-        that makes the loss useless to train on); by default every instance trains."""
-
     @abc.abstractmethod
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """Apply the hard-imposed boundary/initial values (if this problem instance uses them)

@@ -12,7 +12,6 @@ from ..validation import check_bool, check_choice, check_int, check_number, chec
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
-from .lax_oleinik import polish as polish_nodes
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -126,7 +125,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
                  hard_bc: bool = False, stencil: str = "sobel", form: str = "conservative",
                  viscosity: float = 0.0, scheme: str = "stencil", limiter: str = "mc",
                  row_weight: float = 0.0, horizon: int = 1, smoothing: float = 0.0,
-                 smoothing_until: float = 0.7, reference: str = "exact", polish: int = 0):
+                 smoothing_until: float = 0.7, reference: str = "exact"):
         super().__init__(grid=grid)
         self.c_range = check_range("c_range", c_range)
         if self.c_range[0] <= 0:
@@ -151,7 +150,6 @@ class Burgers(FiniteVolumeResiduals, Problem):
         self.smoothing_until = check_number("smoothing_until", smoothing_until, lo=0.0, hi=1.0,
                                             lo_open=True)
         self.reference = check_choice("reference", reference, REFERENCES)
-        self.polish = check_int("polish", polish, 0)
         self.progress = 0.0
         if self.scheme != "stencil" and self.viscosity > 0:
             raise ValueError(f"viscosity must be 0 with scheme={self.scheme!r} (finite-volume "
@@ -173,7 +171,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
                 "form": self.form, "viscosity": self.viscosity, "scheme": self.scheme,
                 "limiter": self.limiter, "row_weight": self.row_weight, "horizon": self.horizon,
                 "smoothing": self.smoothing, "smoothing_until": self.smoothing_until,
-                "reference": self.reference, "polish": self.polish}
+                "reference": self.reference}
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)
@@ -206,37 +204,12 @@ class Burgers(FiniteVolumeResiduals, Problem):
         return self._masks[key]
 
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        if self.hard_bc:
-            row, both = (self.part(t) for t in self._mask(u))
-            # values: u0 on row 0 (u0(0) = 0, and the row mask zeroes every other node), so
-            # the column x = 0 receives 0.
-            u = impose_dirichlet(u, both, inputs[:, 0:1] * row)
-        return self._polished(u, inputs) if self.polish else u
-
-    def check_training(self) -> None:
-        if self.polish:
-            raise ValueError(f"polish = {self.polish} is for answering (deepfusion infer / "
-                             f"evaluate --option polish=N): a polished answer minimises the "
-                             f"Lax-Oleinik functional node by node, so the loss has no gradient "
-                             f"to train on; train with polish = 0")
-
-    def _polished(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """u with its nodes at t > 0 moved by ``polish`` safeguarded Newton steps on the
-        Lax-Oleinik functional (:mod:`.lax_oleinik`), in float64, outside autograd. On a split
-        block: the block's nodes, with the u0 row gathered along x (as the loss does)."""
-        dt, dx = self.spacing
-        blk = self.block
-        first = int(blk.at_lo(0))
-        with torch.no_grad():
-            u0 = blk.gather(inputs[:, 0, 0, :], axis=1).double()
-            big_u0 = node_primitive(u0, dx)
-            t = blk.indices(0, u)[first:, None].double() * dt
-            x = blk.indices(1, u).double() * dx
-            here = big_u0[:, None, blk.start[1]:blk.start[1] + blk.shape[1]]
-            v = polish_nodes(u[:, 0, first:, :].double(), u0, big_u0, here, x, t, dx, self.polish)
-            out = u.detach().clone()
-            out[:, 0, first:, :] = v.to(u.dtype)
-        return out
+        if not self.hard_bc:
+            return u
+        row, both = (self.part(t) for t in self._mask(u))
+        # values: u0 on row 0 (u0(0) = 0, and the row mask zeroes every other node), so the
+        # column x = 0 receives 0.
+        return impose_dirichlet(u, both, inputs[:, 0:1] * row)
 
     # -- losses -----------------------------------------------------------------------------
     def check_block(self, block) -> None:
