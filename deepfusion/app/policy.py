@@ -25,7 +25,8 @@ class ExitCode(IntEnum):
     ABORT = 1        # an exception on some rank (MPI_Abort)
     INPUT = 2        # bad input: config, CLI, files
     NONFINITE = 3    # non-finite loss/gradient, or ranks' parameters diverged
-    PREEMPTED = 99   # stopped on SIGTERM/SIGUSR1 or train.time_limit_minutes after a checkpoint: requeue with --resume
+    PREEMPTED = 99   # stopped (SIGTERM/SIGUSR1, train.time_limit_minutes) after a checkpoint:
+                     # requeue with --resume
 
 
 INPUT_ERRORS = (ValueError, KeyError, TypeError, OSError)

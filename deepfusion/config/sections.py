@@ -168,11 +168,11 @@ class TrainConfig(Section):
                                              "since the last checkpoint (rank 0's clock, agreed "
                                              "by all ranks); 0 = off", ge=0.0)
     time_limit_minutes: float = option(0.0, "stop after this many minutes of training in this "
-                                            "process (rank 0's clock, agreed by all ranks): checkpoint "
-                                            "and exit 99, as on SIGUSR1, to go on with --resume. "
-                                            "For launchers that send no signal before their "
-                                            "limit: set it a few minutes under it; 0 = none",
-                                       ge=0.0)
+                                            "process (rank 0's clock, agreed by all ranks): "
+                                            "checkpoint and exit 99, as on SIGUSR1, to go on "
+                                            "with --resume. For launchers that send no signal "
+                                            "before their limit: set it a few minutes under "
+                                            "it; 0 = none", ge=0.0)
     keep_checkpoints: int = option(2, "keep only the newest N checkpoints", ge=1)
     on_nonfinite: str = option("stop", "what to do on a NaN/inf loss or gradient",
                            choices=("stop", "rollback"))
