@@ -38,7 +38,7 @@ def floor(coarse_path: str, fine_path: str) -> dict:
 
     c, f = read_fields(coarse_path), read_fields(fine_path)
     same = (c["problem"] == f["problem"] and c["params"].shape == f["params"].shape
-            and np.array_equal(c["params"], f["params"]) and len(c["u"]) == len(f["u"]))
+            and np.array_equal(c["params"], f["params"]))      # /params has a row per sample
     if not same or not c["params"].size:
         raise ValueError(f"{coarse_path} and {fine_path} must hold the same problem and samples "
                          "(make both with the same --problem, --sample N and --seed S)")

@@ -60,7 +60,7 @@ class Trainer:
         # (a checkpoint carries it); what error-against-time curves are drawn against
         self.elapsed_before, self.t_start = 0.0, time.perf_counter()
         self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
-        self.last_save = self.process_start = time.monotonic()
+        self.last_save = time.perf_counter()
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
                           progress=cfg.run.progress, total_steps=self.total_steps,
                           term_names=terms)
@@ -157,9 +157,13 @@ class Trainer:
         # a loss with a schedule (e.g. an annealed smoothing) reads the progress through the
         # whole run: a function of the step, so every rank and a resumed run see the same loss
         self.task.set_progress(self.step / (self.total_steps - v.steps + self.schedule_steps))
-        self.loss_and_grad.flags["checkpoint"] = float(self.checkpoint_due())
+        t = self.cfg.train
+        self.loss_and_grad.flags["checkpoint"] = float(self.passed(self.last_save,
+                                                                   t.checkpoint_minutes))
         self.loss_and_grad.flags["stop"] = float(stop.requested())
-        self.loss_and_grad.flags["time_limit"] = float(self.time_is_up())
+        # this segment's training time (t_start: this process's start, or its resume)
+        self.loss_and_grad.flags["time_limit"] = float(self.passed(self.t_start,
+                                                                   t.time_limit_minutes))
         batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
         res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
                            lr_scale=self.lr_scale)
@@ -252,24 +256,22 @@ class Trainer:
                                      f"(checksums {lo!r} .. {hi!r}); this is a bug, please report it")
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def checkpoint_due(self) -> bool:
-        """Rank 0's clock: ``train.checkpoint_minutes`` since the last checkpoint. The answer
-        travels in the step's fused allreduce, so every rank saves at the same step."""
-        minutes = self.cfg.train.checkpoint_minutes
+    def passed(self, since: float, minutes: float) -> bool:
+        """Rank 0's clock: ``minutes`` (0 = never) since ``since`` (``time.perf_counter``). The
+        answer travels in the step's fused allreduce, so every rank acts at the same step."""
         return (self.comm.rank == 0 and minutes > 0
-                and time.monotonic() - self.last_save >= 60.0 * minutes)
+                and time.perf_counter() - since >= 60.0 * minutes)
 
-    def time_is_up(self) -> bool:
-        """Rank 0's clock: ``train.time_limit_minutes`` since this process started (a resumed
-        segment has its own limit, as a requeued job has)."""
-        minutes = self.cfg.train.time_limit_minutes
-        return (self.comm.rank == 0 and minutes > 0
-                and time.monotonic() - self.process_start >= 60.0 * minutes)
+    def stop_reason(self, res: StepResult) -> str:
+        """Why every rank stops after this step (a stop signal, the time limit), or ""."""
+        if res.flags["stop"] > 0:
+            return "stop signal received"
+        if res.flags["time_limit"] > 0:
+            return f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
+        return ""
 
     def maybe_checkpoint(self, res: StepResult):
-        why = ("stop signal received" if res.flags["stop"] > 0 else
-               f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
-               if res.flags["time_limit"] > 0 else "")
+        why = self.stop_reason(res)
         if why:
             self.save_checkpoint()
             raise Preempted(f"{why}: checkpoint written at step {self.step}; "
@@ -287,7 +289,7 @@ class Trainer:
                                  rng_state=ckpt.capture_rng_state(), meta=self.meta())
             ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
         self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
-        self.last_save = time.monotonic()
+        self.last_save = time.perf_counter()
 
     def meta(self) -> dict:
         v = self.visit
