@@ -52,6 +52,33 @@ def test_a_fresh_prolongation_answers_the_interpolated_coarse_answer():
     assert net.correction.outc.weight.grad.abs().sum() > 0
 
 
+def test_a_frozen_inner_network_gets_no_gradient_and_the_same_answer():
+    """train_inner=False: the same output, no gradient into the inner network (it runs without
+    autograd), the correction trains, and a checkpoint's config rebuilds it frozen."""
+    kw = dict(inner_grid=(16, 16), grid=(32, 32), in_channels=2,
+              correction={"depth": 2, "base_width": 4})
+    torch.manual_seed(3)
+    live = Prolonged(inner=unet(), **kw).double()
+    torch.manual_seed(3)
+    frozen = Prolonged(inner=unet(), train_inner=False, **kw).double()
+    with torch.no_grad():  # a correction that is not zero, so its gradient reaches its input
+        frozen.correction.outc.weight.fill_(0.1)
+        live.correction.outc.weight.fill_(0.1)
+    x = fields((32, 32))
+    assert torch.equal(frozen(x), live(x))
+    frozen(x).square().sum().backward()
+    live(x).square().sum().backward()
+    assert all(p.grad is None and not p.requires_grad for p in frozen.inner.parameters())
+    assert all(p.grad is not None for p in live.inner.parameters())
+    for a, b in zip(frozen.correction.parameters(), live.correction.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    again = build_generator("prolonged", **json.loads(json.dumps(frozen.config())))
+    assert again.config()["train_inner"] is False
+    assert not any(p.requires_grad for p in again.inner.parameters())
+    with pytest.raises(ValueError, match="train_inner must be true or false"):
+        Prolonged(inner=unet(), train_inner="no", **kw)
+
+
 def test_a_3d_prolongation_starts_at_the_trilinear_coarse_answer():
     torch.manual_seed(0)
     inner = build_generator("unet3d", in_channels=2, depth=1, base_width=2).double()
@@ -101,6 +128,11 @@ def test_the_plan_grows_at_the_first_visit_of_a_prolonged_level(tmp_path):
     (['train.cycle=""', "train.levels=[{grid=[16,16], steps=1}, {grid=[32,32], steps=1}, "
       "{grid=[32,64], steps=1, prolong=true}, {grid=[64,64], steps=1}]"],
      "train.levels[2].prolong", "finer on every axis"),
+    (["train.levels[0].train_inner=false"], "train.levels[0].train_inner",
+     "needs prolong = true"),
+    (['train.cycle=""', "train.levels=[{grid=[16,16], steps=1}, {grid=[32,32], steps=1, "
+      "prolong=true, train_inner=false}, {grid=[16,16], steps=1}, {grid=[64,64], steps=1}]"],
+     "train.levels[1].train_inner", "coarser than [32, 32]"),
 ])
 def test_bad_prolongations_are_refused_with_the_level_named(tmp_path, sets, key, needle):
     path = tmp_path / "p.toml"
@@ -152,6 +184,28 @@ def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path,
     p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr[-3000:]
     assert losses(cut) == losses(full[0])
+
+
+@pytest.mark.mpi
+def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, tmp_path):
+    """train_inner = false on the 64x64 level: the 32x32 network it grows from ends the run
+    with the weights it had on entering (the step-7 checkpoint), on P = 1 and 2 alike."""
+    frozen = ("train.levels[2].train_inner=false", "train.checkpoint_every=7")
+    d = str(tmp_path / "frozen")
+    p = train(2, mgp, d, *frozen)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "prolonging the network from 32x32 (kept frozen)" in p.stdout
+    p = train(0, mgp, str(tmp_path / "p1"), *frozen)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert losses(str(tmp_path / "p1")) == pytest.approx(losses(d), rel=1e-9, abs=0)
+    entered = load_model(os.path.join(d, "checkpoints", "step_00000007.h5"))[0]
+    final = load_model(latest_checkpoint(d))[0]
+    assert final.grids() == [(16, 16), (32, 32), (64, 64)] and not final.train_inner
+    before, after = entered.state_dict(), final.inner.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not torch.equal(final.correction.outc.weight, torch.zeros_like(
+        final.correction.outc.weight))  # while the correction trained
 
 
 @pytest.mark.mpi

@@ -8,6 +8,7 @@ Problems and generators are reached through diffnet's registries by name only.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
@@ -86,7 +87,8 @@ def model_grower(cfg, task):
             grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
                                     grid=visit.grid, in_channels=len(task.input_channels),
                                     out_channels=task.output_channels,
-                                    correction=cfg.model.prolong)
+                                    correction=cfg.model.prolong,
+                                    train_inner=visit.train_inner)
         grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
         return grown, {"name": "prolonged", "kwargs": grown.config()}
     return grow
@@ -96,6 +98,8 @@ def check_grids(model, cfg, task, grow) -> None:
     """Every grid the run trains on suits the network it trains there (divisibility by
     2**depth, norms; a prolonged level's network as grown)."""
     grids = [("problem.grid", list(task.grid), model)] if not cfg.train.levels else []
+    if any(v.grows for v in plan(cfg)):  # grow a copy: growing may freeze the network it wraps
+        model = copy.deepcopy(model)
     for v in plan(cfg):
         key = f"train.levels[{v.level}]"
         if v.grows:

@@ -9,6 +9,7 @@ A level is one table of the ``train.levels`` array::
     micro_batch = 8            # optional: -1 = train.micro_batch
     optim = {lr = 4e-3}        # optional: [optim] keys that differ on this level
     prolong = true             # optional: carry the network so far to this grid (see below)
+    train_inner = false        # optional, with prolong: train only the new correction network
 
 ``train.cycle`` says how the listed levels are visited: ``""`` exactly as listed, or one of the
 multigrid cycle names, for which the levels are listed coarse to fine and the visit order is
@@ -48,6 +49,10 @@ class LevelConfig(Section):
     prolong: bool = option(False, "grow the network on entering this level: the network so "
                                   "far answers on the previous level's grid, interpolated, "
                                   "plus a new correction network on this grid (model.prolong)")
+    train_inner: bool = option(True, "with prolong = true: whether the network so far keeps "
+                                     "training; false trains only the new correction (the "
+                                     "network so far keeps its weights and runs without "
+                                     "gradients)")
 
     def _validate(self):
         if not self.grid:
@@ -138,6 +143,27 @@ def check_prolong(levels, cycle: str) -> None:
             raise ConfigError(f"{key} = true needs train.levels[{i}].grid = {levels[i].grid} "
                               f"finer on every axis than every level before it "
                               f"({[lv.grid for lv in earlier]})", key=key)
+    check_frozen(levels)
+
+
+def check_frozen(levels) -> None:
+    """``train_inner = false`` freezes the network so far inside the grown one: it needs a
+    level that grows, and no later level on a coarser grid, where the frozen network would
+    answer alone and nothing would train."""
+    for i, lv in enumerate(levels):
+        if lv.train_inner:
+            continue
+        key = f"train.levels[{i}].train_inner"
+        if not lv.prolong:
+            raise ConfigError(f"{key} = false needs prolong = true on that level (only a grown "
+                              f"network has a network so far to freeze); drop train_inner or "
+                              f"set train.levels[{i}].prolong = true", key=key)
+        for j, later in enumerate(levels[i + 1:], start=i + 1):
+            if any(g < f for g, f in zip(later.grid, lv.grid)):
+                raise ConfigError(f"{key} = false, but train.levels[{j}].grid = {later.grid} "
+                                  f"is coarser than {lv.grid}: there the frozen network "
+                                  f"answers alone and nothing trains; keep train_inner = true "
+                                  f"or drop the coarser later level", key=key)
 
 
 def check_coarse_to_fine(levels, cycle: str) -> None:

@@ -109,11 +109,15 @@ class GradSync:
 
     def close(self):
         """Detach from the parameters (remove the overlap hooks), so the same parameters can
-        join the buckets of another GradSync (a grown model is parallelised anew)."""
+        join the buckets of another GradSync (a grown model is parallelised anew). Their
+        ``.grad`` views go too: a parameter the next GradSync leaves out (frozen) must not
+        keep its last gradient, which an optimiser would go on applying."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
         self._enabled = False
+        for p in self.params:
+            p.grad = None
 
     def _on_ready(self, i):
         if not self._enabled:

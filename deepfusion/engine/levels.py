@@ -45,6 +45,7 @@ class Visit:
     steps_per_epoch: int
     inner_grid: tuple[int, ...] = ()  # set when this visit grows the network (prolong): the
     # grid of the visit before it, where the network so far keeps answering
+    train_inner: bool = True  # a growing visit: whether the network so far keeps training
 
     @property
     def grows(self) -> bool:
@@ -62,7 +63,7 @@ class Visit:
     def describe(self) -> str:
         grid = "x".join(str(g) for g in self.grid)
         grows = (f", prolonging the network from {'x'.join(map(str, self.inner_grid))}"
-                 if self.grows else "")
+                 f"{'' if self.train_inner else ' (kept frozen)'}" if self.grows else "")
         return (f"level {self.level} ({grid}), visit {self.index}: steps {self.start}.."
                 f"{self.end - 1}, global batch {self.global_batch}{grows}")
 
@@ -113,7 +114,7 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         micro = t.micro_batch if lv.micro_batch < 0 else lv.micro_batch
         optim = level_optim(cfg.optim, lv.optim, f"train.levels[{k}]")
         visits.append(Visit(index, k, tuple(lv.grid), start, steps, batch, micro, optim,
-                            epoch_base, spe, inner))
+                            epoch_base, spe, inner, lv.train_inner))
         start += steps
         epoch_base += -(-steps // spe)
     return visits
