@@ -128,6 +128,7 @@ def test_without_levels_the_plan_is_the_single_grid_run(mg):
     (['train.cycle="w"'], "train.cycle", "one of"),
     (["train.levels=[{grid=[16,16], steps=1, global_batch=32}, {grid=[64,64], steps=1}]"],
      "train.levels[0].global_batch", "n_samples"),
+    (['train.levels[1].progress="visit"'], "train.levels[1].progress", "'level'"),
 ])
 def test_bad_schedules_are_refused_with_the_level_named(mg, sets, key, needle):
     with pytest.raises(ConfigError) as e:
@@ -252,3 +253,22 @@ def test_a_finished_run_extended_by_a_level_is_the_run_that_listed_it(mg, tmp_pa
     p = deepfusion(2, ["train", mg, "--resume", ext, "--set", grown,
                        "--set", "train.levels[1].global_batch=4"])
     assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr
+
+
+def test_a_level_can_restart_the_problems_progress(mg, tmp_path):
+    """train.levels[2].progress = "level": an annealed smoothing (off after half the run)
+    starts again on the 64x64 level, so that level's losses change and the levels before it
+    do not; the plan carries the setting."""
+    smooth = ('problem.options={scheme="lax-oleinik", smoothing=0.2, smoothing_until=0.5, '
+              'hard_bc=true}')
+    restart = 'train.levels[2].progress="level"'
+    assert [v.progress for v in plan(load_config(mg, [restart]))] == ["run", "run", "level"]
+    runs = []
+    for extra in ([], [restart]):
+        d = str(tmp_path / f"r{len(extra)}")
+        p = train(0, mg, d, smooth, *extra)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(losses(d))
+    first = visit_at(plan(load_config(mg)), 10).start  # the 64x64 level's first step
+    assert runs[1][:first] == runs[0][:first]
+    assert all(a != b for a, b in zip(runs[1][first:], runs[0][first:]))

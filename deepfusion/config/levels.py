@@ -10,6 +10,7 @@ A level is one table of the ``train.levels`` array::
     optim = {lr = 4e-3}        # optional: [optim] keys that differ on this level
     prolong = true             # optional: carry the network so far to this grid (see below)
     train_inner = false        # optional, with prolong: train only the new correction network
+    progress = "level"         # optional: the problem's homotopy restarts on this level
 
 ``train.cycle`` says how the listed levels are visited: ``""`` exactly as listed, or one of the
 multigrid cycle names, for which the levels are listed coarse to fine and the visit order is
@@ -53,6 +54,11 @@ class LevelConfig(Section):
                                      "training; false trains only the new correction (the "
                                      "network so far keeps its weights and runs without "
                                      "gradients)")
+    progress: str = option("run", "what the problem's training progress (a loss homotopy such "
+                                  "as an annealed smoothing) counts over on this level: "
+                                  "\"run\" (the whole run) or \"level\" (from 0 at the start "
+                                  "of each visit of this level to 1 at its end)",
+                           choices=("run", "level"))
 
     def _validate(self):
         if not self.grid:

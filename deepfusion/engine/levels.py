@@ -46,6 +46,7 @@ class Visit:
     inner_grid: tuple[int, ...] = ()  # set when this visit grows the network (prolong): the
     # grid of the visit before it, where the network so far keeps answering
     train_inner: bool = True  # a growing visit: whether the network so far keeps training
+    progress: str = "run"     # what the problem's training progress counts over: run or level
 
     @property
     def grows(self) -> bool:
@@ -114,7 +115,7 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         micro = t.micro_batch if lv.micro_batch < 0 else lv.micro_batch
         optim = level_optim(cfg.optim, lv.optim, f"train.levels[{k}]")
         visits.append(Visit(index, k, tuple(lv.grid), start, steps, batch, micro, optim,
-                            epoch_base, spe, inner, lv.train_inner))
+                            epoch_base, spe, inner, lv.train_inner, lv.progress))
         start += steps
         epoch_base += -(-steps // spe)
     return visits

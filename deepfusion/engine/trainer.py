@@ -148,15 +148,22 @@ class Trainer:
         change in the error curve). Collective."""
         self.evaluate_now(self.visit.epoch_of(self.step - 1)[0])
 
+    def progress(self) -> float:
+        """The training progress a loss with a schedule (e.g. an annealed smoothing) reads:
+        through the whole run, or through this visit (``train.levels[i].progress``). A function
+        of the step, so every rank and a resumed run see the same loss."""
+        v = self.visit
+        if v.progress == "level":
+            return (self.step - v.start) / self.schedule_steps
+        return self.step / (self.total_steps - v.steps + self.schedule_steps)
+
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, epoch: int, s: int) -> StepResult:
         t0 = time.perf_counter()
         v = self.visit
         self.loss_and_grad.poison_next = self.faults.fire(self.step)
         stepper = self.optim.at(epoch - v.epoch_base)
-        # a loss with a schedule (e.g. an annealed smoothing) reads the progress through the
-        # whole run: a function of the step, so every rank and a resumed run see the same loss
-        self.task.set_progress(self.step / (self.total_steps - v.steps + self.schedule_steps))
+        self.task.set_progress(self.progress())
         t = self.cfg.train
         self.loss_and_grad.flags["checkpoint"] = float(self.passed(self.last_save,
                                                                    t.checkpoint_minutes))
