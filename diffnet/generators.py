@@ -346,7 +346,8 @@ class Prolonged(nn.Module):
         if not isinstance(train_inner, bool):
             raise ValueError(f"train_inner must be true or false, got {train_inner!r}")
         self.train_inner = train_inner
-        self.inner.requires_grad_(train_inner)
+        if not train_inner:  # (true leaves a frozen network deeper in a nested inner frozen)
+            self.inner.requires_grad_(False)
 
     def config(self) -> dict:
         """Constructor keyword arguments (JSON-serialisable) that rebuild this network."""
