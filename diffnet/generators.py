@@ -343,9 +343,7 @@ class Prolonged(nn.Module):
         with torch.no_grad():  # starts as the identity on the prolonged answer
             self.correction.outc.weight.zero_()
             self.correction.outc.bias.zero_()
-        if not isinstance(train_inner, bool):
-            raise ValueError(f"train_inner must be true or false, got {train_inner!r}")
-        self.train_inner = train_inner
+        self.train_inner = check_bool("train_inner", train_inner)
         if not train_inner:  # (true leaves a frozen network deeper in a nested inner frozen)
             self.inner.requires_grad_(False)
 

@@ -75,7 +75,7 @@ def test_a_frozen_inner_network_gets_no_gradient_and_the_same_answer():
     again = build_generator("prolonged", **json.loads(json.dumps(frozen.config())))
     assert again.config()["train_inner"] is False
     assert not any(p.requires_grad for p in again.inner.parameters())
-    with pytest.raises(ValueError, match="train_inner must be true or false"):
+    with pytest.raises(ValueError, match="train_inner must be True or False"):
         Prolonged(inner=unet(), train_inner="no", **kw)
 
 

@@ -98,9 +98,10 @@ def check_grids(model, cfg, task, grow) -> None:
     """Every grid the run trains on suits the network it trains there (divisibility by
     2**depth, norms; a prolonged level's network as grown)."""
     grids = [("problem.grid", list(task.grid), model)] if not cfg.train.levels else []
-    if any(v.grows for v in plan(cfg)):  # grow a copy: growing may freeze the network it wraps
+    visits = plan(cfg)
+    if any(v.grows for v in visits):  # grow a copy: growing may freeze the network it wraps
         model = copy.deepcopy(model)
-    for v in plan(cfg):
+    for v in visits:
         key = f"train.levels[{v.level}]"
         if v.grows:
             try:
