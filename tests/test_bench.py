@@ -322,3 +322,26 @@ def test_ritz_bench_times_the_partition_answer_for_each_m(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["partition"] for r in rows] == [2, 4]
     assert all(r["impose_s"] > 0 and r["impose_energy_backward_s"] > 0 for r in rows)
+
+
+def test_correction_cost_times_the_grown_network_per_correction(tmp_path):
+    """The tiny 16 -> 32 -> 64 prolonged schedule: one row per --correction, each the final
+    network with that correction (its parameter count shrinks with the width), the config's
+    own when none is given."""
+    from bench import correction_cost
+    from tests.test_prolong import MGP
+
+    cfg, out = tmp_path / "mgp.toml", tmp_path / "cost.json"
+    cfg.write_text(MGP)
+    assert correction_cost.main([str(cfg), "--correction", '{"base_width": 4}', "--correction",
+                                 '{"base_width": 2, "max_width": 4}', "--repeats", "1",
+                                 "--threads", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["correction"] for r in rows] == [
+        {"depth": 2, "base_width": 4, "max_width": 64},
+        {"depth": 2, "base_width": 2, "max_width": 4}]
+    assert rows[0]["correction_parameters"] > rows[1]["correction_parameters"]
+    assert all(r["grid"] == [64, 64] and r["inner_grid"] == [32, 32] and r["forward_s"] > 0
+               for r in rows)
+    assert correction_cost.main([str(cfg), "--repeats", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["correction"]["base_width"] == 4

@@ -17,6 +17,7 @@ from deepfusion.config import (
     ConfigError,
     OptimConfig,
     apply_overrides,
+    config_changes,
     config_from_dict,
     config_to_dict,
     describe,
@@ -297,3 +298,19 @@ def test_overrides_index_arrays_of_tables():
         apply_overrides(raw, ["train.levels[2].steps=1"])
     with pytest.raises(ConfigError, match="'train' is a value, not an array"):
         apply_overrides({"train": 1}, ["train[0].x=1"])
+
+
+def test_config_changes_name_each_differing_leaf():
+    old = config_to_dict(load_config(None, ["train.levels=[{grid=[8,8],steps=1},"
+                                            "{grid=[16,16],steps=2,prolong=true}]",
+                                            "problem.grid=[16,16]"]))
+    new = config_to_dict(load_config(None, ["train.levels=[{grid=[8,8],steps=1},"
+                                            "{grid=[16,16],steps=2,prolong=true,"
+                                            "train_inner=false}]", "problem.grid=[16,16]",
+                                            "optim.lr=5e-4"]))
+    assert config_changes(old, old) == []
+    assert config_changes(old, new) == [
+        f"optim.lr: {old['optim']['lr']!r} -> 0.0005",
+        "train.levels[1].train_inner: (unset) -> False"]
+    old["train"]["levels"].pop()  # a level added: the array is shown whole
+    assert config_changes(old, new)[1].startswith("train.levels: [{'grid': [8, 8]")

@@ -120,6 +120,10 @@ def test_the_plan_grows_at_the_first_visit_of_a_prolonged_level(tmp_path):
     v = plan(load_config(str(path)))
     assert [x.inner_grid for x in v] == [(), (16, 16), (32, 32)]
     assert signature(v)[1][-1] == "prolong" and len(signature(v)[0]) == 5
+    assert [x.correction for x in v] == [{}] + [{"depth": 2, "base_width": 4}] * 2
+    v = plan(load_config(str(path), ["train.levels[2].correction={base_width=2, max_width=8}"]))
+    assert v[1].correction == {"depth": 2, "base_width": 4}  # model.prolong
+    assert v[2].correction == {"depth": 2, "base_width": 2, "max_width": 8}  # the level's over it
 
 
 @pytest.mark.parametrize("sets, key, needle", [
@@ -130,6 +134,8 @@ def test_the_plan_grows_at_the_first_visit_of_a_prolonged_level(tmp_path):
      "train.levels[2].prolong", "finer on every axis"),
     (["train.levels[0].train_inner=false"], "train.levels[0].train_inner",
      "needs prolong = true"),
+    (["train.levels[0].correction={base_width=2}"], "train.levels[0].correction",
+      "needs prolong = true"),
     (['train.cycle=""', "train.levels=[{grid=[16,16], steps=1}, {grid=[32,32], steps=1, "
       "prolong=true, train_inner=false}, {grid=[16,16], steps=1}, {grid=[64,64], steps=1}]"],
      "train.levels[1].train_inner", "coarser than [32, 32]"),
@@ -206,6 +212,44 @@ def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, tmp_pat
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not torch.equal(final.correction.outc.weight, torch.zeros_like(
         final.correction.outc.weight))  # while the correction trained
+
+
+@pytest.mark.mpi
+def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mgp, tmp_path):
+    """A kill after the step-7 checkpoint (the 32x32 level done), resumed with a cheaper
+    correction network and a frozen inner one on the 64x64 level: the level has not started, so
+    the run is the one configured that way from the start (same losses, same network), and the
+    resume names the keys it changed in the log and in metrics.jsonl."""
+    level = ("train.levels[2].correction={base_width=2}", "train.levels[2].train_inner=false")
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    p = train(2, mgp, whole, *level)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = train(2, mgp, cut, "train.checkpoint_every=7", env={FAULT: "raise@8:1"})
+    assert p.returncode != 0
+    p = deepfusion(2, ["train", "--resume", cut] + [a for s in level for a in ("--set", s)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "the config differs from the checkpoint's in 2 key(s)" in p.stdout, p.stdout
+    assert "train.levels[2].correction: (unset) -> {'base_width': 2}" in p.stdout
+    assert losses(cut) == losses(whole)
+    grown = load_model(latest_checkpoint(cut))[0]
+    assert grown.correction_kwargs == {"depth": 2, "base_width": 2, "max_width": 64}
+    assert grown.inner.correction_kwargs == {"depth": 2, "base_width": 4, "max_width": 64}
+    with open(os.path.join(cut, "metrics.jsonl")) as f:
+        resumes = [r for r in map(json.loads, f) if r.get("kind") == "resume"]
+    assert [r["step"] for r in resumes] == [7] and len(resumes[0]["config_changes"]) == 2
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("correction, needle", [
+    ("{widths=3}", "train.levels[2].prolong: the correction network (model.prolong with "
+                   "train.levels[2].correction over it: {'depth': 2, 'base_width': 4, 'widths'"),
+    ("{depth=9}", "train.levels[2].grid = [64, 64] does not suit model 'unet' {'depth': 2, "
+                  "'base_width': 4}: the correction network on [64, 64]: grid 64x64 is not "
+                  "divisible by 2**depth = 512")])
+def test_a_bad_correction_on_a_level_is_refused_before_training(mgp, tmp_path, correction,
+                                                                 needle):
+    p = train(2, mgp, str(tmp_path / "bad"), f"train.levels[2].correction={correction}")
+    assert p.returncode == 2 and needle in p.stderr, p.stderr[-3000:]
 
 
 @pytest.mark.mpi

@@ -79,7 +79,7 @@ def build_model(cfg, task):
 def model_grower(cfg, task):
     """grow(module, visit) -> (module, spec): the network so far prolonged to the visit's grid
     (a level with ``prolong``; :class:`diffnet.generators.Prolonged`, options
-    ``model.prolong``). Deterministic: the new weights come from ``train.init_seed`` and the
+    ``model.prolong`` with the level's ``correction`` over them). Deterministic: the new weights come from ``train.init_seed`` and the
     visit, outside the global RNG stream, so a resumed or rolled-back run regrows the same."""
     def grow(module, visit):
         with torch.random.fork_rng():
@@ -87,7 +87,7 @@ def model_grower(cfg, task):
             grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
                                     grid=visit.grid, in_channels=len(task.input_channels),
                                     out_channels=task.output_channels,
-                                    correction=cfg.model.prolong,
+                                    correction=visit.correction,
                                     train_inner=visit.train_inner)
         grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
         return grown, {"name": "prolonged", "kwargs": grown.config()}
@@ -107,8 +107,8 @@ def check_grids(model, cfg, task, grow) -> None:
             try:
                 model = grow(model, v)[0]
             except ValueError as e:
-                raise ValueError(f"{key}.prolong: model.prolong = {cfg.model.prolong}: {e}") \
-                    from None
+                raise ValueError(f"{key}.prolong: the correction network (model.prolong with "
+                                 f"{key}.correction over it: {v.correction}): {e}") from None
         grids.append((f"{key}.grid", list(v.grid), model))
     split = cfg.parallel.domain if cfg.parallel.blocks() > 1 else None
     for key, grid, net in grids:

@@ -4,7 +4,7 @@
 writing), ``sections`` the seven tables and :class:`Config`, ``files`` reading files and
 ``--set`` overrides. Everything a caller needs is re-exported here.
 """
-from .files import apply_overrides, describe, dump_toml, load_config
+from .files import apply_overrides, config_changes, describe, dump_toml, load_config
 from .schema import ConfigError
 from .sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, ParallelConfig,
                        ProblemConfig, RunConfig, TrainConfig, config_from_dict, config_to_dict)
@@ -12,5 +12,6 @@ from .sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, P
 __all__ = [
     "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
     "ParallelConfig", "ProblemConfig", "RunConfig", "TrainConfig", "apply_overrides",
-    "config_from_dict", "config_to_dict", "describe", "dump_toml", "load_config",
+    "config_changes", "config_from_dict", "config_to_dict", "describe", "dump_toml",
+    "load_config",
 ]

@@ -148,3 +148,31 @@ def dump_toml(cfg: Config) -> str:
 def describe() -> str:
     """Every key with its type, default, allowed values and help text."""
     return describe_sections(SECTIONS)
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for every leaf that differs between two config dicts (as
+    :func:`config_to_dict` makes them; array items are keyed ``train.levels[1].steps``, a key
+    present on one side only shows ``(unset)`` on the other). What a resume reports."""
+    out: list[str] = []
+
+    def walk(a, b, key):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k, _UNSET), b.get(k, _UNSET), f"{key}.{k}" if key else str(k))
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(
+                isinstance(x, dict) for x in a + b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{key}[{i}]")
+        elif a != b:
+            out.append(f"{key}: {_show(a)} -> {_show(b)}")
+
+    walk(old, new, "")
+    return out
+
+
+_UNSET = object()
+
+
+def _show(value) -> str:
+    return "(unset)" if value is _UNSET else repr(value)

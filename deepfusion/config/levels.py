@@ -10,6 +10,7 @@ A level is one table of the ``train.levels`` array::
     optim = {lr = 4e-3}        # optional: [optim] keys that differ on this level
     prolong = true             # optional: carry the network so far to this grid (see below)
     train_inner = false        # optional, with prolong: train only the new correction network
+    correction = {base_width = 8}  # optional, with prolong: this level's model.prolong changes
     progress = "level"         # optional: the problem's homotopy restarts on this level
 
 ``train.cycle`` says how the listed levels are visited: ``""`` exactly as listed, or one of the
@@ -54,6 +55,10 @@ class LevelConfig(Section):
                                      "training; false trains only the new correction (the "
                                      "network so far keeps its weights and runs without "
                                      "gradients)")
+    correction: dict[str, Any] = option({}, "with prolong = true: options of the correction "
+                                            "network this level adds that differ from "
+                                            "model.prolong, e.g. {base_width = 8, max_width = "
+                                            "32} (a cheaper network on the finest grid)")
     progress: str = option("run", "what the problem's training progress (a loss homotopy such "
                                   "as an annealed smoothing) counts over on this level: "
                                   "\"run\" (the whole run) or \"level\" (from 0 at the start "
@@ -125,6 +130,7 @@ def check_levels(cfg) -> None:
     if t.cycle:
         check_coarse_to_fine(levels, t.cycle)
     check_prolong(levels, t.cycle)
+    check_frozen(levels)
 
 
 def check_prolong(levels, cycle: str) -> None:
@@ -149,14 +155,18 @@ def check_prolong(levels, cycle: str) -> None:
             raise ConfigError(f"{key} = true needs train.levels[{i}].grid = {levels[i].grid} "
                               f"finer on every axis than every level before it "
                               f"({[lv.grid for lv in earlier]})", key=key)
-    check_frozen(levels)
 
 
 def check_frozen(levels) -> None:
-    """``train_inner = false`` freezes the network so far inside the grown one: it needs a
-    level that grows, and no later level on a coarser grid, where the frozen network would
-    answer alone and nothing would train."""
+    """``correction`` and ``train_inner = false`` need a level that grows; the latter freezes
+    the network so far inside the grown one, so no later level may be on a coarser grid, where
+    the frozen network would answer alone and nothing would train."""
     for i, lv in enumerate(levels):
+        if lv.correction and not lv.prolong:
+            key = f"train.levels[{i}].correction"
+            raise ConfigError(f"{key} = {lv.correction} needs prolong = true on that level (only "
+                              f"a grown network has a correction network); drop correction or "
+                              f"set train.levels[{i}].prolong = true", key=key)
         if lv.train_inner:
             continue
         key = f"train.levels[{i}].train_inner"

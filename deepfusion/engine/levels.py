@@ -24,7 +24,7 @@ Pure Python: no torch, no PDE, no MPI.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config.levels import build_levels, level_optim
 
@@ -47,6 +47,8 @@ class Visit:
     # grid of the visit before it, where the network so far keeps answering
     train_inner: bool = True  # a growing visit: whether the network so far keeps training
     progress: str = "run"     # what the problem's training progress counts over: run or level
+    correction: dict = field(default_factory=dict)  # a growing visit: its correction network's
+    # options (model.prolong with the level's correction over it)
 
     @property
     def grows(self) -> bool:
@@ -104,6 +106,7 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         # a prolonged level grows the network on its first visit only (config checks it is
         # entered from a coarser level)
         inner = visits[-1].grid if lv.prolong and k not in seen and visits else ()
+        correction = {**cfg.model.prolong, **lv.correction} if inner else {}
         seen.add(k)
         batch = lv.global_batch or d.global_batch
         spe = d.n_samples // batch
@@ -115,7 +118,7 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
         micro = t.micro_batch if lv.micro_batch < 0 else lv.micro_batch
         optim = level_optim(cfg.optim, lv.optim, f"train.levels[{k}]")
         visits.append(Visit(index, k, tuple(lv.grid), start, steps, batch, micro, optim,
-                            epoch_base, spe, inner, lv.train_inner, lv.progress))
+                            epoch_base, spe, inner, lv.train_inner, lv.progress, correction))
         start += steps
         epoch_base += -(-steps // spe)
     return visits

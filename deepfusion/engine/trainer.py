@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..config import config_to_dict
+from ..config import config_changes, config_to_dict
 from . import checkpoint as ckpt
 from . import stop
 from .data import InputCache, LazyBatch, ShardedPool
@@ -366,6 +366,17 @@ class Trainer:
             self.schedule_steps = planned
         self.log.truncate_after(self.step)
         self.log.info(f"resumed from {path} at step {self.step}")
+        self.report_changes(meta.get("config"))
+
+    def report_changes(self, theirs: dict | None):
+        """Name every config key the resume changed (a --set, another config file): the
+        settings of a visit not yet trained leave the run so far as it was; anything else
+        changes the trajectory from this step. Logged and kept in metrics.jsonl."""
+        changes = config_changes(theirs, config_to_dict(self.cfg)) if theirs else []
+        if changes:
+            self.log.info(f"the config differs from the checkpoint's in {len(changes)} key(s): "
+                          f"{'; '.join(changes)}")
+            self.log.record({"kind": "resume", "step": self.step, "config_changes": changes})
 
     def check_plan(self, meta: dict):
         """A multigrid run resumes only under the plan it was written with, or under that plan
