@@ -200,10 +200,12 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
         coloured = (v[:, :, None] * partition.colours(block, v)).reshape(b, 4 * k, *v.shape[2:])
         g = _cell_gram(features(coloured), partition, block, b, k)
         hy, hx = partition.block_hats(block, v)
-        rhs = torch.einsum("bkhw,yh,xw->bkyx", v * load.to(v), hy, hx)
+        rhs = hy @ ((v * load.to(v)) @ hx.T)                      # (b, k, m + 1, m + 1)
         c = solve_gram(total(g), total(rhs.reshape(b, k * m1 * m1)).double())
-    coef = torch.einsum("bkyx,yh,xw->bkhw", c.to(v).view(b, k, m1, m1), hy, hx)
-    return (u * coef.to(u.dtype)).sum(dim=1, keepdim=True)
+    # the coefficient fields in u's dtype: the answer is, and float64 would double the traffic
+    hy, hx = partition.block_hats(block, u)
+    coef = hy.T @ c.to(u.dtype).view(b, k, m1, m1) @ hx          # (b, k, h, w)
+    return (u * coef).sum(dim=1, keepdim=True)
 
 
 def _cell_gram(feats: list, partition: Partition, block, b: int, k: int) -> torch.Tensor:
