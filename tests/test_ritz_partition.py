@@ -64,6 +64,28 @@ def test_the_cell_by_cell_gram_is_the_dense_galerkin_solve(m):
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("name", ["darcy", "reaction_diffusion"])
+@pytest.mark.parametrize("m", [1, 3, 5])
+def test_the_windowed_assembly_is_the_whole_grid_one(name, m):
+    """G from each cell's own window (``window_features``, the undivided grid's path) equals G
+    from features of the whole coloured grid cut per cell (the split grid's path), with the
+    reaction's nodal pair too (reaction_diffusion, kappa = 5)."""
+    kw = {"family": "fine-scale"} if name == "darcy" else {}
+    p = get_problem(name, grid=GRID, ritz=True, ritz_fields=3, ritz_partition=m, **kw)
+    x = p.build_input(p.sample_params(6, [0, 1]), dtype=torch.float64)
+    u = torch.randn((2, 3, *GRID), generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64)
+    nu = x[:, :1]
+    load = p.source * p._weights(u)[2]
+    args = (u, lambda v: p.quadratic_features(v, nu), load, p.block.sum, p._hats, p.block)
+    window = lambda v, start, stop: p.quadratic_features_window(v, nu, start, stop)
+    whole = partition_combination(*args)
+    torch.testing.assert_close(partition_combination(*args, window_features=window), whole,
+                               rtol=1e-12, atol=1e-14 * float(whole.abs().max()))
+    torch.testing.assert_close(p.impose(u, x), partition_combination(
+        u * p._interior(u), *args[1:], window_features=window), rtol=0, atol=0)
+
+
 def test_a_bilinear_amplitude_error_is_corrected_exactly():
     """A field equal to the solution divided by a positive bilinear function of the coarse
     grid has the solution in its partition span: the answer is the reference (to the 1e-7

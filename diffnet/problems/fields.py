@@ -261,6 +261,27 @@ class KLDiffusionProblem(Problem):
         return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
                 (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
 
+    def diffusion_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
+        """``diffusion_features`` of a window of the (whole, undivided) grid: u (B, K, ...) the
+        nodes [start, stop] of each axis (closed, cut at the grid's edge), nu the whole grid's;
+        the pairs cover the edges the window owns, those (i, i + 1) with start <= i < stop
+        (i < n - 1) across nodes start <= j < stop. Windows that tile the grid this way sum to
+        the whole grid's energy. Two-point faces quadrature only."""
+        assert self.block.whole and self.quadrature == "faces"
+        (y0, x0), (y1, x1) = start, stop
+        hy, hx = self.spacing
+        wr, wc, _ = self._weights(u)
+        h, w = self.grid
+        ny, nx = min(y1, h - 1) - y0, min(x1, w - 1) - x0       # owned edges along y, x
+        near = nu[..., y0:y0 + ny + 1, x0:x0 + nx + 1]
+        rows, cols = u[..., :y1 - y0, :], u[..., :, :x1 - x0]
+        dx = rows[..., 1:nx + 1] - rows[..., :nx]
+        dy = cols[..., 1:ny + 1, :] - cols[..., :ny, :]
+        kx = harmonic_mean(near[..., :y1 - y0, 1:nx + 1], near[..., :y1 - y0, :nx])
+        ky = harmonic_mean(near[..., 1:ny + 1, :x1 - x0], near[..., :ny, :x1 - x0])
+        return [(dx, kx * (0.5 / ((w - 1) * hx * hx)) * wr[..., y0:y1, :]),
+                (dy, ky * (0.5 / ((h - 1) * hy * hy)) * wc[..., x0:x1])]
+
     def _face_differences_part(self, u, nu):
         """The edges this block owns (``owned_edges``): differences (not divided by the
         spacing) and harmonic-mean nu on them along x, then the same along y."""

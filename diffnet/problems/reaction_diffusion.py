@@ -108,10 +108,22 @@ class ReactionDiffusion(KLDiffusionProblem):
         features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
         if self._hats is not None:
             load = self.source * self.part(self._weights(u)[2])
+            window = (lambda v, start, stop: self.quadratic_features_window(
+                v, nu.to(v.dtype), start, stop)) if self.block.whole else None
             return partition_combination(u, features, load, self.block.sum, self._hats,
-                                         self.block)
+                                         self.block, window_features=window)
         return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
                                 self.block.sum)
+
+    def quadratic_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
+        """``quadratic_features`` of a window of the whole grid (``diffusion_features_window``:
+        the edges and nodes it owns)."""
+        pairs = self.diffusion_features_window(u, nu, start, stop)
+        if self.kappa == 0:
+            return pairs
+        (y0, x0), (y1, x1) = start, stop
+        wn = self._weights(u)[2][..., y0:y1, x0:x1]
+        return pairs + [(u[..., :y1 - y0, :x1 - x0], (0.5 * self.kappa ** 2) * wn)]
 
     def quadratic_features(self, u: torch.Tensor, nu: torch.Tensor) -> list:
         """a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's part on
