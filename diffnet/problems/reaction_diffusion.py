@@ -108,8 +108,9 @@ class ReactionDiffusion(KLDiffusionProblem):
         features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
         if self._hats is not None:
             load = self.source * self.part(self._weights(u)[2])
+            nu_d = nu.double()  # the partition works in float64: converted once, not per cell
             window = (lambda v, start, stop: self.quadratic_features_window(
-                v, nu.to(v.dtype), start, stop)) if self.block.whole else None
+                v, nu_d, start, stop)) if self.block.whole else None
             return partition_combination(u, features, load, self.block.sum, self._hats,
                                          self.block, window_features=window)
         return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
