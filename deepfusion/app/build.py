@@ -79,8 +79,9 @@ def build_model(cfg, task):
 def model_grower(cfg, task):
     """grow(module, visit) -> (module, spec): the network so far prolonged to the visit's grid
     (a level with ``prolong``; :class:`diffnet.generators.Prolonged`, options
-    ``model.prolong`` with the level's ``correction`` over them). Deterministic: the new weights come from ``train.init_seed`` and the
-    visit, outside the global RNG stream, so a resumed or rolled-back run regrows the same."""
+    ``model.prolong`` with the level's ``correction`` over them). Deterministic: the new
+    weights come from ``train.init_seed`` and the visit, outside the global RNG stream, so a
+    resumed or rolled-back run regrows the same."""
     def grow(module, visit):
         with torch.random.fork_rng():
             torch.manual_seed(cfg.train.init_seed + 7919 * (visit.index + 1))

@@ -108,9 +108,11 @@ class ReactionDiffusion(KLDiffusionProblem):
         features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
         if self._hats is not None:
             load = self.source * self.part(self._weights(u)[2])
-            nu_d = nu.double()  # the partition works in float64: converted once, not per cell
-            window = (lambda v, start, stop: self.quadratic_features_window(
-                v, nu_d, start, stop)) if self.block.whole else None
+            window = None
+            if self.block.whole:  # float64 as the partition works: converted once, not per cell
+                nu_d = nu.double()
+                window = lambda v, start, stop: self.quadratic_features_window(v, nu_d, start,
+                                                                               stop)
             return partition_combination(u, features, load, self.block.sum, self._hats,
                                          self.block, window_features=window)
         return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
