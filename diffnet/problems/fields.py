@@ -241,25 +241,16 @@ class KLDiffusionProblem(Problem):
         evaluation: the Ritz Gram matrix is sums of w * F_i * F_j. u may hold K fields per
         sample (B, K, *grid) against one nu (B, 1, *grid): F is then (B, K, ...), field-major
         within a sample, and the weights, which depend on nu only, are made once per sample."""
-        hy, hx = self.spacing
         wr, wc, wn = (self.part(t) for t in self._weights(u))
-        h, w = self.grid
         if self.quadrature == "nodes":
             b, k = u.shape[:2]
             d = self.fd_grad(u.reshape(b * k, 1, *u.shape[2:]), self.block)
             return [(d.view(b, k, *d.shape[1:]), (0.5 * nu * wn).unsqueeze(1))]
         if self.block.whole:
-            dx = u[..., :, 1:] - u[..., :, :-1]                       # (B,1,H,W-1)
-            nx = harmonic_mean(nu[..., :, 1:], nu[..., :, :-1])
-            dy = u[..., 1:, :] - u[..., :-1, :]                       # (B,1,H-1,W)
-            ny = harmonic_mean(nu[..., 1:, :], nu[..., :-1, :])
+            faces = self._face_differences_window(u, nu, (0, 0), self.grid)
         else:
-            dx, nx, dy, ny = self._face_differences_part(u, nu)
-        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1). F is the
-        # plain difference and 1 / h^2 sits in the small weight: dividing F (K fields, or 4 K
-        # in a partition's Gram matrix) by h was a whole pass over the largest tensor here.
-        return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
-                (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
+            faces = self._face_differences_part(u, nu)
+        return self._edge_pairs(*faces, wr, wc)
 
     def diffusion_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
         """``diffusion_features`` of a window of the (whole, undivided) grid: u (B, K, ...) the
@@ -269,8 +260,26 @@ class KLDiffusionProblem(Problem):
         the whole grid's energy. Two-point faces quadrature only."""
         assert self.block.whole and self.quadrature == "faces"
         (y0, x0), (y1, x1) = start, stop
-        hy, hx = self.spacing
         wr, wc, _ = self._weights(u)
+        return self._edge_pairs(*self._face_differences_window(u, nu, start, stop),
+                                wr[..., y0:y1, :], wc[..., x0:x1])
+
+    def _edge_pairs(self, dx, nx, dy, ny, wr, wc) -> list:
+        """The weighted pairs of the face differences dx, dy (face diffusivities nx, ny; row
+        and column weights wr, wc of the same edges)."""
+        hy, hx = self.spacing
+        h, w = self.grid
+        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1). F is the
+        # plain difference and 1 / h^2 sits in the small weight: dividing F (K fields, or 4 K
+        # in a partition's Gram matrix) by h was a whole pass over the largest tensor here.
+        return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
+                (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
+
+    def _face_differences_window(self, u, nu, start, stop):
+        """The edges a window owns (see ``diffusion_features_window``; the whole grid is the
+        window from (0, 0) to ``grid``): differences of u (its nodes from ``start``) and
+        harmonic-mean nu (the whole grid's) on them along x, then the same along y."""
+        (y0, x0), (y1, x1) = start, stop
         h, w = self.grid
         ny, nx = min(y1, h - 1) - y0, min(x1, w - 1) - x0       # owned edges along y, x
         near = nu[..., y0:y0 + ny + 1, x0:x0 + nx + 1]
@@ -279,8 +288,7 @@ class KLDiffusionProblem(Problem):
         dy = cols[..., 1:ny + 1, :] - cols[..., :ny, :]
         kx = harmonic_mean(near[..., :y1 - y0, 1:nx + 1], near[..., :y1 - y0, :nx])
         ky = harmonic_mean(near[..., 1:ny + 1, :x1 - x0], near[..., :ny, :x1 - x0])
-        return [(dx, kx * (0.5 / ((w - 1) * hx * hx)) * wr[..., y0:y1, :]),
-                (dy, ky * (0.5 / ((h - 1) * hy * hy)) * wc[..., x0:x1])]
+        return dx, kx, dy, ky
 
     def _face_differences_part(self, u, nu):
         """The edges this block owns (``owned_edges``): differences (not divided by the
