@@ -51,6 +51,18 @@ def median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of fn, after one untimed warm-up call (oneDNN
+    primitive creation, first-touch allocations)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return median(times)
+
+
 def rss_mb() -> float:
     """This process's resident set now (VmRSS), in MiB; nan where unavailable."""
     rss = proc_status_mib("VmRSS")

@@ -1,12 +1,12 @@
 """What a grown network's answer costs on its finest grid, per correction-network option set.
 
-    python -m bench.correction_cost CONFIG [--correction '{"base_width": 4}' ...]
+    python -m bench.correction_cost CONFIG [--correction '{base_width = 4}' ...]
                                     [--batch 1] [--repeats 3] [--threads 2] [--out FILE.json]
 
 The network is the one CONFIG's schedule ends with (built and grown level by level as
 ``deepfusion train`` does, random weights: the cost does not depend on them). Each
-``--correction`` replaces the last level's correction options (its ``correction`` table; none
-given: the config's own). Per option set: the median seconds of one forward pass at
+``--correction`` (a TOML inline table, as the config writes it) replaces the last level's
+correction options (its ``correction`` table; none given: the config's own). Per option set: the median seconds of one forward pass at
 ``--batch`` samples on ``problem.grid`` (no gradients, channels-last as configured), the same
 for the network inside it on its own grid, and the correction's parameter count. The problem's
 combination (e.g. Ritz) is not included: ``bench.ritz_partition`` and ``bench.infer_bench``
@@ -17,22 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
-from bench.common import emit_json, machine, median
+from bench.common import emit_json, machine, median_seconds
 
 
 def _seconds(net, x, repeats: int) -> float:
     import torch
 
     with torch.inference_mode():
-        net(x)  # warm-up: oneDNN primitive creation
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            net(x)
-            ts.append(time.perf_counter() - t0)
-    return median(ts)
+        return median_seconds(lambda: net(x), repeats)
 
 
 def grown_network(cfg):
@@ -58,7 +51,7 @@ def run(config: str, corrections, batch: int, repeats: int) -> list[dict]:
 
     rows, last = [], len(load_config(config).train.levels) - 1
     for corr in corrections:
-        sets = [] if corr is None else [f"train.levels[{last}].correction={_toml(corr)}"]
+        sets = [] if corr is None else [f"train.levels[{last}].correction={corr}"]
         cfg = load_config(config, sets)
         net, task = grown_network(cfg)
         if not hasattr(net, "correction"):
@@ -80,15 +73,12 @@ def run(config: str, corrections, batch: int, repeats: int) -> list[dict]:
     return rows
 
 
-def _toml(d: dict) -> str:
-    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + "}"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", help="a config whose last level grows the network (prolong)")
-    ap.add_argument("--correction", action="append", type=json.loads, default=None,
-                    help="JSON options of the last level's correction network (repeatable)")
+    ap.add_argument("--correction", action="append", default=None,
+                    help="options of the last level's correction network as a TOML inline "
+                         "table, e.g. '{base_width = 4, max_width = 16}' (repeatable)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -97,7 +87,12 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = run(args.config, args.correction or [None], args.batch, args.repeats)
+    from deepfusion.config import ConfigError
+
+    try:
+        rows = run(args.config, args.correction or [None], args.batch, args.repeats)
+    except ConfigError as e:  # a bad --correction names the key and what it should be
+        raise SystemExit(f"bench.correction_cost: {e}") from None
     emit_json({"machine": machine(), "threads": args.threads, "config": args.config,
                "batch": args.batch, "rows": rows}, args.out)
     return 0

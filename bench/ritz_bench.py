@@ -27,13 +27,11 @@ network, so the cost can be compared across commits with the same command.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
-from bench.common import emit_json, machine, peak_rss_mb
+from bench.common import emit_json, machine, median_seconds, peak_rss_mb
 from diffnet.problems import get_problem
 from diffnet.problems import ritz
 
@@ -63,7 +61,7 @@ def time_one(problem, x, u, repeats: int) -> tuple[float, torch.Tensor]:
         problem.loss_terms(out, x)["pde"].sum().backward()
         last[:] = [out.detach()]
 
-    return statistics.median(_timed(step, repeats + 1)[1:]), last[0]
+    return median_seconds(step, repeats), last[0]
 
 
 def run(grid: int, fields: list[int], batch: int, repeats: int) -> list[dict]:
@@ -98,23 +96,13 @@ def run_partitions(grid: int, k: int, partitions: list[int], repeats: int) -> li
         x = p.build_input(p.sample_params(0, [0]))
         u = torch.randn((1, k, grid, grid), generator=torch.Generator().manual_seed(k))
         with torch.no_grad():   # not inference_mode: the problem caches masks for training
-            answer = statistics.median(_timed(lambda: p.impose(u, x), repeats + 1)[1:])
+            answer = median_seconds(lambda: p.impose(u, x), repeats)
         train, _ = time_one(p, x, u, repeats)
         rows.append({"grid": grid, "fields": k, "partition": m, "batch": 1,
                      "impose_s": answer, "impose_energy_backward_s": train})
         print(f"{grid}² K={k:2d} ritz_partition={m}: impose {answer:.3f} s, impose + energy + "
               f"backward {train:.3f} s (one sample)", flush=True)
     return rows
-
-
-def _timed(fn, n: int) -> list[float]:
-    """Seconds of each of n calls of fn."""
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def main(argv=None) -> int:

@@ -333,8 +333,8 @@ def test_correction_cost_times_the_grown_network_per_correction(tmp_path):
 
     cfg, out = tmp_path / "mgp.toml", tmp_path / "cost.json"
     cfg.write_text(MGP)
-    assert correction_cost.main([str(cfg), "--correction", '{"base_width": 4}', "--correction",
-                                 '{"base_width": 2, "max_width": 4}', "--repeats", "1",
+    assert correction_cost.main([str(cfg), "--correction", "{base_width = 4}", "--correction",
+                                 "{base_width = 2, max_width = 4}", "--repeats", "1",
                                  "--threads", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["correction"] for r in rows] == [
