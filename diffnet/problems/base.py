@@ -184,21 +184,28 @@ class Problem(abc.ABC):
         return self.stack_fields(self.check_fields(fields))
 
     def check_fields(self, fields: Mapping) -> dict[str, np.ndarray]:
-        """The fields as finite float64 (N, H, W) arrays on this grid, all with the same N."""
+        """The fields as finite float64 (N, *grid) arrays on this grid, all with the same N."""
+        form = f"(N, {self.grid_dims})"
         if not isinstance(fields, Mapping) or not fields:
-            raise ValueError(f"fields must be a non-empty dict of channel name -> (N, H, W) "
+            raise ValueError(f"fields must be a non-empty dict of channel name -> {form} "
                              f"array; problem {self.name!r} needs {list(self.input_channels)}")
-        out = {str(k): check_array(f"field {k!r}", v, ndim=3, form="(N, H, W)")
+        out = {str(k): check_array(f"field {k!r}", v, ndim=1 + len(self.grid), form=form)
                for k, v in fields.items()}
         for k, a in out.items():
             if a.shape[1:] != self.grid:
-                raise ValueError(f"field {k!r} is on a {a.shape[1]}x{a.shape[2]} grid, but "
-                                 f"problem {self.name!r} is on {self.grid[0]}x{self.grid[1]}: "
-                                 f"build the problem on the fields' grid")
+                raise ValueError(f"field {k!r} is on a {'x'.join(map(str, a.shape[1:]))} grid, "
+                                 f"but problem {self.name!r} is on "
+                                 f"{'x'.join(map(str, self.grid))}: build the problem on the "
+                                 f"fields' grid")
         counts = {k: a.shape[0] for k, a in out.items()}
         if len(set(counts.values())) > 1:
             raise ValueError(f"the fields must hold the same number of samples, got {counts}")
         return out
+
+    @property
+    def grid_dims(self) -> str:
+        """The grid's axes as array dimensions in messages: "H, W" (2-D), "D, H, W" (3-D)."""
+        return ", ".join("DHW"[-len(self.grid):])
 
     def stack_fields(self, fields: dict[str, np.ndarray]) -> np.ndarray:
         """(N, C, H, W): exactly the ``input_channels`` of checked ``fields``, in order."""
@@ -260,12 +267,13 @@ class Problem(abc.ABC):
                             self.reference_methods)
 
     def check_sample(self, inputs) -> np.ndarray:
-        """One sample's input fields as a finite float64 array (C, H, W) on this grid."""
+        """One sample's input fields as a finite float64 array (C, *grid) on this grid."""
         want = (len(self.input_channels), *self.grid)
-        x = check_array("inputs", inputs, ndim=3, form=f"(C, H, W) = {want}")
+        form = f"(C, {self.grid_dims}) = {want}"
+        x = check_array("inputs", inputs, ndim=len(want), form=form)
         if x.shape != want:
-            raise ValueError(f"inputs of problem {self.name!r} must have shape (C, H, W) = "
-                             f"{want} (channels {list(self.input_channels)}), got {x.shape}")
+            raise ValueError(f"inputs of problem {self.name!r} must have shape {form} "
+                             f"(channels {list(self.input_channels)}), got {x.shape}")
         return x
 
     def set_progress(self, fraction: float) -> None:

@@ -100,11 +100,46 @@ def harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 QUADRATURES = ("faces", "nodes")
 
 
-class KLDiffusionProblem(Problem):
+class DiffusivityInputs:
+    """Inputs and reference of a problem whose coefficient is a diffusivity nu > 0 at the
+    nodes, for any number of axes. The class gives ``log_nu(params)`` (n, *grid) and
+    ``solve_nu(nu, method)``. Input channels ("nu", "log_nu"): the network sees the O(1) log
+    field, the losses read nu from channel 0. Given fields need "nu" alone; the reference
+    solves from nu alone (log_nu is the network's view of the same field)."""
+
+    input_channels = ("nu", "log_nu")
+    reference_methods = ("auto", "direct", "amg")
+    solves_from_inputs = True
+    fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
+
+    def nu_nodes(self, params: np.ndarray) -> np.ndarray:
+        """(*grid) float64 nu of one parameter vector (m,)."""
+        return np.exp(self.log_nu(np.asarray(params, dtype=np.float64).reshape(1, -1))[0])
+
+    def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+        """(n, 2, *grid): nu and log nu at the nodes."""
+        lg = self.log_nu(params)
+        return torch.as_tensor(np.stack([np.exp(lg), lg], axis=1), dtype=dtype)
+
+    def inputs_from_fields(self, fields) -> np.ndarray:
+        """(N, 2, *grid) inputs from "nu" (and "log_nu", derived from nu when not given)."""
+        given = self.check_fields(fields)
+        if "nu" in given:
+            check_array("field 'nu' (the diffusivity)", given["nu"], positive=True)
+            given.setdefault("log_nu", np.log(given["nu"]))
+        return self.stack_fields(given)
+
+    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
+        return self.solve_nu(self.nu_nodes(params), method)
+
+    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
+        return self.solve_nu(self.check_sample(inputs)[self.input_channels.index("nu")], method)
+
+
+class KLDiffusionProblem(DiffusivityInputs, Problem):
     """Base of Poisson / ReactionDiffusion: nu = exp(KL field) on the unit square, rows = y.
 
-    Input channels ("nu", "log_nu"): nu at the nodes and its logarithm (the network sees the
-    O(1) log field; the losses read nu from channel 0).
+    Inputs, given fields and the reference from nu: ``DiffusivityInputs``.
 
     Diffusion energy E_d(u) = integral of nu |grad u|^2 / 2 (divided by the domain area, which
     is 1), by ``quadrature``:
@@ -128,18 +163,12 @@ class KLDiffusionProblem(Problem):
     nu), "nodes" takes the block's nodal gradients (``FiniteDifference`` on the block) and
     weights; the nodal weights are the global ones cut to the block.
 
-    Given fields (``inputs_from_fields``): "nu" alone is enough, "log_nu" is derived from it;
-    nu must be > 0 everywhere. The reference solution (``reference_solution``,
-    ``solve_from_inputs``) is ``diffnet.reference.solve_diffusion`` of the nu channel with the
-    subclass's ``diffusion_options`` (boundary conditions, reaction, source), by
-    ``method`` "auto", "direct" (SuperLU) or "amg" (pyamg + CG).
+    The reference solution (``solve_nu``) is ``diffnet.reference.solve_diffusion`` of nu with
+    the subclass's ``diffusion_options`` (boundary conditions, reaction, source), by ``method``
+    "auto", "direct" (SuperLU) or "amg" (pyamg + CG); nu must be > 0 everywhere.
     """
 
     param_names: tuple[str, ...] = ()
-    input_channels = ("nu", "log_nu")
-    reference_methods = ("auto", "direct", "amg")
-    solves_from_inputs = True
-    fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
 
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  quadrature: str = "faces", stencil: str = "sobel"):
@@ -176,23 +205,6 @@ class KLDiffusionProblem(Problem):
         c = self.coords()
         return log_diffusivity(params, c["y"], c["x"])
 
-    def nu_nodes(self, params: np.ndarray) -> np.ndarray:
-        """(H, W) float64 nu of one parameter vector (m,)."""
-        return np.exp(self.log_nu(np.asarray(params, dtype=np.float64).reshape(1, -1))[0])
-
-    def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-        lg = self.log_nu(params)
-        out = np.stack([np.exp(lg), lg], axis=1)
-        return torch.as_tensor(out, dtype=dtype)
-
-    def inputs_from_fields(self, fields) -> np.ndarray:
-        """(N, 2, H, W) inputs from "nu" (and "log_nu", derived from nu when not given)."""
-        given = self.check_fields(fields)
-        if "nu" in given:
-            check_array("field 'nu' (the diffusivity)", given["nu"], positive=True)
-            given.setdefault("log_nu", np.log(given["nu"]))
-        return self.stack_fields(given)
-
     # -- reference solutions ----------------------------------------------------------------
     @abc.abstractmethod
     def diffusion_options(self) -> dict:
@@ -206,12 +218,6 @@ class KLDiffusionProblem(Problem):
         return solve_diffusion(nu, lengths=lengths, method=self.check_method(method),
                                **self.diffusion_options())
 
-    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
-        return self.solve_nu(self.nu_nodes(params), method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        # only nu: log_nu is the network's view of the same field
-        return self.solve_nu(self.check_sample(inputs)[self.input_channels.index("nu")], method)
 
     # -- quadrature -------------------------------------------------------------------------
     def _weights(self, like: torch.Tensor):

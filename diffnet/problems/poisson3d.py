@@ -7,7 +7,6 @@ fields, and its reference solution by ``diffnet.reference.solve_diffusion_3d``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -15,10 +14,11 @@ import torch
 from ..domain import Block
 from ..generators import impose_dirichlet
 from ..stencils import KINDS, FiniteDifference3D, check_block_sizes
-from ..validation import (check_array, check_choice, check_int, check_node_grid, check_number,
+from ..validation import (check_choice, check_int, check_node_grid, check_number,
                           check_range)
 from .base import Axis, Problem
 from .blocks import mean_part
+from .fields import DiffusivityInputs
 from .fields3d import (axis_weights_3d, face_energy_3d, face_energy_3d_part, log_diffusivity_3d,
                        log_nu_bound_3d, nodal_weights_3d)
 
@@ -27,7 +27,7 @@ BC_MODES = ("overwrite", "lift")
 QUADRATURES = ("faces", "nodes")
 
 
-class Poisson3D(Problem):
+class Poisson3D(DiffusivityInputs, Problem):
     """-div(nu grad u) = 0 on (z, y, x) in [0, 1]^3, u = 1 on the face x = 0, u = 0 on x = 1,
     zero flux nu du/dn = 0 on the four faces y = 0, 1 and z = 0, 1.
 
@@ -71,10 +71,6 @@ class Poisson3D(Problem):
 
     name = "poisson3d"
     dims = 3                     # grid axes (z, y, x); the 2-D problems have 2
-    input_channels = ("nu", "log_nu")
-    reference_methods = ("auto", "direct", "amg")
-    solves_from_inputs = True
-    fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
 
     def __init__(self, *, grid=(32, 32, 32), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  loss: str = "energy", quadrature: str = "faces", stencil: str = "sobel",
@@ -119,50 +115,6 @@ class Poisson3D(Problem):
         params = self.check_params(params)
         c = self.coords()
         return log_diffusivity_3d(params, c["z"], c["y"], c["x"])
-
-    def nu_nodes(self, params: np.ndarray) -> np.ndarray:
-        """(D, H, W) float64 nu of one parameter vector (M,)."""
-        return np.exp(self.log_nu(np.asarray(params, dtype=np.float64).reshape(1, -1))[0])
-
-    def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-        """(n, 2, D, H, W): nu and log nu at the nodes."""
-        lg = self.log_nu(params)
-        return torch.as_tensor(np.stack([np.exp(lg), lg], axis=1), dtype=dtype)
-
-    def inputs_from_fields(self, fields) -> np.ndarray:
-        """(N, 2, D, H, W) inputs from "nu" (and "log_nu", derived from nu when not given)."""
-        given = self.check_fields(fields)
-        if "nu" in given:
-            check_array("field 'nu' (the diffusivity)", given["nu"], positive=True)
-            given.setdefault("log_nu", np.log(given["nu"]))
-        return self.stack_fields(given)
-
-    def check_fields(self, fields) -> dict[str, np.ndarray]:
-        """The fields as finite float64 (N, D, H, W) arrays on this grid, all with the same N."""
-        if not isinstance(fields, Mapping) or not fields:
-            raise ValueError(f"fields must be a non-empty dict of channel name -> (N, D, H, W) "
-                             f"array; problem {self.name!r} needs {list(self.input_channels)}")
-        out = {str(k): check_array(f"field {k!r}", v, ndim=4, form="(N, D, H, W)")
-               for k, v in fields.items()}
-        grid = "x".join(map(str, self.grid))
-        for k, a in out.items():
-            if a.shape[1:] != self.grid:
-                raise ValueError(f"field {k!r} is on a {'x'.join(map(str, a.shape[1:]))} grid, "
-                                 f"but problem {self.name!r} is on {grid}: build the problem "
-                                 f"on the fields' grid")
-        counts = {k: a.shape[0] for k, a in out.items()}
-        if len(set(counts.values())) > 1:
-            raise ValueError(f"the fields must hold the same number of samples, got {counts}")
-        return out
-
-    def check_sample(self, inputs) -> np.ndarray:
-        """One sample's input fields as a finite float64 array (C, D, H, W) on this grid."""
-        want = (len(self.input_channels), *self.grid)
-        x = check_array("inputs", inputs, ndim=4, form=f"(C, D, H, W) = {want}")
-        if x.shape != want:
-            raise ValueError(f"inputs of problem {self.name!r} must have shape (C, D, H, W) = "
-                             f"{want} (channels {list(self.input_channels)}), got {x.shape}")
-        return x
 
     # -- boundary values and losses -----------------------------------------------------------
     def _x_profiles(self, like: torch.Tensor):
@@ -256,9 +208,3 @@ class Poisson3D(Problem):
         return solve_diffusion_3d(nu, lengths=lengths, method=self.check_method(method),
                                   dirichlet="poisson")
 
-    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
-        return self.solve_nu(self.nu_nodes(params), method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        # only nu: log_nu is the network's view of the same field
-        return self.solve_nu(self.check_sample(inputs)[self.input_channels.index("nu")], method)

@@ -48,19 +48,24 @@ METHODS = ("auto", "direct", "amg")
 FACE_MEANS = ("harmonic", "arithmetic")
 
 
-def _check_nu(nu) -> np.ndarray:
-    nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=2, form="(H, W)",
+def check_nodal_nu(nu, ndim: int) -> np.ndarray:
+    """nu (the diffusivity at the nodes) as a positive finite float64 array of ``ndim`` axes,
+    each of >= 3 nodes (one interior node at least); ValueError naming the shape otherwise."""
+    dims = ", ".join("DHW"[-ndim:])
+    nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=ndim, form=f"({dims})",
                      positive=True)
-    if nu.shape[0] < 3 or nu.shape[1] < 3:
-        raise ValueError(f"nu must be a 2-D (H, W) array with H, W >= 3, got shape {nu.shape}")
+    if min(nu.shape) < 3:
+        raise ValueError(f"nu must be a {ndim}-D ({dims}) array with {dims} >= 3, got shape "
+                         f"{nu.shape}")
     return nu
 
 
-def _check_source(f, shape) -> np.ndarray:
+def check_source(f, shape) -> np.ndarray:
     """The source at the nodes: None (zero), a number, or an array of the shape of nu."""
     if f is None:
         return np.zeros(shape)
-    f = check_array("f", f, form="(None, a number or an (H, W) array)")
+    form = f"(None, a number or an array of shape ({', '.join('DHW'[-len(shape):])}))"
+    f = check_array("f", f, form=form)
     if f.ndim == 0:
         f = np.full(shape, float(f))
     if f.shape != shape:
@@ -70,12 +75,12 @@ def _check_source(f, shape) -> np.ndarray:
 
 
 def _check_inputs(nu, lengths, kappa, f, dirichlet, face_mean):
-    nu = _check_nu(nu)
+    nu = check_nodal_nu(nu, 2)
     ly, lx = check_positive_pair("lengths", lengths, "(Ly, Lx)")
     kappa = check_number("kappa", kappa, lo=0.0)
     check_choice("dirichlet", dirichlet, DIRICHLET)
     check_choice("face_mean", face_mean, FACE_MEANS)
-    return nu, (ly, lx), kappa, _check_source(f, nu.shape)
+    return nu, (ly, lx), kappa, check_source(f, nu.shape)
 
 
 def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,

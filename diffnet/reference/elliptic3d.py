@@ -46,37 +46,14 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..validation import (check_array, check_choice, check_number,
-                          check_positive_tuple)
-from .elliptic import solve_assembled
+from ..validation import check_choice, check_number, check_positive_tuple
+from .elliptic import check_nodal_nu, check_source, solve_assembled
 
 __all__ = ["solve_diffusion_3d", "assemble_diffusion_3d", "DIRECT_MAX_UNKNOWNS_3D"]
 
 DIRECT_MAX_UNKNOWNS_3D = 16 ** 3
 DIRICHLET = ("poisson", "all_zero")
 FACE_MEANS = ("harmonic", "arithmetic")
-
-
-def _check_nu(nu) -> np.ndarray:
-    nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=3, form="(D, H, W)",
-                     positive=True)
-    if min(nu.shape) < 3:
-        raise ValueError(f"nu must be a 3-D (D, H, W) array with D, H, W >= 3, got shape "
-                         f"{nu.shape}")
-    return nu
-
-
-def _check_source(f, shape) -> np.ndarray:
-    """The source at the nodes: None (zero), a number, or an array of the shape of nu."""
-    if f is None:
-        return np.zeros(shape)
-    f = check_array("f", f, form="(None, a number or a (D, H, W) array)")
-    if f.ndim == 0:
-        f = np.full(shape, float(f))
-    if f.shape != shape:
-        raise ValueError(f"f must be None, a number or an array of the shape of nu {shape}, "
-                         f"got shape {f.shape}")
-    return f
 
 
 def _control_widths(n: int, h: float) -> np.ndarray:
@@ -137,12 +114,12 @@ def assemble_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=
     unknowns) and ``u_full`` a (D, H, W) array holding the Dirichlet values (zero at free
     nodes). Arguments as in :func:`solve_diffusion_3d`.
     """
-    nu = _check_nu(nu)
+    nu = check_nodal_nu(nu, 3)
     lengths = check_positive_tuple("lengths", lengths, 3, "(Lz, Ly, Lx)")
     kappa = check_number("kappa", kappa, lo=0.0)
     check_choice("dirichlet", dirichlet, DIRICHLET)
     check_choice("face_mean", face_mean, FACE_MEANS)
-    f = _check_source(f, nu.shape)
+    f = check_source(f, nu.shape)
     spacing = [length / (n - 1) for length, n in zip(lengths, nu.shape)]
     widths = [_control_widths(n, h) for n, h in zip(nu.shape, spacing)]
     volume = (_along(widths[0], 0) * _along(widths[1], 1) * _along(widths[2], 2)).ravel()
