@@ -219,6 +219,11 @@ class FiniteDifference(torch.nn.Module):
     and are cast to the input's dtype/device in forward: a no-op when they already match.
     """
 
+    # the axes, convolution and whole-grid padding of this dimension (FiniteDifference3D: 3-D)
+    dims = 2
+    conv = "conv2d"                 # a name, looked up in F per call (tests count the convs)
+    pad_whole = staticmethod(pad_cubic)
+
     def __init__(self, spacing: tuple[float, float], kind: str = "sobel",
                  derivatives=("r", "c", "rr", "cc")):
         super().__init__()
@@ -237,20 +242,20 @@ class FiniteDifference(torch.nn.Module):
         return self.derivatives.index(name)
 
     def forward(self, u: torch.Tensor, block=None) -> torch.Tensor:
-        if u.dim() != 4 or u.shape[1] != 1:
-            raise ValueError(f"u must have shape (B, 1, H, W), got {tuple(u.shape)}")
-        if block is not None and not block.whole:
-            _check_block_field(u, block, 2)
-            if not u.is_floating_point():
-                raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
-            return F.conv2d(pad_cubic_block(u, block), self.weight.to(u))
-        if u.shape[2] < 4 or u.shape[3] < 4:
+        form = "(B, 1, " + ", ".join("DHW"[-self.dims:]) + ")"
+        if u.dim() != 2 + self.dims or u.shape[1] != 1:
+            raise ValueError(f"u must have shape {form}, got {tuple(u.shape)}")
+        whole = block is None or block.whole
+        if whole and min(u.shape[2:]) < 4:
             raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
                              f"stencils), got grid {tuple(u.shape[2:])}")
+        if not whole:
+            _check_block_field(u, block, self.dims)
         if not u.is_floating_point():
             raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
         weight = self.weight.to(device=u.device, dtype=u.dtype)
-        return F.conv2d(pad_cubic(u), weight)
+        return getattr(F, self.conv)(self.pad_whole(u) if whole else pad_cubic_block(u, block),
+                                     weight)
 
     def extra_repr(self) -> str:
         return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"
@@ -326,6 +331,10 @@ class FiniteDifference3D(FiniteDifference):
     dtype/device in forward, as in ``FiniteDifference``.
     """
 
+    dims = 3
+    conv = "conv3d"
+    pad_whole = staticmethod(pad_cubic_3d)
+
     def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
         torch.nn.Module.__init__(self)  # its own kernels; index() is the 2-D class's
         self.spacing = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
@@ -334,22 +343,3 @@ class FiniteDifference3D(FiniteDifference):
         weight = torch.stack([stencil_kernel_3d(d, self.spacing, self.kind)
                               for d in self.derivatives])
         self.register_buffer("weight", weight.unsqueeze(1), persistent=False)   # (K, 1, 3, 3, 3)
-
-    def forward(self, u: torch.Tensor, block=None) -> torch.Tensor:
-        if u.dim() != 5 or u.shape[1] != 1:
-            raise ValueError(f"u must have shape (B, 1, D, H, W), got {tuple(u.shape)}")
-        if block is not None and not block.whole:
-            _check_block_field(u, block, 3)
-            if not u.is_floating_point():
-                raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
-            return F.conv3d(pad_cubic_block(u, block), self.weight.to(u))
-        if min(u.shape[2:]) < 4:
-            raise ValueError(f"u must have at least 4 nodes per axis (one-sided cubic boundary "
-                             f"stencils), got grid {tuple(u.shape[2:])}")
-        if not u.is_floating_point():
-            raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
-        weight = self.weight.to(device=u.device, dtype=u.dtype)
-        return F.conv3d(pad_cubic_3d(u), weight)
-
-    def extra_repr(self) -> str:
-        return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"
