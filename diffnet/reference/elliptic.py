@@ -130,12 +130,19 @@ def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     else:
         free[[0, -1], :] = False
         free[:, [0, -1]] = False
+    return (*eliminate_dirichlet(a_full, f.ravel() * area, free, u_full), free, u_full)
+
+
+def eliminate_dirichlet(a_full, load: np.ndarray, free: np.ndarray, u_full: np.ndarray):
+    """(a, b): the system of the free nodes, a = a_full restricted to them (CSR, indices sorted)
+    and b = load - a_full[free, fixed] u_fixed (the Dirichlet values moved to the right side);
+    ``load`` (n,) the nodal source times the control volumes."""
     fi = np.flatnonzero(free.ravel())
     di = np.flatnonzero(~free.ravel())
-    b = f.ravel()[fi] * area[fi] - a_full[fi][:, di] @ u_full.ravel()[di]
+    b = load[fi] - a_full[fi][:, di] @ u_full.ravel()[di]
     a = a_full[fi][:, fi].tocsr()
     a.sort_indices()
-    return a, b, free, u_full
+    return a, b
 
 
 def solve_direct(a, b):

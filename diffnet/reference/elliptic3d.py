@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..validation import check_choice, check_number, check_positive_tuple
-from .elliptic import check_nodal_nu, check_source, solve_assembled
+from .elliptic import check_nodal_nu, check_source, eliminate_dirichlet, solve_assembled
 
 __all__ = ["solve_diffusion_3d", "assemble_diffusion_3d", "DIRECT_MAX_UNKNOWNS_3D"]
 
@@ -131,12 +131,7 @@ def assemble_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=
     cols = np.concatenate([np.arange(n), pb, pa])
     a_full = sp.csr_matrix((np.concatenate([diag, -c, -c]), (rows, cols)), shape=(n, n))
     free, u_full = _dirichlet(nu.shape, dirichlet)
-    fi = np.flatnonzero(free.ravel())
-    di = np.flatnonzero(~free.ravel())
-    b = f.ravel()[fi] * volume[fi] - a_full[fi][:, di] @ u_full.ravel()[di]
-    a = a_full[fi][:, fi].tocsr()
-    a.sort_indices()
-    return a, b, free, u_full
+    return (*eliminate_dirichlet(a_full, f.ravel() * volume, free, u_full), free, u_full)
 
 
 def solve_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=None,
