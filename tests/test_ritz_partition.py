@@ -11,7 +11,7 @@ import torch
 
 from diffnet.problems import get_problem
 from diffnet.problems.ritz import (Partition, partition_combination, ritz_combination,
-                                   solve_gram)
+                                   self_products, solve_gram)
 
 GRID = (19, 23)            # not square, and (n - 1) / m not an integer for m = 3
 
@@ -151,6 +151,21 @@ def test_the_gram_solve_is_right_for_large_batched_systems_on_two_threads():
         torch.set_num_threads(threads)
     res = torch.einsum("bij,bj->bi", g, c) - rhs          # G is shifted by 1e-7 of its diagonal
     assert float(res.abs().max()) < 1e-5 * float(rhs.abs().max())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("b, n", [(1, 101), (2, 101), (1, 2), (1, 96)])
+def test_self_products_split_over_threads_are_the_product(threads, b, n):
+    """c c^T whether or not n is cut into one part per thread (a remainder, fewer entries
+    than threads, a sample per thread), against the float64 product itself."""
+    c = torch.randn((b, 5, n), dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        g = self_products(c)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(g, c @ c.transpose(1, 2), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("m", [0, 2])

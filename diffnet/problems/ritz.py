@@ -71,8 +71,28 @@ def gram_of_scaled(feats: list, b: int, k: int) -> torch.Tensor:
         f = f.reshape(b, k, -1)
         step = f.shape[-1] if f.dtype == torch.float64 else max(1, CHUNK // (b * k))
         for s in range(0, f.shape[-1], step):
-            c = f[..., s:s + step].double()
-            g = g + 2 * torch.bmm(c, c.transpose(1, 2))
+            g = g + 2 * self_products(f[..., s:s + step].double())
+    return g
+
+
+def self_products(c: torch.Tensor) -> torch.Tensor:
+    """(b, k, k) c c^T of c (b, k, n). With fewer samples than threads, n is cut into one
+    part per thread, batched, and the parts' products summed: one sample's (k x n)(n x k)
+    product with k = 64 and n ~ 16,000 does not keep two threads busy. A small gain: the
+    1024² partition answer (``python -m bench.ritz_bench --grid 1024 --fields 16 --partitions
+    8 --threads 2 --repeats 7``) took 0.66 s against 0.69 s, medians of five launches each."""
+    b, k, n = c.shape
+    t = torch.get_num_threads()
+    if t == 1 or b >= t or n < t:
+        return torch.bmm(c, c.transpose(1, 2))
+    m = n // t * t
+    parts = c[..., :m].reshape(b, k, t, m // t).transpose(1, 2)  # (b, t, k, m / t)
+    # one sample: a strided view, no copy (rows n apart, parts m / t apart)
+    parts = parts[0] if b == 1 else parts.reshape(b * t, k, m // t)
+    g = torch.bmm(parts, parts.transpose(1, 2)).view(b, t, k, k).sum(1)
+    if m < n:
+        rest = c[..., m:]
+        g = g + torch.bmm(rest, rest.transpose(1, 2))
     return g
 
 
