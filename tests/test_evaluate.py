@@ -93,6 +93,15 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     ckpt = r["checkpoint"]
     assert [row["m"] for row in r["partitions"]] == [0, 2] and r["samples"] == 3
     assert r["partitions"][1]["unknowns"] == 2 * 9 and len(r["control_constant_field"]) == 1
+    out = str(tmp_path / "rv.json")                  # the rejected cheaper answers, measured
+    p = subprocess.run([sys.executable, "-m", "bench.ritz_variants", run, ref, "--samples", "2",
+                        "--partitions", "2", "--fields", "1,2", "--threads", "1", "--out", out],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    moved = {v["name"]: max(v["moved"]) for v in json.load(open(out))["variants"]}
+    assert moved["float64"] == 0 and moved["float32_features"] < 1e-5
+    # K' = K combinations span the K fields: the bench's own cell assembly is the problem's
+    assert moved["fields_2"] < 1e-5 < moved["fields_1"]   # 1e-5: the solve's 1e-7 shift
     bench = {}
     for opt in ([], ["--option", "ritz_partition=2"]):
         out = str(tmp_path / f"ib{len(opt)}.json")
