@@ -69,7 +69,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .validation import check_choice, check_positive_pair, check_positive_tuple
+from .validation import check_choice, check_positive_pair, check_positive_tuple, grid_axes
 
 KINDS = ("sobel", "sobel3103", "central")
 DERIVATIVES = ("r", "c", "rr", "cc", "rc")
@@ -242,7 +242,7 @@ class FiniteDifference(torch.nn.Module):
         return self.derivatives.index(name)
 
     def forward(self, u: torch.Tensor, block=None) -> torch.Tensor:
-        form = "(B, 1, " + ", ".join("DHW"[-self.dims:]) + ")"
+        form = f"(B, 1, {grid_axes(self.dims)})"
         if u.dim() != 2 + self.dims or u.shape[1] != 1:
             raise ValueError(f"u must have shape {form}, got {tuple(u.shape)}")
         whole = block is None or block.whole

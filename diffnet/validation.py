@@ -152,6 +152,12 @@ def check_node_grid(grid, dims: int, name: str = "grid", minimum: int = 4) -> tu
     return out
 
 
+def grid_axes(ndim: int) -> str:
+    """The array dimensions of an ``ndim``-axis node grid as messages name them: "H, W" (2-D),
+    "D, H, W" (3-D)."""
+    return ", ".join("DHW"[-ndim:])
+
+
 def check_array(name: str, value, *, ndim: int | None = None, form: str = "",
                 positive: bool = False) -> np.ndarray:
     """A float64 copy of a real array with ``ndim`` dimensions, finite (and > 0 with positive).

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from diffnet.validation import grid_axes
+
 from . import fields as h5io
 
 
@@ -76,7 +78,7 @@ def _fields_from_file(problem, path):
                          f"distinct name per channel (problem {problem.name!r} needs "
                          f"{list(problem.input_channels)})")
     if x.ndim - 2 != len(problem.grid):
-        want = "(N, C, " + ", ".join("DHW"[-len(problem.grid):]) + ")"
+        want = f"(N, C, {grid_axes(len(problem.grid))})"
         raise ValueError(f"--inputs {path}: /inputs has shape {x.shape}, but problem "
                          f"{problem.name!r} has {len(problem.grid)} grid axes: give fields of "
                          f"shape {want}")

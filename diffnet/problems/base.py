@@ -53,7 +53,7 @@ import torch
 # The checks live in diffnet.validation; re-exported here for code that imported them from base.
 from ..domain import Block
 from ..validation import (check_array, check_bool, check_choice, check_grid,  # noqa: F401
-                          check_number, check_range)
+                          check_number, check_range, grid_axes)
 from .blocks import cut
 
 
@@ -185,7 +185,7 @@ class Problem(abc.ABC):
 
     def check_fields(self, fields: Mapping) -> dict[str, np.ndarray]:
         """The fields as finite float64 (N, *grid) arrays on this grid, all with the same N."""
-        form = f"(N, {self.grid_dims})"
+        form = f"(N, {grid_axes(len(self.grid))})"
         if not isinstance(fields, Mapping) or not fields:
             raise ValueError(f"fields must be a non-empty dict of channel name -> {form} "
                              f"array; problem {self.name!r} needs {list(self.input_channels)}")
@@ -201,11 +201,6 @@ class Problem(abc.ABC):
         if len(set(counts.values())) > 1:
             raise ValueError(f"the fields must hold the same number of samples, got {counts}")
         return out
-
-    @property
-    def grid_dims(self) -> str:
-        """The grid's axes as array dimensions in messages: "H, W" (2-D), "D, H, W" (3-D)."""
-        return ", ".join("DHW"[-len(self.grid):])
 
     def stack_fields(self, fields: dict[str, np.ndarray]) -> np.ndarray:
         """(N, C, H, W): exactly the ``input_channels`` of checked ``fields``, in order."""
@@ -269,7 +264,7 @@ class Problem(abc.ABC):
     def check_sample(self, inputs) -> np.ndarray:
         """One sample's input fields as a finite float64 array (C, *grid) on this grid."""
         want = (len(self.input_channels), *self.grid)
-        form = f"(C, {self.grid_dims}) = {want}"
+        form = f"(C, {grid_axes(len(self.grid))}) = {want}"
         x = check_array("inputs", inputs, ndim=len(want), form=form)
         if x.shape != want:
             raise ValueError(f"inputs of problem {self.name!r} must have shape {form} "

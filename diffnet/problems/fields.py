@@ -218,7 +218,6 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
         return solve_diffusion(nu, lengths=lengths, method=self.check_method(method),
                                **self.diffusion_options())
 
-
     # -- quadrature -------------------------------------------------------------------------
     def _weights(self, like: torch.Tensor):
         """Cached (row weights (1,1,H,1), column weights (1,1,1,W), nodal (1,1,H,W))."""

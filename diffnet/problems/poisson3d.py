@@ -207,4 +207,3 @@ class Poisson3D(DiffusivityInputs, Problem):
         lengths = tuple(a.hi - a.lo for a in self.axes)
         return solve_diffusion_3d(nu, lengths=lengths, method=self.check_method(method),
                                   dirichlet="poisson")
-

@@ -37,7 +37,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..validation import (check_array, check_choice, check_int, check_number,
-                          check_positive_pair)
+                          check_positive_pair, grid_axes)
 
 __all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS", "solve_direct",
            "solve_amg", "amg_hierarchy", "amg_cg"]
@@ -51,7 +51,7 @@ FACE_MEANS = ("harmonic", "arithmetic")
 def check_nodal_nu(nu, ndim: int) -> np.ndarray:
     """nu (the diffusivity at the nodes) as a positive finite float64 array of ``ndim`` axes,
     each of >= 3 nodes (one interior node at least); ValueError naming the shape otherwise."""
-    dims = ", ".join("DHW"[-ndim:])
+    dims = grid_axes(ndim)
     nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=ndim, form=f"({dims})",
                      positive=True)
     if min(nu.shape) < 3:
@@ -64,7 +64,7 @@ def check_source(f, shape) -> np.ndarray:
     """The source at the nodes: None (zero), a number, or an array of the shape of nu."""
     if f is None:
         return np.zeros(shape)
-    form = f"(None, a number or an array of shape ({', '.join('DHW'[-len(shape):])}))"
+    form = f"(None, a number or an array of shape ({grid_axes(len(shape))}))"
     f = check_array("f", f, form=form)
     if f.ndim == 0:
         f = np.full(shape, float(f))
