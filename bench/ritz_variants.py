@@ -30,37 +30,33 @@ import numpy as np
 from bench.common import emit_json, machine
 
 
-def cell_answer(problem, u, nu, m: int, dtype, gram_dtype):
-    """(H, W) float64 partition answer of the masked fields u (1, K, H, W), the coloured fields
-    and their scaled features in ``dtype``, each cell's products summed in ``gram_dtype``."""
+def partition_answer(problem, u, nu, m: int, *, features32=False, sums32=False):
+    """(H, W) float64: the problem's partition answer (``ritz.partition_combination``, cell by
+    cell from windows) of the masked fields u (1, K, H, W). With ``features32`` the coloured
+    fields are rounded to float32 before they are differenced and scaled; with ``sums32`` each
+    cell's products are summed in float32 (``ritz.self_products`` is swapped for the call)."""
     import torch
 
+    from diffnet.problems import ritz
     from diffnet.problems.fields import trapezoid_weights
-    from diffnet.problems.ritz import Partition, solve_gram
 
-    k, grid = u.shape[1], problem.grid
-    part = Partition(grid, m)
-    v = u.double()
-    colours = part.colours(problem.block, v)
-    j = (m + 1) ** 2
-    g = torch.zeros(k * j, k * j, dtype=torch.float64)
-    for rng, hats in part.cells():
-        start = [lo for lo, _ in rng]
-        stop = [n if hi is None else hi for (_, hi), n in zip(rng, grid)]
-        win = tuple(slice(a, min(z + 1, n)) for a, z, n in zip(start, stop, grid))
-        coloured = (v[(..., None) + win] * colours[(...,) + win]).reshape(
-            1, 4 * k, *(s.stop - s.start for s in win)).to(dtype)
-        cell = 0
-        for f, w in problem.quadratic_features_window(coloured, nu.to(dtype), start, stop):
-            f = (f * w.sqrt()).reshape(4 * k, -1).to(gram_dtype)
-            cell = cell + 2 * (f @ f.T).double()
-        idx = torch.arange(k).repeat_interleave(4) * j + torch.tensor(hats).repeat(k)
-        g[idx[:, None], idx[None, :]] += cell
-    hy, hx = part.hats
-    load = problem.source * trapezoid_weights(grid)
-    rhs = (hy @ ((v[0] * load) @ hx.T)).reshape(1, -1)
-    c = solve_gram(g[None], rhs)[0].view(k, m + 1, m + 1)
-    return (v[0] * (hy.T @ c @ hx)).sum(0)
+    dtype = torch.float32 if features32 else torch.float64
+    nu_f = nu.to(dtype)
+
+    def window(v, start, stop):
+        return problem.quadratic_features_window(v.to(dtype), nu_f, start, stop)
+
+    own = ritz.self_products
+    if sums32:
+        ritz.self_products = lambda c: own(c.float()).double()
+    try:
+        out = ritz.partition_combination(
+            u, lambda v: problem.quadratic_features(v, nu),   # the undivided grid uses window
+            problem.source * trapezoid_weights(problem.grid), problem.block.sum,
+            ritz.Partition(problem.grid, m), problem.block, window_features=window)
+    finally:
+        ritz.self_products = own
+    return out[0, 0].double()
 
 
 def reduced_fields(problem, u, nu, kp: int):
@@ -112,13 +108,12 @@ def run(ckpt: str, ref_path: str, samples: int, m: int, fields) -> dict:
             base = problem.impose(raw, x)[0, 0].double()
             u, nu = masking.impose(raw, x), x[:, 0:1].double()
             answers = {"float64": base,
-                       "float32_features": cell_answer(problem, u, nu, m, torch.float32,
-                                                       torch.float64),
-                       "float32_gram": cell_answer(problem, u, nu, m, torch.float32,
-                                                   torch.float32)}
+                       "float32_features": partition_answer(problem, u, nu, m, features32=True),
+                       "float32_gram": partition_answer(problem, u, nu, m, features32=True,
+                                                        sums32=True)}
             for kp in fields:
-                answers[f"fields_{kp}"] = cell_answer(problem, reduced_fields(problem, u, nu, kp),
-                                                      nu, m, torch.float64, torch.float64)
+                answers[f"fields_{kp}"] = partition_answer(
+                    problem, reduced_fields(problem, u, nu, kp), nu, m)
             for name, a in answers.items():
                 rows[name]["err"].append(float((a - u_ref).norm() / u_ref.norm()))
                 rows[name]["moved"].append(float((a - base).norm() / base.norm()))

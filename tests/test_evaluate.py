@@ -100,7 +100,7 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     assert p.returncode == 0, p.stderr
     moved = {v["name"]: max(v["moved"]) for v in json.load(open(out))["variants"]}
     assert moved["float64"] == 0 and moved["float32_features"] < 1e-5
-    # K' = K combinations span the K fields: the bench's own cell assembly is the problem's
+    # K' = K combinations span the K fields, so they give the problem's answer
     assert moved["fields_2"] < 1e-5 < moved["fields_1"]   # 1e-5: the solve's 1e-7 shift
     bench = {}
     for opt in ([], ["--option", "ritz_partition=2"]):
