@@ -14,6 +14,10 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 USE_SITE_MPI ?= 0
 STAMP  := $(VENV)/.installed
 NP     ?= 2
+# Test processes (pytest-xdist; one test file per process, so a file's fixtures are built once).
+# 2 fits CI's 2 cores: the suite waits on process start-up and MPI launches as much as on
+# compute. TEST_JOBS=0 runs in this process, one test after another.
+TEST_JOBS ?= 2
 
 .PHONY: install demo test test-fast test-slurm bench clean
 
@@ -37,10 +41,10 @@ demo: install
 	$(VENV)/bin/deepfusion demo --np $(NP)
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests -n $(TEST_JOBS) --dist loadfile
 
 test-fast: install
-	$(PY) -m pytest -q tests -m "not mpi and not slow"
+	$(PY) -m pytest -q tests -m "not mpi and not slow" -n $(TEST_JOBS) --dist loadfile
 
 # The job scripts under a real Slurm: as root with apt-get (or beside a running cluster) it installs
 # slurm-wlm + munge if missing, starts a one-node cluster on localhost in a temporary directory,
