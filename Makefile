@@ -15,8 +15,8 @@ USE_SITE_MPI ?= 0
 STAMP  := $(VENV)/.installed
 NP     ?= 2
 # Test processes (pytest-xdist; one test file per process, so a file's fixtures are built once).
-# 2 fits CI's 2 cores: the suite waits on process start-up and MPI launches as much as on
-# compute. TEST_JOBS=0 runs in this process, one test after another.
+# 2 fits CI's 2 cores: single-rank tests and process start-ups leave the other core idle
+# (8 min 10 s against 9 min 19 s in one process here). TEST_JOBS=0: one process, test by test.
 TEST_JOBS ?= 2
 
 .PHONY: install demo test test-fast test-slurm bench clean
