@@ -18,6 +18,7 @@ NP     ?= 2
 # 2 fits CI's 2 cores: single-rank tests and process start-ups leave the other core idle
 # (8 min 10 s against 9 min 19 s in one process here). TEST_JOBS=0: one process, test by test.
 TEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest -q tests -n $(TEST_JOBS) --dist loadfile
 
 .PHONY: install demo test test-fast test-slurm bench clean
 
@@ -41,10 +42,10 @@ demo: install
 	$(VENV)/bin/deepfusion demo --np $(NP)
 
 test: install
-	$(PY) -m pytest -q tests -n $(TEST_JOBS) --dist loadfile
+	$(PYTEST)
 
 test-fast: install
-	$(PY) -m pytest -q tests -m "not mpi and not slow" -n $(TEST_JOBS) --dist loadfile
+	$(PYTEST) -m "not mpi and not slow"
 
 # The job scripts under a real Slurm: as root with apt-get (or beside a running cluster) it installs
 # slurm-wlm + munge if missing, starts a one-node cluster on localhost in a temporary directory,

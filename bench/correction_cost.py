@@ -9,9 +9,9 @@ The network is the one CONFIG's schedule ends with (built and grown level by lev
 correction options (its ``correction`` table; none given: the config's own). Per option set:
 the median seconds of one forward pass at ``--batch`` samples on ``problem.grid`` (no
 gradients, channels-last as configured), the same for the network inside it on its own grid,
-and the correction's parameter count. The problem's
-combination (e.g. Ritz) is not included: ``bench.ritz_partition`` and ``bench.infer_bench``
-time it on a trained checkpoint. One process, ``--threads`` threads.
+and the correction's parameter count. The problem's combination (e.g. Ritz) is not included:
+``bench.ritz_partition`` and ``bench.infer_bench`` time it on a trained checkpoint. One
+process, ``--threads`` threads.
 """
 from __future__ import annotations
 
