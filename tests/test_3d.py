@@ -18,43 +18,17 @@ from deepfusion.app.fields import read_fields, write_input_fields
 from deepfusion.engine.faults import ENV as FAULT
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, train
+from tests.tiny_configs import TINY, variant
 
-TINY3 = """
-[problem]
-name = "poisson3d"
-grid = [8, 8, 8]
-[model]
-name = "unet3d"
-options = {depth = 1, base_width = 2, max_width = 4}
-channels_last = true
-[data]
-n_samples = 8
-global_batch = 4
-eval_samples = 2
-[optim]
-name = "adam"
-lr = 3e-3
-schedule = "constant"
-[train]
-epochs = 3
-dtype = "float64"
-log_every = 2
-checkpoint_every = 2
-[parallel]
-threads_per_rank = 1
-"""
-
-MULTIGRID = TINY3.replace("grid = [8, 8, 8]", "grid = [16, 16, 16]").replace(
-    "channels_last = true", "channels_last = true\nprolong = {depth = 1, base_width = 2, "
-    "max_width = 4}") + """
-[[train.levels]]
-grid = [8, 8, 8]
-steps = 2
-[[train.levels]]
-grid = [16, 16, 16]
-steps = 2
-prolong = true
-"""
+TINY3 = variant(TINY, "run.plots=true", 'problem.name="poisson3d"', "problem.grid=[8, 8, 8]",
+                'model.name="unet3d"', "model.options={depth = 1, base_width = 2, max_width = 4}",
+                "model.channels_last=true", "data.n_samples=8", "train.epochs=3", "train.log_every=2",
+                "train.checkpoint_every=2", drop=("train.checksum_every",))
+# 8^3 -> 16^3, the second level's network one level deeper (prolong)
+MULTIGRID = variant(TINY3, "problem.grid=[16, 16, 16]",
+                    "model.prolong={depth = 1, base_width = 2, max_width = 4}",
+                    "train.levels=[{grid = [8, 8, 8], steps = 2}, "
+                    "{grid = [16, 16, 16], steps = 2, prolong = true}]")
 REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}
 
 

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from tests.mpi_util import run_mpi
-from tests.test_engine_mpi import TINY, losses, losses_on_every_p, train
+from tests.test_engine_mpi import losses, losses_on_every_p, train
+from tests.tiny_configs import TINY
 
 pytestmark = pytest.mark.mpi
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.mpi_util import deepfusion
-from tests.test_engine_mpi import TINY as ENGINE_TINY
+from tests.tiny_configs import TINY as ENGINE_TINY
 
 pytestmark = pytest.mark.mpi
 

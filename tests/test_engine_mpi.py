@@ -6,35 +6,9 @@ import pytest
 
 from deepfusion.engine.faults import ENV as FAULT
 from tests.mpi_util import deepfusion, run_mpi
+from tests.tiny_configs import TINY
 
 pytestmark = pytest.mark.mpi
-
-TINY = """
-[run]
-plots = false  # figures are checked where asserted (test_3d, test_multigrid)
-[problem]
-name = "burgers"
-grid = [16, 16]
-[model]
-name = "unet"
-options = {depth = 2, base_width = 4}
-channels_last = false
-[data]
-n_samples = 16
-global_batch = 4
-eval_samples = 2
-[optim]
-name = "adam"
-lr = 3e-3
-schedule = "constant"
-[train]
-epochs = 5
-dtype = "float64"
-log_every = 5
-checksum_every = 5
-[parallel]
-threads_per_rank = 1
-"""
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from tests.mpi_util import ROOT, deepfusion
-from tests.test_engine_mpi import TINY, train
+from tests.test_engine_mpi import train
+from tests.tiny_configs import TINY
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from deepfusion.app.build import build_model, build_problem
 from deepfusion.engine.checkpoint import load_checkpoint
 from deepfusion.config import load_config
 from tests.mpi_util import deepfusion
-from tests.test_engine_mpi import TINY
+from tests.tiny_configs import TINY
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from deepfusion.engine import atomic
 from deepfusion.engine.checkpoint import checkpoint_dir, checkpoint_path, prune_checkpoints
 from tests.mpi_util import deepfusion
-from tests.test_engine_mpi import TINY
+from tests.tiny_configs import TINY
 
 
 def dead_pid() -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from deepfusion.engine.comm import SerialComm, launcher_mismatch
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion
-from tests.test_engine_mpi import TINY
+from tests.tiny_configs import TINY
 
 
 def test_launcher_sizes_against_a_world_of_one():

@@ -15,6 +15,7 @@ from deepfusion.engine.data import LazyBatch
 from deepfusion.engine.firstorder import Adam
 from deepfusion.engine.optimizers import OptimizerSchedule, build_stepper
 from tests.mpi_util import run_mpi
+from tests.tiny_configs import TINY, variant
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi_scripts"))
 from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
@@ -162,33 +163,7 @@ def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex(flags):
     assert "OK iterates P=2" in p.stdout and "OK convex P=2" in p.stdout
 
 
-SWITCH = """
-[run]
-plots = false  # figures are checked where asserted (test_3d, test_multigrid)
-[problem]
-name = "burgers"
-grid = [16, 16]
-[model]
-name = "unet"
-options = {depth = 2, base_width = 4}
-channels_last = false
-[data]
-n_samples = 16
-global_batch = 8
-eval_samples = 0
-[optim]
-name = "adam"
-lr = 3e-3
-schedule = "constant"
-switch_to_lbfgs_epoch = 2
-lbfgs_max_iter = 3
-lbfgs_history = 5
-[train]
-epochs = 5
-dtype = "float64"
-log_every = 5
-checksum_every = 1
-micro_batch = 2
-[parallel]
-threads_per_rank = 1
-"""
+# Adam for 2 epochs, then L-BFGS on micro-batches of 2
+SWITCH = variant(TINY, "data.global_batch=8", "data.eval_samples=0", "optim.switch_to_lbfgs_epoch=2",
+                 "optim.lbfgs_max_iter=3", "optim.lbfgs_history=5", "train.checksum_every=1",
+                 "train.micro_batch=2")

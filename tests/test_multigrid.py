@@ -18,45 +18,14 @@ from deepfusion.engine.faults import ENV as FAULT
 from deepfusion.engine.levels import plan, visit_at, visit_order
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.test_engine_mpi import losses, train
+from tests.tiny_configs import TINY, variant
 
-MG = """
-[run]
-plots = false  # figures are checked where asserted (test_3d, test_multigrid)
-[problem]
-name = "burgers"
-grid = [64, 64]
-[model]
-name = "unet"
-options = {depth = 2, base_width = 4}
-channels_last = false
-[data]
-n_samples = 16
-global_batch = 4
-eval_samples = 2
-[optim]
-name = "adam"
-lr = 3e-3
-schedule = "cosine"
-warmup_steps = 1
-[train]
-dtype = "float64"
-log_every = 1
-checksum_every = 3
-cycle = "half-v"
-[[train.levels]]
-grid = [16, 16]
-steps = 5
-[[train.levels]]
-grid = [32, 32]
-epochs = 1
-global_batch = 8
-[[train.levels]]
-grid = [64, 64]
-steps = 4
-optim = {lr = 1e-3}
-[parallel]
-threads_per_rank = 1
-"""
+# 16 -> 32 -> 64, coarse to fine: steps, then an epoch at its own batch, then steps at its own rate
+MG = variant(TINY, "problem.grid=[64, 64]", 'optim.schedule="cosine"', "optim.warmup_steps=1",
+             "train.log_every=1", "train.checksum_every=3", 'train.cycle="half-v"',
+             "train.levels=[{grid = [16, 16], steps = 5}, "
+             "{grid = [32, 32], epochs = 1, global_batch = 8}, "
+             "{grid = [64, 64], steps = 4, optim = {lr = 1e-3}}]", drop=("train.epochs",))
 
 
 @pytest.fixture(scope="module")

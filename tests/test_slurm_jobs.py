@@ -21,6 +21,7 @@ import pytest
 
 from jobs.slurm_local.client import (ENV_LOCAL, ENV_PARTITION, ENV_WORKDIR, FINAL_STATES, cluster_up,
                                      run_client, sbatch, wait_for_file, wait_job)
+from tests.tiny_configs import TINY, variant
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(not cluster_up(), reason="needs a Slurm cluster: `make test-slurm` starts one")]
@@ -31,31 +32,8 @@ STEPS = 600          # the tiny run: long enough that a signal sent after step 2
 SIGNAL_AFTER = 20    # logged steps before the test sends USR1
 HANG_GUARD = 900     # seconds for any one wait on a job
 
-TINY = """\
-[problem]
-name = "burgers"
-grid = [16, 16]
-[model]
-name = "unet"
-options = {{depth = 2, base_width = 4}}
-channels_last = false
-[data]
-n_samples = 16
-global_batch = 4
-eval_samples = 2
-[optim]
-name = "adam"
-lr = 3e-3
-schedule = "constant"
-[train]
-epochs = 100000
-max_steps = {steps}
-dtype = "float64"
-log_every = 10
-checksum_every = 50
-[parallel]
-threads_per_rank = 1
-"""
+CONFIG = variant(TINY, "run.plots=true", "train.epochs=100000", f"train.max_steps={STEPS}",
+                 "train.log_every=10", "train.checksum_every=50")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +51,7 @@ def slurm():
                         'sockets = 1\nnuma_domains = 1\nmemory_gb = 1\nranks_per_node = 2\n'
                         f'threads_per_rank = 1\nsrun_mpi = "{os.environ.get("DEEPFUSION_SLURM_SRUN_MPI", "pmi2")}"\n')
     config = work / "tiny.toml"
-    config.write_text(TINY.format(steps=STEPS))
+    config.write_text(CONFIG)
     return SimpleNamespace(work=work, part=part, env=env, profiles=profiles, config=config,
                            local=os.environ.get(ENV_LOCAL) == "1")
 

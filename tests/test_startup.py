@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from tests.mpi_util import ROOT
-from tests.test_engine_mpi import TINY
+from tests.tiny_configs import TINY
 
 SPY = """
 import sys
