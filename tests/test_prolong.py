@@ -19,10 +19,11 @@ from diffnet.resample import resample_nodes
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.test_multigrid import MG
+from tests.tiny_configs import variant
 
-MGP = MG.replace("channels_last = false", "channels_last = false\nprolong = {depth = 2, base_width = 4}")
-MGP = MGP.replace("[[train.levels]]\ngrid = [32, 32]", "[[train.levels]]\nprolong = true\ngrid = [32, 32]")
-MGP = MGP.replace("[[train.levels]]\ngrid = [64, 64]", "[[train.levels]]\nprolong = true\ngrid = [64, 64]")
+# MG with the 32² and 64² levels grown by a depth-2 correction each
+MGP = variant(MG, "model.prolong={depth = 2, base_width = 4}", "train.levels[1].prolong=true",
+              "train.levels[2].prolong=true")
 
 
 def unet(**kw):
