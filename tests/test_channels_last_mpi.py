@@ -9,13 +9,11 @@ import pytest
 
 from tests.mpi_util import run_mpi
 from tests.test_engine_mpi import losses, losses_on_every_p, train
-from tests.tiny_configs import TINY
+from tests.tiny_configs import TINY, variant
 
 pytestmark = pytest.mark.mpi
 
-NCHW_LINE = "channels_last = false\n"
-assert NCHW_LINE in TINY, "TINY changed: update the channels_last substitution"
-TINY_NHWC = TINY.replace(NCHW_LINE, "channels_last = true\n")
+TINY_NHWC = variant(TINY, "model.channels_last=true")
 
 
 @pytest.fixture

@@ -10,13 +10,12 @@ import os
 import pytest
 
 from tests.mpi_util import deepfusion
-from tests.tiny_configs import TINY as ENGINE_TINY
+from tests.tiny_configs import TINY as ENGINE_TINY, variant
 
 pytestmark = pytest.mark.mpi
 
 # The engine tests' tiny Burgers run, with the initial and inflow values imposed.
-TINY = ENGINE_TINY.replace('grid = [16, 16]\n', 'grid = [16, 16]\noptions = {hard_bc = true}\n', 1)
-assert "hard_bc" in TINY
+TINY = variant(ENGINE_TINY, "problem.options={hard_bc = true}")
 
 
 @pytest.fixture
@@ -159,14 +158,7 @@ def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
     assert "cannot be split" in p.stderr
 
 
-MULTIGRID = TINY + """
-[[train.levels]]
-grid = [8, 8]
-steps = 6
-[[train.levels]]
-grid = [16, 16]
-steps = 6
-"""
+MULTIGRID = variant(TINY, "train.levels=[{grid = [8, 8], steps = 6}, {grid = [16, 16], steps = 6}]")
 
 
 @pytest.mark.parametrize("name,n,domain", [("3d", 2, "[1, 1, 2]"), ("multigrid", 2, "[2, 1]")])

@@ -9,7 +9,7 @@ import pytest
 
 from tests.mpi_util import ROOT, deepfusion
 from tests.test_engine_mpi import train
-from tests.tiny_configs import TINY
+from tests.tiny_configs import TINY, variant
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,8 @@ def test_a_directory_without_checkpoints_is_bad_input(tmp_path):
     assert p.returncode == 2 and "no complete checkpoint" in p.stderr and "Traceback" not in p.stderr
 
 
-RITZ = TINY.replace('name = "burgers"\ngrid = [16, 16]',
-                    'name = "darcy"\ngrid = [16, 16]\n'
-                    'options = { family = "fine-scale", output_scale = 0.01, ritz = true, '
-                    'ritz_fields = 2 }')
+RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-scale", '
+               'output_scale = 0.01, ritz = true, ritz_fields = 2}')
 
 
 @pytest.mark.mpi
