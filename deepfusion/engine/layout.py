@@ -49,12 +49,26 @@ def setup_threads(comm: Communicator, requested: int = 0) -> tuple[RankLayout, C
     import torch  # first import after OMP_NUM_THREADS is set
 
     torch.set_num_threads(threads)
+    limit_blas(threads)
     try:
         torch.set_num_interop_threads(1)  # one model per rank: inter-op parallelism only oversubscribes
     except RuntimeError:
         pass  # already set (a second run in the same process, e.g. tests)
     layout = RankLayout(comm.rank, node.rank, node.size, hostname(), host_cores, aff, threads)
     return layout, node
+
+
+def limit_blas(threads: int) -> None:
+    """Cap the BLAS libraries already loaded (numpy's and scipy's OpenBLAS) at ``threads``.
+
+    A BLAS reads OMP_NUM_THREADS only when it loads, and the communicator's module has loaded
+    numpy before the layout is known: without this, numpy's OpenBLAS ran one thread per core
+    in every rank (a reference AMG solve at ``--threads 1`` used 1.7 cores), oversubscribing the
+    node under ``mpiexec``. Libraries loaded later read OMP_NUM_THREADS, which is set by now.
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
 
 
 def _ranges(cpus: list[int]) -> str:
