@@ -53,24 +53,30 @@ def draws(run_dir: str, n: int, seed):
     return prob, params, refs, seed
 
 
+def errors(model, prob, params, refs, chunk: int = 8) -> np.ndarray:
+    """Relative L2 of the network's answers to ``params`` against ``refs``, ``chunk`` at a time."""
+    from diffnet.metrics import relative_l2
+
+    errs = []
+    with torch.no_grad():
+        for i in range(0, len(params), chunk):
+            x = prob.build_input(params[i:i + chunk]).to(next(model.parameters()).dtype)
+            u = prob.impose(model(x), x)[:, 0].double().numpy()
+            errs.append(relative_l2(u, refs[i:i + chunk]))
+    return np.concatenate(errs)
+
+
 def curve(run_dir: str, prob, params, refs, chunk: int = 8, stride: int = 1) -> list[dict]:
     """Error of every ``stride``-th checkpoint (and the last) on the final grid, in step order.
     With a stride > 1 the striding applies before the coarse-grid checkpoints are skipped."""
     from deepfusion.app.inference import load_model
-    from diffnet.metrics import relative_l2
 
     points = []
     for path in checkpoints(run_dir, stride):
         model, _p, _w, meta = load_model(path, grid=tuple(prob.grid))
         if tuple(meta.get("grid", prob.grid)) != tuple(prob.grid):
             continue
-        errs = []
-        with torch.no_grad():
-            for i in range(0, len(params), chunk):
-                x = prob.build_input(params[i:i + chunk]).to(next(model.parameters()).dtype)
-                u = prob.impose(model(x), x)[:, 0].double().numpy()
-                errs.append(relative_l2(u, refs[i:i + chunk]))
-        e = np.concatenate(errs)
+        e = errors(model, prob, params, refs, chunk)
         points.append({"checkpoint": os.path.basename(path), "step": int(meta["step"]),
                        "elapsed_s": float(meta.get("elapsed_s", float("nan"))),
                        "mean": float(e.mean()), "median": float(np.median(e)),

@@ -345,3 +345,24 @@ def test_correction_cost_times_the_grown_network_per_correction(tmp_path):
                for r in rows)
     assert correction_cost.main([str(cfg), "--repeats", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][0]["correction"]["base_width"] == 4
+
+
+def test_checkpoint_average_means_the_float_tensors_and_keeps_the_others(tmp_path):
+    """Two checkpoints: the floating weights averaged (in float64, stored in their dtype), an
+    integer buffer taken from the last one; K outside the kept checkpoints is refused."""
+    import torch
+
+    from bench import checkpoint_average
+    from deepfusion.engine.checkpoint import save_checkpoint
+
+    paths = []
+    for step, (w, n) in enumerate([(1.0, 3), (2.0, 5)], start=1):
+        paths.append(str(tmp_path / "checkpoints" / f"step_{step:08d}.h5"))
+        save_checkpoint(paths[-1], model_state={"w": torch.full((2,), w, dtype=torch.float32),
+                                                "n": torch.tensor(n)},
+                        optim_state={}, rng_state={}, meta={"step": step})
+    avg = checkpoint_average.averaged_state(paths)
+    assert avg["w"].dtype == torch.float32 and avg["w"].tolist() == [1.5, 1.5]
+    assert avg["n"].item() == 5
+    with pytest.raises(SystemExit):
+        checkpoint_average.main([str(tmp_path), "--last", "3"])
