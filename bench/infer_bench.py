@@ -26,6 +26,12 @@ reference solutions is reported), else the problem's default U-Net (``unet``, ``
 The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.app.inference.predictor``:
 channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
 
+The solvers solve on one core while the network uses ``--threads``. With ``--threads`` T > 1
+each solver is also run as T one-thread processes at once on the same draws
+(``solver_<method>_node``: the seconds per solve, and per answer on the node = that / T), and
+``speedup_vs_<method>_node`` sets the network against that: the like-for-like figure for a node
+answering many draws. ``speedup_vs_<method>`` (one solve at a time) flatters the network.
+
 Controls (with ``--work-grid``): the reference solver on the work grid, interpolated to the
 N grid the same way, timed and compared with the N-grid reference solution -- it says how much of the speed-up
 comes from the problem being resolved on the coarse grid rather than from the network; and the
@@ -164,20 +170,49 @@ def worker(cfg: dict) -> dict:
 # driver
 # ---------------------------------------------------------------------------------------------
 
-def _run(cfg: dict) -> dict:
+def _start(cfg: dict) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(cfg["threads"]),
                DEEPFUSION_NO_MPI="1")
-    res = subprocess.run([sys.executable, "-m", "bench.infer_bench", "--worker", json.dumps(cfg)],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    if res.returncode != 0:
-        err = res.stderr.strip().splitlines()[-1:] or ["failed"]
+    return subprocess.Popen([sys.executable, "-m", "bench.infer_bench", "--worker",
+                             json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)
+
+
+def _finish(cfg: dict, proc: subprocess.Popen, quiet: bool = False) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        err = err.strip().splitlines()[-1:] or ["failed"]
         print(f"  {cfg['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
               f"failed: {err[0]}", flush=True)
         return {**cfg, "error": err}
-    rec = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"  {rec['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
-          f"method={cfg.get('method', '-'):6s} {rec['seconds_per_sample']:.4g} s/sample  "
-          f"peak RSS {rec['peak_rss_mb']:.0f} MB", flush=True)
+    rec = json.loads(out.strip().splitlines()[-1])
+    if not quiet:
+        print(f"  {rec['kind']:5s} {cfg['size']:5d}  batch={cfg.get('batch', '-')!s:3s} "
+              f"method={cfg.get('method', '-'):6s} {rec['seconds_per_sample']:.4g} s/sample  "
+              f"peak RSS {rec['peak_rss_mb']:.0f} MB", flush=True)
+    return rec
+
+
+def _run(cfg: dict) -> dict:
+    return _finish(cfg, _start(cfg))
+
+
+def _run_node(cfg: dict, copies: int) -> dict:
+    """``copies`` one-thread solver processes at once on the same draws (so they run in step):
+    the node's time per answer when it solves many draws, one per core. The solvers (SuperLU,
+    pyamg) solve on one core, so timing one solve alone sets them against a network that used
+    every core for its answer."""
+    cfg = {**cfg, "threads": 1}
+    recs = [_finish(cfg, p, quiet=True) for p in [_start(cfg) for _ in range(copies)]]
+    if any("error" in r for r in recs):
+        return {**cfg, "error": next(r["error"] for r in recs if "error" in r)}
+    each = sorted(r["seconds_per_sample"] for r in recs)[len(recs) // 2]
+    rec = {"copies": copies, "threads_each": 1, "seconds_per_solve": each,
+           "seconds_per_sample": each / copies,
+           "peak_rss_mb": sum(r["peak_rss_mb"] for r in recs)}
+    print(f"  solve {cfg['size']:5d}  method={cfg['method']:6s} {copies} at once, 1 thread each: "
+          f"{each:.4g} s per solve = {rec['seconds_per_sample']:.4g} s/sample on the node  "
+          f"peak RSS {rec['peak_rss_mb']:.0f} MB in all", flush=True)
     return rec
 
 
@@ -195,6 +230,8 @@ def bench_size(size: int, args, tmp: str) -> dict:
     solvers = {m: _run({**base, "kind": "solve", "method": m, "n": n_solve,
                         **({"save": ref_path} if m == ref else {})}) for m in args.solvers}
     ref_ok = "error" not in solvers[ref]
+    node = {m: _run_node({**base, "kind": "solve", "method": m, "n": n_solve}, args.threads)
+            for m in args.solvers} if args.threads > 1 else {}
     infers = []
     for b in args.batches:
         n = max(args.samples, b)
@@ -234,6 +271,8 @@ def bench_size(size: int, args, tmp: str) -> dict:
            "inference_batch1_s": batch1 and batch1["seconds_per_sample"],
            "inference_best": best and {"batch": best["batch"], "s": best["seconds_per_sample"]},
            **{f"speedup_vs_{m}": _ratio(r, best) for m, r in solvers.items()},
+           **{f"solver_{m}_node": r for m, r in node.items()},
+           **{f"speedup_vs_{m}_node": _ratio(r, best) for m, r in node.items()},
            f"rel_l2_mean_vs_{ref}": rel and rel["mean"], "rel_l2_vs_reference": rel,
            f"control_{ref}_on_work_grid": coarse, "network_on_full_grid_batch1": full,
            "error_note": None if args.checkpoint else "untrained network: error not reported"}

@@ -366,3 +366,22 @@ def test_checkpoint_average_means_the_float_tensors_and_keeps_the_others(tmp_pat
     assert avg["n"].item() == 5
     with pytest.raises(SystemExit):
         checkpoint_average.main([str(tmp_path), "--last", "3"])
+
+
+def test_infer_bench_times_the_solvers_one_per_core_beside_one_at_a_time(tmp_path):
+    """With --threads 2 each solver also runs as two one-thread processes at once: its record
+    gives the time per solve and per answer on the node (half of it), and the node speed-up
+    is the network against that."""
+    from bench import infer_bench
+
+    out = tmp_path / "ib.json"
+    assert infer_bench.main(["--sizes", "32", "--batches", "1", "--samples", "2",
+                             "--solver-samples", "2", "--solvers", "direct", "--threads", "2",
+                             "--out", str(out)]) == 0
+    r = json.loads(out.read_text())["results"][0]
+    node = r["solver_direct_node"]
+    assert node["copies"] == 2 and node["threads_each"] == 1
+    assert node["seconds_per_sample"] == pytest.approx(node["seconds_per_solve"] / 2)
+    best = r["inference_best"]["s"]
+    assert r["speedup_vs_direct_node"] == pytest.approx(node["seconds_per_sample"] / best)
+    assert r["speedup_vs_direct"] == pytest.approx(r["solver_direct"]["seconds_per_sample"] / best)
