@@ -26,12 +26,15 @@ from bench.common import emit_json
 from bench.error_vs_time import checkpoints, draws, errors
 
 
-def averaged_state(paths: list[str]) -> dict:
-    """Equal-weight mean (in float64) of the floating tensors of the checkpoints' models;
-    other entries are taken from the last checkpoint."""
+def model_states(paths: list[str]) -> list[dict]:
     from deepfusion.engine.checkpoint import load_checkpoint
 
-    states = [load_checkpoint(p)["model_state"] for p in paths]
+    return [load_checkpoint(p)["model_state"] for p in paths]
+
+
+def averaged_state(states: list[dict]) -> dict:
+    """Equal-weight mean (in float64) of the floating tensors of the models' states; other
+    entries are taken from the last state."""
     out = {}
     for name, t in states[-1].items():
         if torch.is_tensor(t) and t.is_floating_point():
@@ -59,10 +62,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     seed = load_config(os.path.join(a.run, "config.toml")).data.eval_seed if a.seed is None else a.seed
     prob, params, refs, seed = draws(a.run, a.draws, seed)
-    model, _p, _w, meta = load_model(paths[-1], grid=tuple(prob.grid))
+    model = load_model(paths[-1], grid=tuple(prob.grid))[0]
+    states = model_states(paths[-ks[-1]:])  # each checkpoint read once, for every K
     res = {"run": a.run, "draws": a.draws, "seed": seed, "grid": list(prob.grid), "rows": []}
     for k in ks:
-        model.load_state_dict(averaged_state(paths[-k:]))
+        model.load_state_dict(averaged_state(states[-k:]))
         e = errors(model, prob, params, refs)
         row = {"last": k, "first": os.path.basename(paths[-k]), "mean": float(e.mean()),
                "median": float(np.median(e)), "worst": float(e.max())}

@@ -361,7 +361,7 @@ def test_checkpoint_average_means_the_float_tensors_and_keeps_the_others(tmp_pat
         save_checkpoint(paths[-1], model_state={"w": torch.full((2,), w, dtype=torch.float32),
                                                 "n": torch.tensor(n)},
                         optim_state={}, rng_state={}, meta={"step": step})
-    avg = checkpoint_average.averaged_state(paths)
+    avg = checkpoint_average.averaged_state(checkpoint_average.model_states(paths))
     assert avg["w"].dtype == torch.float32 and avg["w"].tolist() == [1.5, 1.5]
     assert avg["n"].item() == 5
     with pytest.raises(SystemExit):
