@@ -36,6 +36,10 @@ grid's value includes the earlier grids' peak (run one size per process for a pe
 
 Prints one line per configuration (N, method, tol, setup s, solve s per sample, iterations, rel
 L2 vs direct); writes the JSON (``emit_json``) to ``--out`` (default bench/out/fem_darcy.json).
+
+``--export DIR`` also writes each draw's system and direct solution to ``DIR/N{N}_draw{i}.npz``
+(``export_system``), for solvers outside this environment: ``bench/hypre_bench.py`` solves them
+with hypre's BoomerAMG through petsc4py.
 """
 from __future__ import annotations
 
@@ -63,6 +67,8 @@ def parse(argv):
     ap.add_argument("--maxiter", type=int, default=1000, help="CG iteration cap")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fem_darcy.json"))
+    ap.add_argument("--export", default=None, metavar="DIR",
+                    help="also write each draw's system and direct solution to DIR (npz)")
     args = ap.parse_args(argv)
     args.command = " ".join([ap.prog] + (sys.argv[1:] if argv is None else list(argv)))
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -127,9 +133,21 @@ def cg_records(ml, system, u_ref, rtols, maxiter, setup_s) -> dict:
     return out
 
 
-def solve_draw(p, nu, rtols, maxiter, ml0=None):
+def export_system(path: str, system, u_direct) -> None:
+    """One draw's reduced system as plain arrays (CSR ``indptr``/``indices``/``data``, ``b``,
+    the ``free`` mask, ``u_full`` with the Dirichlet values) and the direct solution ``u_direct``
+    over all nodes: what a solver needs to answer it and be scored as this bench scores."""
+    import numpy as np
+
+    a, b, free, u_full = system
+    np.savez(path, indptr=a.indptr, indices=a.indices, data=a.data, b=b, free=free,
+             u_full=u_full, u_direct=u_direct)
+
+
+def solve_draw(p, nu, rtols, maxiter, ml0=None, export=None):
     """One draw: assembly, direct, AMG with its own hierarchy and, given ``ml0`` (draw 0's
-    hierarchy), AMG with that setup reused. Returns (record, direct field, own hierarchy)."""
+    hierarchy), AMG with that setup reused; given ``export`` (a path), the system and the direct
+    field are written there. Returns (record, direct field, own hierarchy)."""
     import numpy as np
 
     from diffnet.reference.elliptic import amg_hierarchy, solve_direct
@@ -143,6 +161,8 @@ def solve_draw(p, nu, rtols, maxiter, ml0=None):
     res = float(np.linalg.norm(b - a @ x) / np.linalg.norm(b))
     rec["direct"] = {None: {"setup_s": info["setup_time"], "solve_s": info["solve_time"],
                             "iterations": 0, "residual": res, "rel_l2": 0.0}}
+    if export:
+        export_system(export, system, u)
     t0 = time.perf_counter()
     ml = amg_hierarchy(a)
     setup_s = time.perf_counter() - t0
@@ -180,8 +200,11 @@ def measure_grid(n: int, args) -> tuple[dict, list]:
     p = get_problem("darcy", grid=(n, n), family=args.family)
     params = p.sample_params(args.seed, range(args.samples))
     recs, ml0 = [], None
+    if args.export:
+        os.makedirs(args.export, exist_ok=True)
     for i in range(args.samples):
-        rec, _, ml = solve_draw(p, draw_nu(p, params, i), args.rtols, args.maxiter, ml0)
+        path = os.path.join(args.export, f"N{n}_draw{i}.npz") if args.export else None
+        rec, _, ml = solve_draw(p, draw_nu(p, params, i), args.rtols, args.maxiter, ml0, path)
         ml0 = ml if i == 0 else ml0  # draw 0's hierarchy preconditions the later draws
         recs.append(rec)
     rows = [summarise(n, recs, "direct", None, args.maxiter)]
@@ -206,7 +229,7 @@ def print_row(r: dict) -> None:
 
 
 def measure(args) -> dict:
-    warm = argparse.Namespace(**{**vars(args), "samples": 2})
+    warm = argparse.Namespace(**{**vars(args), "samples": 2, "export": None})
     measure_grid(16, warm)  # untimed: loads SuperLU, pyamg and the problem code
     t_start, grids, rows = time.perf_counter(), [], []
     for n in args.sizes:

@@ -1,6 +1,10 @@
-"""bench.fem_bench: the classical Darcy solvers it times solve the reference solver's system."""
+"""bench.fem_bench: the classical Darcy solvers it times solve the reference solver's system;
+its ``--export`` files, and bench/hypre_bench.py solving them where petsc4py is found."""
+import glob
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,11 +20,12 @@ N, S = 32, 2
 def result(tmp_path_factory):
     """The benchmark's JSON at N = 32, S = 2 (its thread settings undone afterwards)."""
     out = tmp_path_factory.mktemp("fem") / "fem.json"
+    export = out.parent / "systems"
     saved_env = {k: os.environ.get(k) for k in fem_bench.THREAD_VARS}
     saved_threads = torch.get_num_threads()
     try:
         fem_bench.main(["--sizes", str(N), "--samples", str(S), "--rtols", "1e-8,1e-2",
-                        "--out", str(out)])
+                        "--out", str(out), "--export", str(export)])
     finally:
         torch.set_num_threads(saved_threads)
         for k, v in saved_env.items():
@@ -28,7 +33,9 @@ def result(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    res["export_dir"] = str(export)
+    return res
 
 
 def row(res, method, rtol=None):
@@ -79,3 +86,67 @@ def test_json_layout(result):
         for key in ("N", "setup_s", "solve_s", "total_s", "iterations", "iterations_max",
                     "rel_l2_vs_direct", "rel_l2_vs_direct_max", "residual_max", "converged"):
             assert key in r, key
+
+
+def test_export_holds_each_draws_system_and_direct_solution(result):
+    import scipy.sparse as sp
+
+    p = get_problem("darcy", grid=(N, N), family="fine-scale")
+    params = p.sample_params(271828, range(S))
+    paths = sorted(glob.glob(os.path.join(result["export_dir"], "*.npz")))
+    assert [os.path.basename(x) for x in paths] == [f"N{N}_draw{i}.npz" for i in range(S)]
+    for i, path in enumerate(paths):
+        z = np.load(path)
+        n = z["b"].size
+        a = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(n, n))
+        u = z["u_direct"]
+        np.testing.assert_allclose(u, p.reference_solution(params[i], "direct"), rtol=1e-12,
+                                   atol=1e-15)
+        np.testing.assert_allclose(a @ u[z["free"]], z["b"], rtol=1e-9, atol=1e-12)
+        assert z["free"].sum() == n and not z["u_full"][z["free"]].any()
+
+
+def petsc_python():
+    """(interpreter, env) of a Python that imports petsc4py, or None: this one first, then
+    Debian's /usr/bin/python3 with its petsc4py directory on PYTHONPATH."""
+    candidates = [(sys.executable, dict(os.environ))]
+    for d in glob.glob("/usr/lib/petscdir/*/*-real/lib/python3/dist-packages"):
+        candidates.append(("/usr/bin/python3", {**os.environ, "PYTHONPATH": d}))
+    for exe, env in candidates:
+        ok = os.path.exists(exe) and subprocess.run(
+            [exe, "-c", "import petsc4py, numpy"], env=env, capture_output=True).returncode == 0
+        if ok:
+            return exe, env
+    return None
+
+
+HYPRE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench",
+                     "hypre_bench.py")
+
+
+def test_boomeramg_solves_the_exported_systems(result, tmp_path):
+    found = petsc_python()
+    if found is None:
+        pytest.skip("no Python with petsc4py here (Debian: apt-get install "
+                    "python3-petsc4py-real3.18); bench/hypre_bench.py is not run")
+    exe, env = found
+    out = tmp_path / "hypre.json"
+    proc = subprocess.run([exe, HYPRE, result["export_dir"], "--rtols", "1e-8,1e-1",
+                           "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    tight, loose = res["rows"]
+    assert (tight["N"], tight["rtol"], tight["draws"]) == (N, 1e-8, S)
+    assert tight["converged"] and tight["rel_l2_vs_direct_max"] < 1e-6
+    assert tight["residual_max"] <= 1e-8 and loose["residual_max"] <= 1e-1
+    assert loose["iterations"] <= tight["iterations"] and tight["setup_s"] > 0
+
+
+def test_hypre_bench_names_what_is_missing(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, HYPRE, *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=60)
+    proc = run(str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "bench.fem_bench ... --export DIR" in proc.stderr
+    proc = run(str(tmp_path))
+    assert proc.returncode == 1 and "no N{N}_draw{i}.npz" in proc.stderr
