@@ -1,23 +1,29 @@
-"""The classical solvers of the Darcy problem at the native grid: sparse direct vs AMG (issue #19).
+"""The classical solvers of a diffusion problem at the native grid: sparse direct vs AMG (issue #19).
 
     python -m bench.fem_bench --sizes 512,1024 --samples 4 --family fine-scale
                               --rtols 1e-8,1e-4,1e-2 --threads 1 --out bench/out/fem_darcy.json
-                              [--seed 271828] [--maxiter 1000]
+                              [--seed 271828] [--maxiter 1000] [--export DIR]
+    python -m bench.fem_bench --problem poisson3d --sizes 128 --samples 2 --seed 777
+                              --reference amg --rtols 1e-10,1e-1 --out bench/out/fem_poisson3d.json
 
 The reference side of "inference against FEM at the native grid". For each grid size N (N x N
 nodes) and each of S draws (``sample_params(seed, range(S))`` of ``get_problem("darcy",
 grid=(N, N), family=...)``; seed 271828 is ``data.test_seed``'s default, the draws ``deepfusion
-evaluate`` tests on) the linear system is assembled exactly as ``reference_solution`` assembles
-it (``assemble_diffusion`` with the problem's lengths and ``diffusion_options``: harmonic face
-means, f = source, u = 0 on the boundary, Dirichlet nodes eliminated), timed apart, and solved by
+evaluate`` tests on; ``--problem`` names another problem whose input channel 0 is nu, 2-D or
+3-D, on an N x N (x N) grid) the linear system is assembled exactly as ``reference_solution``
+assembles it (``assemble_diffusion`` / ``assemble_diffusion_3d`` with the problem's lengths and
+``diffusion_options``: harmonic face means, the problem's source and Dirichlet values, Dirichlet
+nodes eliminated), timed apart, and solved by
 
 * direct: SuperLU (``solve_direct``, the reference "direct" solver); setup = factorisation,
-  solve = triangular solves. Its solution is what every error below is measured against.
+  solve = triangular solves. Its solution is what every error below is measured against. With
+  ``--reference amg`` (3-D grids, where SuperLU's fill-in does not fit) the reference is instead
+  AMG-CG to a relative residual of 1e-12 (row ``amg_reference``).
 * amg: pyamg smoothed aggregation (``amg_hierarchy``, the reference settings) as the V-cycle
   preconditioner of CG (``amg_cg``), for each relative residual tolerance of ``--rtols``: setup
   (the hierarchy: built once per draw, shared by the tolerances) and solve seconds apart, CG
-  iterations, relative L2 error against direct over all nodes (boundary included, as the
-  project's field errors are computed).
+  iterations, relative L2 error against the reference over all nodes (boundary included, as
+  the project's field errors are computed).
 * amg_reused: draw 0's hierarchy as the preconditioner of CG on draws 1..S-1 (one sparsity
   pattern per grid, other values), so the setup is paid once per grid (its setup_s is draw 0's
   hierarchy). Valid: a symmetric V-cycle of an SPD matrix is an SPD preconditioner, which is all
@@ -61,7 +67,11 @@ def parse(argv):
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="512,1024", help="grid sizes N (N x N nodes), comma list")
     ap.add_argument("--samples", type=int, default=4, help="draws S per grid")
-    ap.add_argument("--family", default="fine-scale", help="benchmark | fine-scale")
+    ap.add_argument("--problem", default="darcy", help="a diffusion problem: darcy, poisson, "
+                    "reaction_diffusion, poisson3d")
+    ap.add_argument("--family", default="fine-scale", help="darcy's family: benchmark | fine-scale")
+    ap.add_argument("--reference", default="direct", choices=("direct", "amg"),
+                    help="what errors are measured against: SuperLU, or AMG-CG to 1e-12 (3-D)")
     ap.add_argument("--seed", type=int, default=271828)
     ap.add_argument("--rtols", default="1e-8,1e-4,1e-2", help="AMG-CG relative residuals")
     ap.add_argument("--maxiter", type=int, default=1000, help="CG iteration cap")
@@ -99,11 +109,40 @@ def draw_nu(p, params, i: int):
 
 
 def assemble(p, nu):
-    """The reference solver's system of ``nu`` (as ``solve_nu`` calls ``solve_diffusion``)."""
-    from diffnet.reference.elliptic import assemble_diffusion
+    """The reference solver's system of ``nu`` (as ``solve_nu`` calls ``solve_diffusion`` or
+    ``solve_diffusion_3d``)."""
+    from diffnet.reference import assemble_diffusion, assemble_diffusion_3d
 
     lengths = tuple(ax.hi - ax.lo for ax in p.axes)
-    return assemble_diffusion(nu, lengths=lengths, **p.diffusion_options())
+    fn = assemble_diffusion_3d if nu.ndim == 3 else assemble_diffusion
+    return fn(nu, lengths=lengths, **p.diffusion_options())
+
+
+def check_problem(name: str) -> None:
+    """Exit (status 2) unless ``name`` is a diffusion problem; after ``set_threads``, since
+    the problems import torch and numpy."""
+    from diffnet.problems import PROBLEMS
+
+    valid = [n for n, c in PROBLEMS.items() if hasattr(c, "diffusion_options")]
+    if name not in valid:
+        print(f"python -m bench.fem_bench: error: --problem {name!r}: it solves diffusion "
+              f"problems; choose from {', '.join(valid)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def get_dims(name: str) -> int:
+    from diffnet.problems import get_problem
+
+    return get_problem(name).dims
+
+
+def make_problem(n: int, args):
+    """The problem on the N x N (x N) grid: ``--family`` goes to darcy alone."""
+    from diffnet.problems import get_problem
+
+    dims = get_dims(args.problem)
+    options = {"family": args.family} if args.problem == "darcy" else {}
+    return get_problem(args.problem, grid=(n,) * dims, **options)
 
 
 def field(x, free, u_full):
@@ -133,36 +172,59 @@ def cg_records(ml, system, u_ref, rtols, maxiter, setup_s) -> dict:
     return out
 
 
-def export_system(path: str, system, u_direct) -> None:
+def export_system(path: str, system, u_ref, reference: str) -> None:
     """One draw's reduced system as plain arrays (CSR ``indptr``/``indices``/``data``, ``b``,
-    the ``free`` mask, ``u_full`` with the Dirichlet values) and the direct solution ``u_direct``
-    over all nodes: what a solver needs to answer it and be scored as this bench scores."""
+    the ``free`` mask, ``u_full`` with the Dirichlet values) and the reference solution
+    ``u_ref`` over all nodes (``reference`` names it): what a solver needs to answer it and be
+    scored as this bench scores."""
     import numpy as np
 
     a, b, free, u_full = system
     np.savez(path, indptr=a.indptr, indices=a.indices, data=a.data, b=b, free=free,
-             u_full=u_full, u_direct=u_direct)
+             u_full=u_full, u_ref=u_ref, reference=reference)
 
 
-def solve_draw(p, nu, rtols, maxiter, ml0=None, export=None):
-    """One draw: assembly, direct, AMG with its own hierarchy and, given ``ml0`` (draw 0's
-    hierarchy), AMG with that setup reused; given ``export`` (a path), the system and the direct
-    field are written there. Returns (record, direct field, own hierarchy)."""
+REFERENCE_RTOL = 1e-12  # --reference amg: CG to this relative residual stands for the exact solve
+
+
+def reference_solve(system, kind: str, maxiter: int):
+    """(reference field, method name, record) of ``system``: SuperLU, or AMG-CG to
+    REFERENCE_RTOL (its hierarchy built here, untimed apart from the record)."""
     import numpy as np
 
-    from diffnet.reference.elliptic import amg_hierarchy, solve_direct
+    from diffnet.reference.elliptic import amg_cg, amg_hierarchy, solve_direct
+
+    a, b, free, u_full = system
+    t0 = time.perf_counter()
+    if kind == "direct":
+        x, info = solve_direct(a, b)
+        setup_s, solve_s, its = info["setup_time"], info["solve_time"], 0
+    else:
+        ml = amg_hierarchy(a)
+        setup_s = time.perf_counter() - t0
+        x, info = amg_cg(ml, a, b, REFERENCE_RTOL, maxiter)
+        solve_s, its = time.perf_counter() - t0 - setup_s, info["iterations"]
+    res = float(np.linalg.norm(b - a @ x) / np.linalg.norm(b))
+    method = "direct" if kind == "direct" else "amg_reference"
+    return field(x, free, u_full), method, {"setup_s": setup_s, "solve_s": solve_s,
+                                            "iterations": its, "residual": res, "rel_l2": 0.0}
+
+
+def solve_draw(p, nu, rtols, maxiter, ml0=None, export=None, reference="direct"):
+    """One draw: assembly, the reference solve (``reference``: "direct" or "amg"), AMG with its
+    own hierarchy and, given ``ml0`` (draw 0's hierarchy), AMG with that setup reused; given
+    ``export`` (a path), the system and the reference field are written there. Returns
+    (record, reference field, own hierarchy)."""
+    from diffnet.reference.elliptic import amg_hierarchy
 
     t0 = time.perf_counter()
     system = assemble(p, nu)
-    a, b, free, u_full = system
+    a = system[0]
     rec = {"assemble_s": time.perf_counter() - t0, "unknowns": a.shape[0], "nnz": a.nnz}
-    x, info = solve_direct(a, b)
-    u = field(x, free, u_full)
-    res = float(np.linalg.norm(b - a @ x) / np.linalg.norm(b))
-    rec["direct"] = {None: {"setup_s": info["setup_time"], "solve_s": info["solve_time"],
-                            "iterations": 0, "residual": res, "rel_l2": 0.0}}
+    u, method, ref = reference_solve(system, reference, maxiter)
+    rec[method] = {None: ref}
     if export:
-        export_system(export, system, u)
+        export_system(export, system, u, method)
     t0 = time.perf_counter()
     ml = amg_hierarchy(a)
     setup_s = time.perf_counter() - t0
@@ -188,26 +250,27 @@ def summarise(n: int, recs: list, method: str, rtol, maxiter: int) -> dict:
     return {"N": n, "method": method, "rtol": rtol, "draws": len(rs), "setup_s": setup,
             "solve_s": med("solve_s"), "total_s": total,
             "iterations": med("iterations"), "iterations_max": max(x["iterations"] for x in rs),
-            "rel_l2_vs_direct": med("rel_l2"), "rel_l2_vs_direct_max": max(x["rel_l2"] for x in rs),
+            "rel_l2_vs_reference": med("rel_l2"),
+            "rel_l2_vs_reference_max": max(x["rel_l2"] for x in rs),
             "residual_max": max(x["residual"] for x in rs),
             "converged": rtol is None or max(x["iterations"] for x in rs) < maxiter}
 
 
 def measure_grid(n: int, args) -> tuple[dict, list]:
     """(grid info, rows) of one grid size over the draws."""
-    from diffnet.problems import get_problem
-
-    p = get_problem("darcy", grid=(n, n), family=args.family)
+    p = make_problem(n, args)
     params = p.sample_params(args.seed, range(args.samples))
     recs, ml0 = [], None
     if args.export:
         os.makedirs(args.export, exist_ok=True)
     for i in range(args.samples):
         path = os.path.join(args.export, f"N{n}_draw{i}.npz") if args.export else None
-        rec, _, ml = solve_draw(p, draw_nu(p, params, i), args.rtols, args.maxiter, ml0, path)
+        rec, _, ml = solve_draw(p, draw_nu(p, params, i), args.rtols, args.maxiter, ml0, path,
+                                args.reference)
         ml0 = ml if i == 0 else ml0  # draw 0's hierarchy preconditions the later draws
         recs.append(rec)
-    rows = [summarise(n, recs, "direct", None, args.maxiter)]
+    ref = "direct" if args.reference == "direct" else "amg_reference"
+    rows = [summarise(n, recs, ref, None, args.maxiter)]
     rows += [summarise(n, recs, "amg", t, args.maxiter) for t in args.rtols]
     if args.samples > 1:
         rows += [summarise(n, recs, "amg_reused", t, args.maxiter) for t in args.rtols]
@@ -224,13 +287,13 @@ def print_row(r: dict) -> None:
     once = " (draw 0's, once)" if r["method"] == "amg_reused" else ""
     print(f"N {r['N']:5d}  {r['method']:10s}  tol {tol:>5s}  setup {r['setup_s']:.4f} s{once}  "
           f"solve {r['solve_s']:.4f} s/sample  it {r['iterations']:g} (max "
-          f"{r['iterations_max']})  rel L2 vs direct {r['rel_l2_vs_direct']:.2e}"
+          f"{r['iterations_max']})  rel L2 vs reference {r['rel_l2_vs_reference']:.2e}"
           + ("" if r["converged"] else "  (hit --maxiter)"), flush=True)
 
 
 def measure(args) -> dict:
     warm = argparse.Namespace(**{**vars(args), "samples": 2, "export": None})
-    measure_grid(16, warm)  # untimed: loads SuperLU, pyamg and the problem code
+    measure_grid(8 if get_dims(args.problem) == 3 else 16, warm)  # untimed: loads SuperLU, pyamg and the problem code
     t_start, grids, rows = time.perf_counter(), [], []
     for n in args.sizes:
         grid, new = measure_grid(n, args)
@@ -240,8 +303,9 @@ def measure(args) -> dict:
             print_row(r)
         grids.append(grid)
         rows += new
-    return {"command": args.command,
-            "family": args.family, "seed": args.seed, "samples": args.samples,
+    return {"command": args.command, "problem": args.problem,
+            "reference": "direct" if args.reference == "direct" else f"amg-cg {REFERENCE_RTOL:g}",
+            "family": args.family if args.problem == "darcy" else None, "seed": args.seed, "samples": args.samples,
             "rtols": args.rtols, "maxiter": args.maxiter, "threads": args.threads,
             "times": "wall seconds per sample, medians over the draws",
             "machine": machine(), "grids": grids, "rows": rows,
@@ -252,6 +316,7 @@ def measure(args) -> dict:
 def main(argv=None) -> int:
     args = parse(argv)
     fresh = set_threads(args.threads)
+    check_problem(args.problem)
     res = measure(args)
     res["blas_threads_from_env"] = fresh
     emit_json(res, args.out)

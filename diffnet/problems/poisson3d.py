@@ -200,10 +200,14 @@ class Poisson3D(DiffusivityInputs, Problem):
         return {"pde": pde, "bc": self.bc_weight * (bc / 4)}
 
     # -- reference solutions ------------------------------------------------------------------
+    def diffusion_options(self) -> dict:
+        """Keyword arguments of ``solve_diffusion_3d`` besides nu (as the 2-D problems')."""
+        return {"dirichlet": "poisson"}
+
     def solve_nu(self, nu: np.ndarray, method: str = "auto") -> np.ndarray:
         """(D, H, W) reference solution for the diffusivity ``nu`` (D, H, W) at the nodes."""
         from ..reference import solve_diffusion_3d
 
         lengths = tuple(a.hi - a.lo for a in self.axes)
         return solve_diffusion_3d(nu, lengths=lengths, method=self.check_method(method),
-                                  dirichlet="poisson")
+                                  **self.diffusion_options())
