@@ -3,7 +3,7 @@
     python -m bench.fem_bench --sizes 1024 --samples 2 --family fine-scale --rtols 1e-8,1e-1 \\
         --threads 1 --export /tmp/sys1024 --out bench/out/fem_darcy1024_export.json
     PYTHON_WITH_PETSC bench/hypre_bench.py /tmp/sys1024 --rtols 1e-8,1e-1 \\
-        --out bench/out/hypre_darcy1024.json [--maxiter 300] [--option KEY=VALUE ...]
+        --out bench/out/hypre_darcy1024.json [--maxiter 300] [--copies 2] [--option KEY=VALUE ...]
 
 Why: pyamg, the reference's AMG, drives its setup from Python; a production FEM code on a
 cluster would call a compiled AMG, most often hypre's BoomerAMG through PETSc. The comparison of
@@ -22,8 +22,11 @@ BoomerAMG V-cycle (hypre's defaults unless ``--option`` sets ``pc_hypre_boomeram
 tolerances), ``solve_s`` the CG solve from zero to ``||b - A x|| <= rtol ||b||`` (the
 unpreconditioned residual, as pyamg's CG in ``bench.fem_bench`` measures it). Errors are relative
 L2 against the draw's reference solution (fem_bench's: the direct solve, or AMG-CG to 1e-12
-with ``--reference amg``) over all nodes, boundary included, as in ``bench.fem_bench``. Times are wall seconds per draw, medians over the draws of a grid; one
-process, one core (the node-for-node figure runs one process per core at once, by hand).
+with ``--reference amg``) over all nodes, boundary included, as in ``bench.fem_bench``. Times
+are wall seconds per draw, medians over the draws of a grid, each process on one core.
+``--copies K`` runs K such processes at once on the same draws, as a node answering many draws
+runs one solve per core; rows then hold the medians over the copies and ``node_s_per_answer``
+(total / K), the figure to set against a network that uses the whole node for its answers.
 """
 from __future__ import annotations
 
@@ -45,12 +48,15 @@ def parse(argv):
     ap.add_argument("--maxiter", type=int, default=300, help="CG iteration cap")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a PETSc option without the dash, e.g. pc_hypre_boomeramg_strong_threshold=0.5")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="K processes at once on the same draws (node for node: one per core)")
     ap.add_argument("--out", default=None, help="JSON path (default: print it)")
     args = ap.parse_args(argv)
     args.command = " ".join([ap.prog] + (sys.argv[1:] if argv is None else list(argv)))
     args.rtols = [float(r) for r in args.rtols.split(",")]
-    if not all(0 < r < 1 for r in args.rtols) or args.maxiter < 1:
-        ap.error(f"--rtols must lie in (0, 1) and --maxiter be >= 1, got {args.rtols}, {args.maxiter}")
+    if not all(0 < r < 1 for r in args.rtols) or args.maxiter < 1 or args.copies < 1:
+        ap.error(f"--rtols must lie in (0, 1), --maxiter and --copies be >= 1; got {args.rtols}, "
+                 f"{args.maxiter}, {args.copies}")
     if not os.path.isdir(args.systems):
         ap.error(f"{args.systems} is not a directory: write one with "
                  "python -m bench.fem_bench ... --export DIR")
@@ -151,27 +157,66 @@ def summarise(n: int, recs: list, rtol: float) -> dict:
             "converged": all(x["converged"] for x in rs)}
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def measure(args) -> dict:
+    """One process: every grid's rows (the warm-up solve of each grid untimed)."""
     found = systems(args.systems)
     PETSc = import_petsc(args.option)
     rows = []
     for n, paths in found.items():
         solve_draw(PETSc, paths[0], args.rtols[:1], args.maxiter)  # untimed: loads hypre
         recs = [solve_draw(PETSc, p, args.rtols, args.maxiter) for p in paths]
-        for rtol in args.rtols:
-            row = summarise(n, recs, rtol)
-            rows.append(row)
-            print(f"N {n:5d}  boomeramg  tol {rtol:.0e}  to PETSc {row['to_petsc_s']:.3f} s  "
-                  f"setup {row['setup_s']:.3f} s  solve {row['solve_s']:.3f} s/sample  it "
-                  f"{row['iterations']:g} (max {row['iterations_max']})  rel L2 vs {row['reference']} "
-                  f"{row['rel_l2_vs_reference']:.2e}" + ("" if row["converged"] else "  (not converged)"),
-                  flush=True)
-    res = {"command": args.command, "petsc": ".".join(map(str, PETSc.Sys.getVersion())),
-           "options": args.option, "rtols": args.rtols, "maxiter": args.maxiter,
-           "times": "wall seconds per sample, medians over the draws; one process",
-           "rows": rows, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "loadavg_end": [round(v, 2) for v in os.getloadavg()]}
+        rows += [summarise(n, recs, rtol) for rtol in args.rtols]
+    return {"petsc": ".".join(map(str, PETSc.Sys.getVersion())), "rows": rows,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure_copies(args, argv) -> dict:
+    """``--copies`` K processes at once on the same draws (one per core: a node answering many
+    draws); each row's times are the median over the copies, and ``node_s_per_answer`` is that
+    total / K."""
+    import subprocess
+    import tempfile
+
+    base = [a for a in (sys.argv[1:] if argv is None else list(argv))]
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"copy{i}.json") for i in range(args.copies)]
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *base,
+                                   "--copies", "1", "--out", out], stdout=subprocess.DEVNULL)
+                 for out in outs]
+        if any(p.wait() != 0 for p in procs):
+            sys.exit("a copy of bench/hypre_bench.py failed (run it with --copies 1 to see why)")
+        copies = [json.load(open(out)) for out in outs]
+    rows = []
+    for i, row in enumerate(copies[0]["rows"]):
+        same = [c["rows"][i] for c in copies]
+        row = {**row, **{k: statistics.median(r[k] for r in same)
+                         for k in ("to_petsc_s", "setup_s", "solve_s", "total_s")}}
+        rows.append({**row, "copies": args.copies, "node_s_per_answer": row["total_s"] / args.copies})
+    return {"petsc": copies[0]["petsc"], "rows": rows,
+            "peak_rss_mib": max(c["peak_rss_mib"] for c in copies)}
+
+
+def print_row(row: dict) -> None:
+    node = (f"  node {row['node_s_per_answer']:.3f} s/answer ({row['copies']} at once)"
+            if "copies" in row else "")
+    print(f"N {row['N']:5d}  boomeramg  tol {row['rtol']:.0e}  to PETSc {row['to_petsc_s']:.3f} s  "
+          f"setup {row['setup_s']:.3f} s  solve {row['solve_s']:.3f} s/sample  it "
+          f"{row['iterations']:g} (max {row['iterations_max']})  rel L2 vs {row['reference']} "
+          f"{row['rel_l2_vs_reference']:.2e}{node}"
+          + ("" if row["converged"] else "  (not converged)"), flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # one core per process, before
+        os.environ[var] = "1"                                 # numpy and hypre load
+    res = measure(args) if args.copies == 1 else measure_copies(args, argv)
+    for row in res["rows"]:
+        print_row(row)
+    res = {"command": args.command, "options": args.option, "rtols": args.rtols,
+           "maxiter": args.maxiter, "copies": args.copies,
+           "times": "wall seconds per sample, medians over the draws (and over the copies)",
+           **res, "loadavg_end": [round(v, 2) for v in os.getloadavg()]}
     text = json.dumps(res, indent=1)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -133,6 +133,14 @@ def test_boomeramg_solves_the_exported_systems(result, tmp_path):
     assert tight["converged"] and tight["rel_l2_vs_reference_max"] < 1e-6
     assert tight["residual_max"] <= 1e-8 and loose["residual_max"] <= 1e-1
     assert loose["iterations"] <= tight["iterations"] and tight["setup_s"] > 0
+    assert res["copies"] == 1 and "node_s_per_answer" not in tight
+    proc = subprocess.run([exe, HYPRE, result["export_dir"], "--rtols", "1e-8", "--copies", "2",
+                           "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (pair,) = json.loads(out.read_text())["rows"]
+    assert pair["copies"] == 2 and pair["node_s_per_answer"] == pytest.approx(pair["total_s"] / 2)
+    assert pair["rel_l2_vs_reference"] == pytest.approx(tight["rel_l2_vs_reference"])
 
 
 def test_hypre_bench_names_what_is_missing(tmp_path):
