@@ -64,8 +64,8 @@ def parse(argv):
 
 
 def import_petsc(options):
-    """petsc4py's PETSc module, initialised with ``options`` (KEY=VALUE strings), or exit 2
-    with how to get it."""
+    """petsc4py's PETSc module, initialised with ``options`` (KEY=VALUE strings); exits with
+    how to get it where this Python has none."""
     try:
         import petsc4py
     except ImportError:
@@ -100,7 +100,7 @@ def systems(directory: str) -> dict:
 
 def solve_draw(PETSc, path: str, rtols, maxiter: int) -> dict:
     """One draw's record: conversion, setup and, per tolerance, solve, iterations, residual and
-    error against the direct solution."""
+    error against the exported reference solution."""
     import numpy as np
 
     z = np.load(path)
