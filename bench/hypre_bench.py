@@ -47,7 +47,8 @@ def parse(argv):
     ap.add_argument("--rtols", default="1e-8,1e-1", help="CG relative residuals, comma list")
     ap.add_argument("--maxiter", type=int, default=300, help="CG iteration cap")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a PETSc option without the dash, e.g. pc_hypre_boomeramg_strong_threshold=0.5")
+                    help="a PETSc option without the dash, e.g. "
+                    "pc_hypre_boomeramg_strong_threshold=0.5")
     ap.add_argument("--copies", type=int, default=1,
                     help="K processes at once on the same draws (node for node: one per core)")
     ap.add_argument("--out", default=None, help="JSON path (default: print it)")
@@ -177,7 +178,7 @@ def measure_copies(args, argv) -> dict:
     import subprocess
     import tempfile
 
-    base = [a for a in (sys.argv[1:] if argv is None else list(argv))]
+    base = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"copy{i}.json") for i in range(args.copies)]
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *base,
@@ -185,13 +186,17 @@ def measure_copies(args, argv) -> dict:
                  for out in outs]
         if any(p.wait() != 0 for p in procs):
             sys.exit("a copy of bench/hypre_bench.py failed (run it with --copies 1 to see why)")
-        copies = [json.load(open(out)) for out in outs]
+        copies = []
+        for out in outs:
+            with open(out) as f:
+                copies.append(json.load(f))
     rows = []
     for i, row in enumerate(copies[0]["rows"]):
         same = [c["rows"][i] for c in copies]
         row = {**row, **{k: statistics.median(r[k] for r in same)
                          for k in ("to_petsc_s", "setup_s", "solve_s", "total_s")}}
-        rows.append({**row, "copies": args.copies, "node_s_per_answer": row["total_s"] / args.copies})
+        rows.append({**row, "copies": args.copies,
+                     "node_s_per_answer": row["total_s"] / args.copies})
     return {"petsc": copies[0]["petsc"], "rows": rows,
             "peak_rss_mib": max(c["peak_rss_mib"] for c in copies)}
 
