@@ -26,6 +26,18 @@ def node_primitive(f: torch.Tensor, h: float) -> torch.Tensor:
     return torch.cat([torch.zeros_like(f[..., :1]), pieces.cumsum(dim=-1)], dim=-1)
 
 
+def _hermite_cell(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor):
+    """y flattened per sample, its position t in [0, 1] inside cell k, and the cell's end values
+    (F_k, F_k+1, f_k, f_k+1)."""
+    b, w = F.shape
+    flat = y.reshape(b, -1)
+    s = flat / h
+    k = s.detach().floor().clamp(0, w - 2)
+    t = (s - k).clamp(0.0, 1.0)                 # position inside interval k, in [0, 1]
+    k = k.long()
+    return flat, t, (F.gather(1, k), F.gather(1, k + 1), f.gather(1, k), f.gather(1, k + 1))
+
+
 def primitive_at(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
                  left: float = 0.0) -> torch.Tensor:
     """Evaluate the primitive at points y (positions from x_0), C1 in y.
@@ -36,18 +48,39 @@ def primitive_at(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
     constant slope ``left`` before x_0 (the value f takes there, e.g. an inflow state) and with
     slope f[W-1] after the last node. dF/dy is the interpolated f, so gradients are smooth.
     """
-    b, w = F.shape
-    flat = y.reshape(b, -1)
-    s = flat / h
-    k = s.detach().floor().clamp(0, w - 2)
-    t = (s - k).clamp(0.0, 1.0)                 # position inside interval k, in [0, 1]
-    k = k.long()
-    f0, f1 = f.gather(1, k), f.gather(1, k + 1)
+    flat, t, cell = _hermite_cell(F, f, h, y)
+    return _value(F, f, h, flat, t, cell, left).reshape(y.shape)
+
+
+def _value(F, f, h, flat, t, cell, left):
+    """The primitive at the flattened points: the cell's cubic Hermite piece inside, the
+    straight continuations outside."""
+    F0, F1, f0, f1 = cell
     t2, t3 = t * t, t * t * t
-    inside = ((2 * t3 - 3 * t2 + 1) * F.gather(1, k) + (-2 * t3 + 3 * t2) * F.gather(1, k + 1)
+    inside = ((2 * t3 - 3 * t2 + 1) * F0 + (-2 * t3 + 3 * t2) * F1
               + h * ((t3 - 2 * t2 + t) * f0 + (t3 - t2) * f1))
-    span = h * (w - 1)
+    span = h * (F.shape[1] - 1)
     below = left * flat                          # F(x_0) = 0
     above = F[:, -1:] + f[:, -1:] * (flat - span)
-    out = torch.where(flat < 0, below, torch.where(flat > span, above, inside))
-    return out.reshape(y.shape)
+    return torch.where(flat < 0, below, torch.where(flat > span, above, inside))
+
+
+def primitive_with_slope(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
+                         left: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``primitive_at`` and its y-derivative in closed form (autograd's, to rounding), no graph.
+
+    Inside cell k, at position t, the derivative of the cubic Hermite piece:
+    (6t^2 - 6t)(F_k - F_k+1)/h + (3t^2 - 4t + 1) f_k + (3t^2 - 2t) f_k+1; ``left`` before x_0
+    and f[W-1] after the last node. For a loss whose gradient is known without a graph.
+    """
+    with torch.no_grad():
+        flat, t, cell = _hermite_cell(F, f, h, y)
+        F0, F1, f0, f1 = cell
+        t2 = t * t
+        d_inside = ((6 * t2 - 6 * t) * (F0 - F1) / h + (3 * t2 - 4 * t + 1) * f0
+                    + (3 * t2 - 2 * t) * f1)
+        span = h * (F.shape[1] - 1)
+        slope = torch.where(flat < 0, torch.full_like(flat, left),
+                            torch.where(flat > span, f[:, -1:].expand_as(flat), d_inside))
+        value = _value(F, f, h, flat, t, cell, left)
+    return value.reshape(y.shape), slope.reshape(y.shape)

@@ -68,3 +68,35 @@ def test_no_residual_and_default_reference_is_exact():
         p.pde_residual(exact)
     god = get_problem("burgers", grid=(16, 16), reference="godunov")
     assert not np.allclose(god.reference_solution(np.array([C])), exact[0, 0].numpy())
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.15])
+def test_closed_form_gradient_is_autograds(sigma):
+    """The loss's custom backward (the characteristic equation, computed beside the value) gives
+    autograd's value and gradient through the cubic Hermite primitive, in float64, including
+    feet x - u t left of the inflow and right of the outflow boundary."""
+    from diffnet.primitive import node_primitive, primitive_at
+    from diffnet.problems.lax_oleinik import lax_oleinik_nodes
+
+    torch.manual_seed(1)
+    b, h, w, dx = 2, 6, 33, 1 / 32
+    u0 = torch.rand(b, w, dtype=torch.float64)
+    big = node_primitive(u0, dx)
+    x = torch.arange(w, dtype=torch.float64) * dx
+    t = torch.linspace(0.05, 1.0, h, dtype=torch.float64)[:, None]
+    here = big[:, None, :]
+    v = (3 * torch.rand(b, h, w, dtype=torch.float64) - 1.5).requires_grad_()  # feet on both sides
+    points = [(0.0, 1.0)] if sigma == 0 else [(-sigma, 0.25), (0.0, 0.5), (sigma, 0.25)]
+    got = lax_oleinik_nodes(v, big, u0, x, t, here, dx, points)
+    (g_got,) = torch.autograd.grad((got * torch.cos(v.detach())).sum(), v)
+
+    def g(val):
+        return (primitive_at(big, u0, dx, x - val * t) - here) / t + 0.5 * val * val
+    want = sum(wq * g(v + s) for s, wq in points)
+    (g_want,) = torch.autograd.grad((want * torch.cos(v.detach())).sum(), v)
+    feet = (x - v.detach() * t)
+    assert bool((feet < 0).any()) and bool((feet > 1).any())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-13)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="initial condition"):
+        lax_oleinik_nodes(v, big.clone().requires_grad_(), u0, x, t, here, dx, points)

@@ -6,12 +6,13 @@ import numpy as np
 import torch
 
 from ..generators import impose_dirichlet
-from ..primitive import node_primitive, primitive_at
+from ..primitive import node_primitive
 from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_bool, check_choice, check_int, check_number, check_range
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
+from .lax_oleinik import lax_oleinik_nodes
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -264,13 +265,9 @@ class Burgers(FiniteVolumeResiduals, Problem):
         x = blk.indices(1, u).to(u.dtype) * dx
         v = u[:, 0, first:, :]
         here = big_u0[:, None, blk.start[1]:blk.start[1] + blk.shape[1]]   # U0 at this block's x
-
-        def g(val):  # x - val t: where the characteristic through (x, t) starts
-            return (primitive_at(big_u0, u0, dx, x - val * t) - here) / t + 0.5 * val * val
-
-        if sigma <= 0:
-            return g(v)
-        return sum(float(wq) * g(v + sigma * float(z)) for z, wq in zip(_GH_Z, _GH_W))
+        points = [(0.0, 1.0)] if sigma <= 0 else [
+            (sigma * float(z), float(wq)) for z, wq in zip(_GH_Z, _GH_W)]
+        return lax_oleinik_nodes(v, big_u0, u0, x, t, here, dx, points)
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         h, w = self.grid
