@@ -89,8 +89,9 @@ def main(argv=None) -> None:
             rows.append({"path": name, "smoothing": sigma,
                          "seconds": median_seconds(step, a.repeats),
                          "saved_mib": saved_bytes(lambda: fn(v, args, points)) / 2**20})
-            print(f"smoothing {sigma:3.1f}  {name:8s}  forward + backward {rows[-1]['seconds']:.3f} s"
-                  f"  saved for backward {rows[-1]['saved_mib']:7.1f} MiB")
+            r = rows[-1]
+            print(f"smoothing {sigma:3.1f}  {name:8s}  forward + backward {r['seconds']:.3f} s"
+                  f"  saved for backward {r['saved_mib']:7.1f} MiB")
     emit_json({"bench": "lax_oleinik_cost", "grid": a.grid, "batch": a.batch,
                "threads": a.threads, "repeats": a.repeats, "machine": machine(),
                "rows": rows}, a.out)
