@@ -67,7 +67,7 @@ def saved_bytes(fn) -> int:
 
 
 def main(argv=None) -> None:
-    from diffnet.problems.burgers import _GH_W, _GH_Z
+    from diffnet.problems.lax_oleinik import smoothing_points
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=int, default=512)
@@ -80,8 +80,7 @@ def main(argv=None) -> None:
     v, args = setup(a.grid, a.batch)
     rows = []
     for sigma in (0.2, 0.0):
-        points = [(0.0, 1.0)] if sigma == 0 else [(sigma * float(z), float(w))
-                                                   for z, w in zip(_GH_Z, _GH_W)]
+        points = smoothing_points(sigma)
         for name, fn in (("closed", closed), ("autograd", autograd)):
             def step():
                 v.grad = None

@@ -12,14 +12,11 @@ from ..validation import check_bool, check_choice, check_int, check_number, chec
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
-from .lax_oleinik import lax_oleinik_nodes
+from .lax_oleinik import lax_oleinik_nodes, smoothing_points
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
 REFERENCES = ("exact", "godunov")
-# probabilists' Gauss-Hermite rule: E[f(u + s Z)], Z ~ N(0, 1), exact for polynomials of degree 15
-_GH_Z, _GH_W = np.polynomial.hermite_e.hermegauss(8)
-_GH_W = _GH_W / _GH_W.sum()
 LIMITERS = ("minmod", "vanleer", "mc", "superbee")
 T_END = 1.0 / 3.0
 
@@ -265,9 +262,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
         x = blk.indices(1, u).to(u.dtype) * dx
         v = u[:, 0, first:, :]
         here = big_u0[:, None, blk.start[1]:blk.start[1] + blk.shape[1]]   # U0 at this block's x
-        points = [(0.0, 1.0)] if sigma <= 0 else [
-            (sigma * float(z), float(wq)) for z, wq in zip(_GH_Z, _GH_W)]
-        return lax_oleinik_nodes(v, big_u0, u0, x, t, here, dx, points)
+        return lax_oleinik_nodes(v, big_u0, u0, x, t, here, dx, smoothing_points(sigma))
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         h, w = self.grid
