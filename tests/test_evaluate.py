@@ -113,8 +113,9 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     assert bench[2]["options"] == {"ritz_partition": 2} and bench[0]["options"] == {}
     assert (bench[2]["results"][0]["rel_l2_vs_reference"]["mean"]
             != bench[0]["results"][0]["rel_l2_vs_reference"]["mean"])   # the option answered
-    for bad, says in (("ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
-                      ("bogus=1", "unknown option(s) ['bogus']"),
-                      ("grid=[8,8]", "give the grid with --grid")):
-        p = deepfusion(2, ["evaluate", run, "--option", bad])
+    for ranks, bad, says in (
+            (2, "ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
+            (0, "bogus=1", "unknown option(s) ['bogus']"),  # the first case shows all ranks
+            (0, "grid=[8,8]", "give the grid with --grid")):   # exit; one process, the message
+        p = deepfusion(ranks, ["evaluate", run, "--option", bad])
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
