@@ -27,15 +27,16 @@ def node_primitive(f: torch.Tensor, h: float) -> torch.Tensor:
 
 
 def _hermite_cell(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor):
-    """y flattened per sample, its position t in [0, 1] inside cell k, and the cell's end values
-    (F_k, F_k+1, f_k, f_k+1)."""
+    """y flattened per sample, its position t in [0, 1] inside cell k, the cell's end values
+    (F_k, F_k+1, f_k, f_k+1), and the masks of the points before x_0 and after the last node."""
     b, w = F.shape
     flat = y.reshape(b, -1)
     s = flat / h
     k = s.detach().floor().clamp(0, w - 2)
     t = (s - k).clamp(0.0, 1.0)                 # position inside interval k, in [0, 1]
     k = k.long()
-    return flat, t, (F.gather(1, k), F.gather(1, k + 1), f.gather(1, k), f.gather(1, k + 1))
+    cell = (F.gather(1, k), F.gather(1, k + 1), f.gather(1, k), f.gather(1, k + 1))
+    return flat, t, cell, (flat < 0, flat > h * (w - 1))
 
 
 def primitive_at(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
@@ -48,21 +49,21 @@ def primitive_at(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
     constant slope ``left`` before x_0 (the value f takes there, e.g. an inflow state) and with
     slope f[W-1] after the last node. dF/dy is the interpolated f, so gradients are smooth.
     """
-    flat, t, cell = _hermite_cell(F, f, h, y)
-    return _value(F, f, h, flat, t, cell, left).reshape(y.shape)
+    flat, t, cell, outside = _hermite_cell(F, f, h, y)
+    return _value(F, f, h, flat, t, cell, outside, left).reshape(y.shape)
 
 
-def _value(F, f, h, flat, t, cell, left):
+def _value(F, f, h, flat, t, cell, outside, left):
     """The primitive at the flattened points: the cell's cubic Hermite piece inside, the
     straight continuations outside."""
     F0, F1, f0, f1 = cell
+    before, after = outside
     t2, t3 = t * t, t * t * t
     inside = ((2 * t3 - 3 * t2 + 1) * F0 + (-2 * t3 + 3 * t2) * F1
               + h * ((t3 - 2 * t2 + t) * f0 + (t3 - t2) * f1))
-    span = h * (F.shape[1] - 1)
     below = left * flat                          # F(x_0) = 0
-    above = F[:, -1:] + f[:, -1:] * (flat - span)
-    return torch.where(flat < 0, below, torch.where(flat > span, above, inside))
+    above = F[:, -1:] + f[:, -1:] * (flat - h * (F.shape[1] - 1))
+    return torch.where(before, below, torch.where(after, above, inside))
 
 
 def primitive_with_slope(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor,
@@ -74,13 +75,12 @@ def primitive_with_slope(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Te
     and f[W-1] after the last node. For a loss whose gradient is known without a graph.
     """
     with torch.no_grad():
-        flat, t, cell = _hermite_cell(F, f, h, y)
+        flat, t, cell, outside = _hermite_cell(F, f, h, y)
         F0, F1, f0, f1 = cell
         t2 = t * t
         d_inside = ((6 * t2 - 6 * t) * (F0 - F1) / h + (3 * t2 - 4 * t + 1) * f0
                     + (3 * t2 - 2 * t) * f1)
-        span = h * (F.shape[1] - 1)
-        slope = torch.where(flat < 0, torch.full_like(flat, left),
-                            torch.where(flat > span, f[:, -1:].expand_as(flat), d_inside))
-        value = _value(F, f, h, flat, t, cell, left)
+        slope = torch.where(outside[0], torch.full_like(flat, left),
+                            torch.where(outside[1], f[:, -1:].expand_as(flat), d_inside))
+        value = _value(F, f, h, flat, t, cell, outside, left)
     return value.reshape(y.shape), slope.reshape(y.shape)
