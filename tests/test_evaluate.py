@@ -2,12 +2,11 @@
 training pool or the validation draw unless asked, and then with a warning."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.mpi_util import ROOT, deepfusion
+from bench import infer_bench, ritz_partition, ritz_variants
+from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant
 
@@ -83,20 +82,17 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     ref = str(tmp_path / "ref.h5")
     assert deepfusion(0, ["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
                           "--grid", "16x16", "--sample", "3", "--out", ref]).returncode == 0
+    # The benches run in this process (their mains take argv), not as three more ~2 s launches.
     out = str(tmp_path / "rp.json")
-    p = subprocess.run([sys.executable, "-m", "bench.ritz_partition", run, ref, "--partitions",
-                        "0,2", "--samples", "3", "--control", "--threads", "1", "--out", out],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 0, p.stderr
+    assert ritz_partition.main([run, ref, "--partitions", "0,2", "--samples", "3", "--control",
+                                "--threads", "1", "--out", out]) == 0
     r = json.load(open(out))
     ckpt = r["checkpoint"]
     assert [row["m"] for row in r["partitions"]] == [0, 2] and r["samples"] == 3
     assert r["partitions"][1]["unknowns"] == 2 * 9 and len(r["control_constant_field"]) == 1
     out = str(tmp_path / "rv.json")                  # the rejected cheaper answers, measured
-    p = subprocess.run([sys.executable, "-m", "bench.ritz_variants", run, ref, "--samples", "2",
-                        "--partitions", "2", "--fields", "1,2", "--threads", "1", "--out", out],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 0, p.stderr
+    assert ritz_variants.main([run, ref, "--samples", "2", "--partitions", "2", "--fields", "1,2",
+                               "--threads", "1", "--out", out]) == 0
     moved = {v["name"]: max(v["moved"]) for v in json.load(open(out))["variants"]}
     assert moved["float64"] == 0 and moved["float32_features"] < 1e-5
     # K' = K combinations span the K fields, so they give the problem's answer
@@ -104,11 +100,9 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     bench = {}
     for opt in ([], ["--option", "ritz_partition=2"]):
         out = str(tmp_path / f"ib{len(opt)}.json")
-        p = subprocess.run([sys.executable, "-m", "bench.infer_bench", "--checkpoint", ckpt,
-                            "--sizes", "16", "--batches", "1", "--samples", "2",
-                            "--solver-samples", "2", "--solvers", "direct", "--threads", "1",
-                            *opt, "--out", out], capture_output=True, text=True, cwd=ROOT)
-        assert p.returncode == 0, p.stderr
+        assert infer_bench.main(["--checkpoint", ckpt, "--sizes", "16", "--batches", "1",
+                                 "--samples", "2", "--solver-samples", "2", "--solvers", "direct",
+                                 "--threads", "1", *opt, "--out", out]) == 0
         bench[len(opt)] = json.load(open(out))
     assert bench[2]["options"] == {"ritz_partition": 2} and bench[0]["options"] == {}
     assert (bench[2]["results"][0]["rel_l2_vs_reference"]["mean"]
