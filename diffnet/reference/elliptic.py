@@ -33,8 +33,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 from ..validation import (check_array, check_choice, check_int, check_number,
                           check_positive_pair, grid_axes)
@@ -120,6 +118,9 @@ def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     rows = np.concatenate([np.arange(h * w), pa, pb])
     cols = np.concatenate([np.arange(h * w), pb, pa])
     vals = np.concatenate([diag, -c, -c])
+    import scipy.sparse as sp  # here, not at the top: every process that imports diffnet (a
+    # Burgers rank too) would pay scipy.sparse.linalg's ~0.3 s import for a solver it never runs
+
     a_full = sp.csr_matrix((vals, (rows, cols)), shape=(h * w, h * w))
 
     u_full = np.zeros((h, w))
@@ -147,6 +148,8 @@ def eliminate_dirichlet(a_full, load: np.ndarray, free: np.ndarray, u_full: np.n
 
 def solve_direct(a, b):
     """x of the sparse SPD system a x = b by SuperLU (``splu``), and the timing info."""
+    import scipy.sparse.linalg as spla  # at first use (see assemble_diffusion)
+
     t0 = time.perf_counter()
     lu = spla.splu(a.tocsc(), permc_spec="MMD_AT_PLUS_A")
     t1 = time.perf_counter()

@@ -44,7 +44,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..validation import check_choice, check_number, check_positive_tuple
 from .elliptic import check_nodal_nu, check_source, eliminate_dirichlet, solve_assembled
@@ -129,6 +128,8 @@ def assemble_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=
     diag += kappa ** 2 * volume
     rows = np.concatenate([np.arange(n), pa, pb])
     cols = np.concatenate([np.arange(n), pb, pa])
+    import scipy.sparse as sp  # at first use, as in elliptic.assemble_diffusion
+
     a_full = sp.csr_matrix((np.concatenate([diag, -c, -c]), (rows, cols)), shape=(n, n))
     free, u_full = _dirichlet(nu.shape, dirichlet)
     return (*eliminate_dirichlet(a_full, f.ravel() * volume, free, u_full), free, u_full)
