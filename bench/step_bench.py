@@ -2,6 +2,7 @@
 loop, as a fraction of the machine's fp32 GEMM rate.
 
     python -m bench.step_bench [--grids 64:16,256:2] [--threads 1,2] [--repeats 5] [--compile]
+                               [--bf16]
 
 Configurations (same problem, generator, global batch, initial weights), timed in turn:
   plain            eager NCHW, stock nn.InstanceNorm2d, torch.optim.Adam defaults,
@@ -11,7 +12,9 @@ Configurations (same problem, generator, global batch, initial weights), timed i
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
                    the concatenation, as before diffnet.generators.DenseGrad (isolates it)
-  deepfusion_compile  (--compile) the engine with torch.compile'd generator
+  deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
+  deepfusion_compile  (--compile) the engine with torch.compile'd generator; with --bf16 also
+                   deepfusion_bf16_compile
 and one torch.mm of 2048 x 2048 per round (the GEMM limit under the same load). FLOPs of a
 step are counted with torch.utils.flop_counter.FlopCounterMode over forward + backward.
 """
@@ -128,12 +131,13 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion_sliced_grad"] = make_deepfusion(task, sliced_grad(fresh(True)), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
-    if compile_:
+    compile_s = {}
+    for precision in (("fp32", "bf16") if bf16 else ("fp32",)) if compile_ else ():
+        name = "deepfusion_compile" if precision == "fp32" else "deepfusion_bf16_compile"
         t0 = time.perf_counter()
-        m = torch.compile(fresh(True))
-        configs["deepfusion_compile"] = make_deepfusion(task, m, x, channels_last=True)
-        configs["deepfusion_compile"]()  # compile here, not in a timed round
-        compile_s = time.perf_counter() - t0
+        configs[name] = make_deepfusion(task, torch.compile(fresh(True)), x, precision=precision)
+        configs[name]()  # compile here, not in a timed round
+        compile_s[name] = time.perf_counter() - t0
     for f in configs.values():  # warm-up (oneDNN primitive caches, allocator)
         f()
     wall = {k: [] for k in configs}
@@ -166,7 +170,9 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
         v["speedup_vs_plain"] = base_w / v["step_s"]
         v["speedup_vs_plain_cpu"] = base_c / v["cpu_s"]
     if compile_:
-        out["compile_seconds"] = compile_s
+        out["compile_seconds"] = compile_s["deepfusion_compile"]
+        if bf16:
+            out["compile_seconds_bf16"] = compile_s["deepfusion_bf16_compile"]
     log(f"  step {grid}^2 b{batch} t{threads}: " + ", ".join(
         f"{k} {v['step_s'] * 1e3:.0f} ms ({v['gemm_ratio']:.0%} GEMM)"
         for k, v in out["configs"].items()) + f"; GEMM {out['gemm_gflops']:.1f} GF/s; load {load()[0]}")
