@@ -29,11 +29,14 @@ def train(n, config, run_dir, *extra, **kw):
     return deepfusion(n, args, **kw)
 
 
-@pytest.mark.parametrize("n,flags", [(2, []), (2, ["--overlap"]), (2, ["--micro"]), (4, ["--overlap"])])
-def test_allreduced_gradient_equals_full_batch_gradient(n, flags):
-    p = run_mpi(n, ["tests/mpi_scripts/grad_check.py"] + flags)
+@pytest.mark.parametrize("n,variants", [(2, ["plain", "overlap", "micro"]), (4, ["overlap"])])
+def test_allreduced_gradient_equals_full_batch_gradient(n, variants):
+    """Reduced after backward, during it (overlap), and over micro-batches of 1: the same
+    gradient as one process over the whole global batch (the variants share a launch)."""
+    p = run_mpi(n, ["tests/mpi_scripts/grad_check.py"] + variants)
     assert p.returncode == 0, p.stderr
-    assert f"OK P={n}" in p.stdout
+    for v in variants:
+        assert f"OK P={n} variant={v} " in p.stdout, p.stdout
 
 
 def losses_on_every_p(config, tmp_path, ranks=(0, 2, 4)) -> dict:

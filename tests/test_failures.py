@@ -126,7 +126,7 @@ def test_checkpoints_by_time_are_agreed_by_all_ranks(tiny, tmp_path):
 
 def test_a_refused_launch_creates_nothing(tiny, tmp_path):
     d = tmp_path / "fresh"
-    p = train(4, tiny, str(d), "data.global_batch=6", "data.n_samples=24")
+    p = train(2, tiny, str(d), "data.global_batch=5", "data.n_samples=20")
     assert p.returncode == 2 and "not divisible" in p.stderr
     assert not d.exists()  # so the corrected command is not refused as "already holds a run"
     p = train(2, tiny, str(d), "data.global_batch=6", "data.n_samples=24", "train.max_steps=2")
