@@ -5,6 +5,7 @@ checkpoint, a changed train.max_steps on resume. Timeouts are hang guards only."
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from deepfusion.engine.faults import ENV as FAULT
-from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
+from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec, run_mpi
 from deepfusion.engine.checkpoint import latest_checkpoint
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
 
@@ -125,9 +126,13 @@ def test_checkpoints_by_time_are_agreed_by_all_ranks(tiny, tmp_path):
 
 
 def test_a_refused_launch_creates_nothing(tiny, tmp_path):
+    """...and exits before any rank imports torch (-X importtime lists every import)."""
     d = tmp_path / "fresh"
-    p = train(2, tiny, str(d), "data.global_batch=5", "data.n_samples=20")
+    p = run_mpi(2, ["-X", "importtime", "-m", "deepfusion", "train", tiny, "--set",
+                    f"run.dir={d}", "--set", "data.global_batch=5", "--set", "data.n_samples=20"])
     assert p.returncode == 2 and "not divisible" in p.stderr
+    imported = re.findall(r"\|\s+([\w.]+)$", p.stderr, flags=re.M)  # both ranks' import lists
+    assert "mpi4py.MPI" in imported and "torch" not in imported
     assert not d.exists()  # so the corrected command is not refused as "already holds a run"
     p = train(2, tiny, str(d), "data.global_batch=6", "data.n_samples=24", "train.max_steps=2")
     assert p.returncode == 0, p.stderr

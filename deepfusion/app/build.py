@@ -1,9 +1,10 @@
 """Building a run from a configuration: check everything, then create the run directory.
 
-The order is the contract: the config, the problem, the generator on the problem's grid, the
-batch against the number of ranks, the precision against this CPU and the run directory's state
-are all checked (on every rank, status exchanged) before anything is written, so a refused
-command leaves no trace and the corrected one is not refused as "already holds a run".
+The order is the contract: the config, then (``preflight``, before torch is imported) the
+batch against the number of ranks, the precision against this CPU and the run directory's
+state, then the problem and the generator on the problem's grid are all checked (on every
+rank, status exchanged) before anything is written, so a refused command leaves no trace and
+the corrected one is not refused as "already holds a run".
 Problems and generators are reached through diffnet's registries by name only.
 """
 from __future__ import annotations
@@ -20,11 +21,9 @@ from diffnet.problems import PROBLEMS, get_problem
 
 from ..config import dump_toml
 from ..engine.checkpoint import load_checkpoint
-from ..engine.data import check_divisible
-from ..engine.halo import group_count
-from ..engine.layout import check_precision
 from ..engine.levels import plan
 from ..engine.memformat import convert_model
+from .preflight import holds_run
 
 
 def torch_dtype(cfg) -> torch.dtype:
@@ -156,45 +155,13 @@ def init_from(model, name: str, path: str) -> None:
     model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
 
 
-def _holds_run(d: str) -> bool:
-    return os.path.exists(os.path.join(d, "metrics.jsonl")) or os.path.isdir(os.path.join(d, "checkpoints"))
-
-
-def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
-    """Everything about this launch that is not the model: ranks, CPU, run directory."""
-    units = data_units(cfg, size)
-    for v in plan(cfg):
-        try:
-            check_divisible(v.global_batch, units)
-        except ValueError as e:
-            if units != size:
-                e = ValueError(f"{e} (here P is the number of data-parallel groups: {size} ranks "
-                               f"/ {cfg.parallel.blocks()} blocks per sample)")
-            if not cfg.train.levels:
-                raise e from None
-            raise ValueError(f"train.levels[{v.level}] (grid {list(v.grid)}): {e}") from None
-    check_precision(cfg.train.precision)
-    d = cfg.run.dir
-    if resume and not _holds_run(d):
-        raise ValueError(f"--resume {d}: no run there (no metrics.jsonl or checkpoints/)")
-    if _holds_run(d) and not resume and not overwrite:
-        raise ValueError(f"run directory {d!r} already holds a run. Continue it with --resume {d}, "
-                         f"start over with --overwrite, or choose another with --set run.dir=PATH")
-
-
-def data_units(cfg, size: int) -> int:
-    """How many data-parallel units ``size`` ranks make: the ranks, or under parallel.domain
-    the groups of prod(domain) ranks (ValueError if they do not divide evenly)."""
-    return group_count(size, cfg.parallel.domain) if cfg.parallel.domain else size
-
-
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
     """Create (or empty, with --overwrite) the run directory and write the resolved config;
     rank 0 only, and only after :func:`check_run` passed on every rank."""
     if rank != 0:
         return
     d = cfg.run.dir
-    if overwrite and not resume and _holds_run(d):
+    if overwrite and not resume and holds_run(d):
         shutil.rmtree(d)
     os.makedirs(os.path.join(d, "checkpoints"), exist_ok=True)
     with open(os.path.join(d, "config.toml"), "w") as f:

@@ -223,7 +223,7 @@ def _split(comm, args, model, on):
     the network runs on) set to compute on this rank's block; None without --domain."""
     from diffnet.split_layers import check_generator_split, split_generator
 
-    from ..engine.halo import group_count
+    from ..engine.data import group_count
     from ..engine.parallel import make_domain
     from .inference import grid_text, parse_grid
 

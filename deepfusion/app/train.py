@@ -16,6 +16,7 @@ from ..config import load_config
 from ..engine.layout import precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
 from .policy import collective_check, say_note, say_once
+from .preflight import check_run
 
 
 def cmd_train(args, comm) -> int:
@@ -24,6 +25,8 @@ def cmd_train(args, comm) -> int:
             args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
     cfg = collective_check(comm, load_config, args.config, args.set or [])
+    # Ranks, CPU and run directory first: a refused launch exits before any rank imports torch.
+    collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
@@ -31,7 +34,7 @@ def cmd_train(args, comm) -> int:
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import (build_model, build_problem, check_run, model_grower, prepare_run_dir,
+    from .build import (build_model, build_problem, model_grower, prepare_run_dir,
                         problem_factory, torch_dtype)
 
     layouts = comm.gather_obj(layout)
@@ -43,7 +46,6 @@ def cmd_train(args, comm) -> int:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     task = collective_check(comm, build_problem, cfg)
     model, specs = collective_check(comm, build_model, cfg, task)
-    collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
     problems = collective_check(comm, problem_factory, cfg, task)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 

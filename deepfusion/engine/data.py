@@ -9,6 +9,7 @@ domain split the units are the groups of ranks that share samples, not the ranks
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -145,3 +146,24 @@ class LazyChunks(Sequence):
             raise IndexError(k)
         m = self.b.micro_batch
         return self.b.build(self.b.indices[k * m:(k + 1) * m])
+
+
+def group_count(ranks: int, split, setting: str = "") -> int:
+    """How many domain groups of D = prod(split) ranks a job of ``ranks`` ranks makes.
+
+    The one check that the job size fits the split (the training config, ``infer --domain``
+    and ``halo.domain_groups`` all call it; here, torch-free, so a launch is checked before
+    torch is imported); ValueError naming ``setting`` (what gave the split,
+    default ``parallel.domain = [...]``), the rank counts that work and the splits that fit.
+    """
+    setting = setting or f"parallel.domain = {list(split)}"
+    if any(int(s) < 1 for s in split):
+        raise ValueError(f"{setting} must count blocks, 1 or more per axis")
+    d = math.prod(int(s) for s in split)
+    if ranks % d:
+        ok = sorted({max(d, ranks // d * d), -(-ranks // d) * d})
+        fits = [k for k in range(1, ranks + 1) if ranks % k == 0]
+        raise ValueError(f"{setting} puts {d} ranks on every sample, but the job has {ranks} "
+                         f"ranks, not a multiple of {d}: run on {' or '.join(map(str, ok))} "
+                         f"ranks, or choose a split with {fits} blocks in all")
+    return ranks // d

@@ -21,6 +21,7 @@ from torch.autograd.function import once_differentiable
 from diffnet.domain import FILLS, Block, check_split
 
 from .comm import Communicator
+from .data import group_count
 from .memformat import memory_format
 
 
@@ -268,26 +269,6 @@ def make_block(comm: Communicator, grid, split) -> Block:
         check_split(grid, split)
         return Block(grid)
     return MPIBlock(comm, grid, split)
-
-
-def group_count(ranks: int, split, setting: str = "") -> int:
-    """How many domain groups of D = prod(split) ranks a job of ``ranks`` ranks makes.
-
-    The one check that the job size fits the split (training config, ``infer --domain`` and
-    :func:`domain_groups` all call it); ValueError naming ``setting`` (what gave the split,
-    default ``parallel.domain = [...]``), the rank counts that work and the splits that fit.
-    """
-    setting = setting or f"parallel.domain = {list(split)}"
-    if any(int(s) < 1 for s in split):
-        raise ValueError(f"{setting} must count blocks, 1 or more per axis")
-    d = math.prod(int(s) for s in split)
-    if ranks % d:
-        ok = sorted({max(d, ranks // d * d), -(-ranks // d) * d})
-        fits = [k for k in range(1, ranks + 1) if ranks % k == 0]
-        raise ValueError(f"{setting} puts {d} ranks on every sample, but the job has {ranks} "
-                         f"ranks, not a multiple of {d}: run on {' or '.join(map(str, ok))} "
-                         f"ranks, or choose a split with {fits} blocks in all")
-    return ranks // d
 
 
 def domain_groups(world: Communicator, split):
