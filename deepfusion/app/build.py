@@ -157,7 +157,7 @@ def init_from(model, name: str, path: str) -> None:
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
     """Create (or empty, with --overwrite) the run directory and write the resolved config;
-    rank 0 only, and only after :func:`check_run` passed on every rank."""
+    rank 0 only, and only after ``preflight.check_run`` and the builds passed on every rank."""
     if rank != 0:
         return
     d = cfg.run.dir
