@@ -131,13 +131,14 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion_sliced_grad"] = make_deepfusion(task, sliced_grad(fresh(True)), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
-    compile_s = {}
+    compiled = {"fp32": "deepfusion_compile", "bf16": "deepfusion_bf16_compile"}
+    compile_s = {}  # precision -> seconds to compile (the first call)
     for precision in (("fp32", "bf16") if bf16 else ("fp32",)) if compile_ else ():
-        name = "deepfusion_compile" if precision == "fp32" else "deepfusion_bf16_compile"
+        name = compiled[precision]
         t0 = time.perf_counter()
         configs[name] = make_deepfusion(task, torch.compile(fresh(True)), x, precision=precision)
         configs[name]()  # compile here, not in a timed round
-        compile_s[name] = time.perf_counter() - t0
+        compile_s[precision] = time.perf_counter() - t0
     for f in configs.values():  # warm-up (oneDNN primitive caches, allocator)
         f()
     wall = {k: [] for k in configs}
@@ -169,10 +170,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     for k, v in out["configs"].items():
         v["speedup_vs_plain"] = base_w / v["step_s"]
         v["speedup_vs_plain_cpu"] = base_c / v["cpu_s"]
-    if compile_:
-        out["compile_seconds"] = compile_s["deepfusion_compile"]
-        if bf16:
-            out["compile_seconds_bf16"] = compile_s["deepfusion_bf16_compile"]
+    for precision, seconds in compile_s.items():
+        out["compile_seconds" + ("" if precision == "fp32" else "_bf16")] = seconds
     log(f"  step {grid}^2 b{batch} t{threads}: " + ", ".join(
         f"{k} {v['step_s'] * 1e3:.0f} ms ({v['gemm_ratio']:.0%} GEMM)"
         for k, v in out["configs"].items()) + f"; GEMM {out['gemm_gflops']:.1f} GF/s; load {load()[0]}")
