@@ -13,6 +13,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
                    the concatenation, as before diffnet.generators.DenseGrad (isolates it)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
+  deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32, as before
+                   diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)
   deepfusion_compile  (--compile) the engine with torch.compile'd generator; with --bf16 also
                    deepfusion_bf16_compile
 and one torch.mm of 2048 x 2048 per round (the GEMM limit under the same load). FLOPs of a
@@ -58,6 +60,23 @@ def sliced_grad(model):
 
     for mod in model.modules():
         if type(mod) is Up:
+            mod.forward = types.MethodType(forward, mod)
+    return model
+
+
+def fp32_norms(model):
+    """Run every InstanceNorm of ``model`` through the float32 NHWC kernel, which under bf16
+    autocast casts its input to float32 (the bf16 step before the low-precision norm)."""
+    import types
+
+    from diffnet.generators import InstanceNorm
+    from diffnet.norms import InstanceNormNHWC
+
+    def forward(self, x):
+        return InstanceNormNHWC.apply(x, self.weight, self.bias, self.eps)
+
+    for mod in model.modules():
+        if isinstance(mod, InstanceNorm):
             mod.forward = types.MethodType(forward, mod)
     return model
 
@@ -131,6 +150,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion_sliced_grad"] = make_deepfusion(task, sliced_grad(fresh(True)), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
+        configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(task, fp32_norms(fresh(True)), x,
+                                                               precision="bf16")
     compiled = {"fp32": "deepfusion_compile", "bf16": "deepfusion_bf16_compile"}
     compile_s = {}  # precision -> seconds to compile (the first call)
     for precision in (("fp32", "bf16") if bf16 else ("fp32",)) if compile_ else ():
