@@ -51,7 +51,8 @@ class InstanceNormNHWC(torch.autograd.Function):
     """
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # float32 input stays float32 under autocast
+    # bf16/fp16 input takes InstanceNormNHWCLowPrecision; under autocast this one stays float32
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
     def forward(ctx, x, weight, bias, eps):
         b, c, h, w = x.shape
         n = h * w
@@ -140,12 +141,13 @@ class InstanceNormNHWCLowPrecision(torch.autograd.Function):
 
     Under bf16 autocast the float32 kernel above costs two dtype copies of every activation and
     moves float32 through the norm and the activation after it; this one keeps them in bf16
-    (``python -m bench.step_bench --bf16``: the bf16 step 1.07-1.17x faster than with the
-    float32 kernel). The field is first centred on the mean of a strided subsample of >= 256
-    of its nodes (``d = x - shift``: exact near the mean, so |mean| >> std does not cancel, and
-    E[d^2] is var to ~1%, so its rounding does not grow); ``d`` is what backward keeps. The
-    statistics are then accurate to ~2e-3 relative in bf16 (partial sums rounded once each, the
-    squares rounded), the size of the output's own rounding (2^-9 relative).
+    (``python -m bench.step_bench --bf16``: the bf16 step 1.07-1.23x faster than with the
+    float32 kernel, row ``deepfusion_bf16_fp32_norm``). The field is first centred on the mean
+    of a strided subsample of >= 256 of its nodes (``d = x - shift``: exact near the mean, so
+    |mean| >> std does not cancel, and E[d^2] is var to ~1%, so its rounding does not grow);
+    ``d`` is what backward keeps. The statistics are then accurate to ~2e-3 relative in bf16
+    (partial sums rounded once each, the squares rounded), the size of the output's own
+    rounding (2^-9 relative).
     """
 
     @staticmethod
@@ -153,7 +155,8 @@ class InstanceNormNHWCLowPrecision(torch.autograd.Function):
         b, c, h, w = x.shape
         n = h * w
         xr = rows_view(x)
-        wide, shift = tiled(xr, xr[:, ::max(1, n // ROWS_PER_PARTIAL)].float().mean(1, keepdim=True))
+        subsample = xr[:, ::max(1, n // ROWS_PER_PARTIAL)]
+        wide, shift = tiled(xr, subsample.float().mean(1, keepdim=True))
         d = (wide - shift).view(xr.shape)
         m1 = partial_sums(d) / n                                        # (B, 1, C), float32
         var = (partial_sums(d * d) / n - m1 * m1).clamp_min(0)
@@ -176,7 +179,7 @@ class InstanceNormNHWCLowPrecision(torch.autograd.Function):
         gb = sg.sum(0).view(c).to(weight.dtype) if ctx.needs_input_grad[2] else None
         gx = None
         if ctx.needs_input_grad[0]:
-            # gx = scale * g + k1 * d + k0 (the float32 kernel's formula, centred on x[0])
+            # gx = scale * g + k1 * d + k0 (the float32 kernel's formula, centred on the shift)
             scale = weight.float().view(1, 1, c) * rstd
             k1 = -scale * rstd * sgxh / n
             gx = affine(gr, scale, -scale * sg / n - k1 * m1)
@@ -194,11 +197,11 @@ class InstanceNorm(nn.Module):
 
     4-D channels_last input takes an NHWC kernel above (the low-precision one for bf16/fp16
     input: under bf16 autocast the convolutions hand the norm bf16); any other input takes
-    ATen's group norm with one channel per group (the same statistics, and faster than instance_norm on
-    CPU). 5-D channels_last_3d input is normalised as an NCDHW copy and handed back in
-    channels_last_3d: ATen's NDHWC group norm cancels (one-pass variance) and its backward is
-    ~10x slower; the two copies cost less (a 3-D U-Net step at 32^3, widths 8..64, is 1.1x faster
-    this way than on the NDHWC group norm).
+    ATen's group norm with one channel per group (the same statistics, and faster than
+    instance_norm on CPU). 5-D channels_last_3d input is normalised as an NCDHW copy and
+    handed back in channels_last_3d: ATen's NDHWC group norm cancels (one-pass variance) and
+    its backward is ~10x slower; the two copies cost less (a 3-D U-Net step at 32^3, widths
+    8..64, is 1.1x faster this way than on the NDHWC group norm).
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5):
