@@ -19,7 +19,8 @@ Variants:
   * Poisson, residual loss, stencil ``sobel`` ([1,2,1] smoothing), ``sobel3103`` (the talk's
     [3,10,3]) and ``central`` (plain 3-point differences); and the energy loss (the recipe).
   * Burgers: the Lax-Oleinik loss (the recipe, ``burgers.toml``) in fp32 and bf16, with and
-    without its annealed smoothing, hard vs soft boundary values; the MUSCL residual (``burgers_muscl.toml``), hard
+    without its annealed smoothing, hard vs soft boundary values, with the basin term
+    (``basin_weight`` 0.03 / 0.1 / 0.3 / 1, ``basin_reach`` 2 or 4); the MUSCL residual (``burgers_muscl.toml``), hard
     (u0 and the inflow written exactly) vs soft (penalty terms, weight ``bc_weight``); and the
     central ``sobel`` residual, hard vs soft.
 """
@@ -49,6 +50,12 @@ VARIANTS = {
     "burgers_lax_oleinik_bf16": ("burgers.toml", ['train.precision="bf16"']),
     "burgers_lax_oleinik_unsmoothed": ("burgers.toml", ["problem.options.smoothing=0.0"]),
     "burgers_lax_oleinik_soft": ("burgers.toml", ["problem.options.hard_bc=false"]),
+    "burgers_lax_oleinik_basin": ("burgers.toml", ["problem.options.basin_weight=1.0"]),
+    "burgers_lax_oleinik_basin01": ("burgers.toml", ["problem.options.basin_weight=0.1"]),
+    "burgers_lax_oleinik_basin03": ("burgers.toml", ["problem.options.basin_weight=0.3"]),
+    "burgers_lax_oleinik_basin003": ("burgers.toml", ["problem.options.basin_weight=0.03"]),
+    "burgers_lax_oleinik_basin01_reach4": ("burgers.toml", ["problem.options.basin_weight=0.1",
+                                                            "problem.options.basin_reach=4"]),
     "burgers_muscl_hard": ("burgers_muscl.toml", []),
     "burgers_muscl_soft": ("burgers_muscl.toml", ["problem.options.hard_bc=false"]),
     "burgers_sobel_hard": ("burgers_muscl.toml", ['problem.options.scheme="stencil"',

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
+from diffnet.domain import Block
 from diffnet.problems.burgers import initial_condition
+from diffnet.problems.lax_oleinik import basin_targets, lax_oleinik_nodes
 
 C = 4.3
 
@@ -121,3 +123,53 @@ def test_the_cost_bench_compares_both_paths(tmp_path):
         assert rows["closed", s]["saved_mib"] == pytest.approx(slope_mib)
         assert rows["autograd", s]["saved_mib"] > 5 * slope_mib
         assert rows["closed", s]["seconds"] > 0
+
+
+def test_basin_targets_put_moved_shocks_back():
+    """The exact solution is its own target everywhere; with every shock moved one node right,
+    the targets (the best of each node's and its neighbours' values) restore it."""
+    p, x, exact = _setup(basin_weight=0.1)
+    assert float(p._basin(exact, x).max()) < 1e-9
+    moved = exact.clone()
+    right = exact[..., :-1] - exact[..., 1:] > 0.5                   # downward jumps: the shocks
+    moved[..., 1:][right] = exact[..., :-1][right]
+    assert int(right.sum()) > 20
+    v, geometry = p._lo_nodes(moved, x)
+    target = basin_targets(v, lambda c: lax_oleinik_nodes(c, *geometry, [(0.0, 1.0)]), 2)
+    # rows t >= T/2 (shocks formed; earlier, steep fronts hold values between the neighbours'
+    # two states): every moved node is back in its basin, off by at most the neighbour's slope
+    at = torch.zeros_like(exact, dtype=torch.bool)
+    at[..., 1:-1] = right[..., :-1]       # the last column has no neighbour across the shock
+    at = at[0, 0, 32:]                                  # target row k is the field's row k + 1
+    assert float((v[0, 31:] - exact[0, 0, 32:])[at].abs().min()) > 0.5
+    assert float((target[0, 31:] - exact[0, 0, 32:])[at].abs().max()) < 0.1
+    g = lambda c: lax_oleinik_nodes(c, *geometry, [(0.0, 1.0)])
+    assert bool((g(target) <= g(v)).all())                          # never a worse node
+    assert float(p._basin(moved, x)) > 1e-3
+
+
+def test_basin_term_pulls_a_node_out_of_the_wrong_basin():
+    """A node in the wrong basin is a stationary point of g (no gradient); the basin term's
+    gradient points it towards its neighbour's value across the shock."""
+    p, x, exact = _setup(basin_weight=1.0)
+    right = exact[..., :-1] - exact[..., 1:] > 0.5
+    i, j = [int(k) for k in right[0, 0].nonzero()[-1]]
+    moved = exact.clone()
+    moved[0, 0, i, j + 1] = exact[0, 0, i, j]                        # the shock a node right
+    u = moved.requires_grad_()
+    (g_grad,) = torch.autograd.grad(p._lax_oleinik(u, x).sum(), u)
+    (b_grad,) = torch.autograd.grad(p._basin(u, x).sum(), u)
+    needed = float(exact[0, 0, i, j + 1] - moved[0, 0, i, j + 1])    # across the shock
+    assert -float(g_grad[0, 0, i, j + 1]) * needed <= 0              # g keeps it in its basin
+    assert -float(b_grad[0, 0, i, j + 1]) * needed > 0               # the basin term does not
+
+
+def test_basin_option_is_checked():
+    with pytest.raises(ValueError, match="basin_weight > 0 needs scheme='lax-oleinik'"):
+        get_problem("burgers", grid=(16, 16), scheme="muscl", basin_weight=0.1)
+    with pytest.raises(ValueError, match="basin_reach"):
+        get_problem("burgers", grid=(16, 16), scheme="lax-oleinik", basin_reach=0)
+    p = get_problem("burgers", grid=(16, 16), scheme="lax-oleinik", basin_weight=0.1)
+    with pytest.raises(ValueError, match="split block"):
+        p.check_block(Block((16, 16), start=(0, 0), shape=(16, 8)))
+    assert p.config()["basin_weight"] == 0.1

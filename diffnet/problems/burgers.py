@@ -12,7 +12,7 @@ from ..validation import check_bool, check_choice, check_int, check_number, chec
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
-from .lax_oleinik import lax_oleinik_nodes, smoothing_points
+from .lax_oleinik import basin_targets, lax_oleinik_nodes, smoothing_points
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -83,7 +83,12 @@ class Burgers(FiniteVolumeResiduals, Problem):
                E[g(u + s Z)] (8-point Gauss-Hermite) with s falling linearly from s0 to 0 at the
                fraction ``smoothing_until`` (default 0.7) of training (``set_progress``), so
                early training sees one wide basin around the deeper minimum (a homotopy); the
-               final loss is g itself.
+               final loss is g itself. ``basin_weight`` (default 0: off) w > 0 adds
+               w * mean (u - target)^2, target the value among the node's own and its
+               x-neighbours' (up to ``basin_reach`` nodes each side, default 2) that gives this
+               node the lowest g (no gradient through it): a node in the wrong basin is a local
+               minimum of g, which no gradient of g moves, but its neighbour across the shock
+               holds the other basin's value and wins the comparison (``basin_targets``).
         Ghost states for both finite-volume schemes: 0 left of x = 0 (the inflow value), copies
         of the last node right of x = 1 (transmissive outflow); nodes are cell centres.
         Row 0 and column 0 carry no residual (they are the initial / inflow conditions, "bc").
@@ -123,7 +128,8 @@ class Burgers(FiniteVolumeResiduals, Problem):
                  hard_bc: bool = False, stencil: str = "sobel", form: str = "conservative",
                  viscosity: float = 0.0, scheme: str = "stencil", limiter: str = "mc",
                  row_weight: float = 0.0, horizon: int = 1, smoothing: float = 0.0,
-                 smoothing_until: float = 0.7, reference: str = "exact"):
+                 smoothing_until: float = 0.7, reference: str = "exact",
+                 basin_weight: float = 0.0, basin_reach: int = 2):
         super().__init__(grid=grid)
         self.c_range = check_range("c_range", c_range)
         if self.c_range[0] <= 0:
@@ -148,6 +154,11 @@ class Burgers(FiniteVolumeResiduals, Problem):
         self.smoothing_until = check_number("smoothing_until", smoothing_until, lo=0.0, hi=1.0,
                                             lo_open=True)
         self.reference = check_choice("reference", reference, REFERENCES)
+        self.basin_weight = check_number("basin_weight", basin_weight, lo=0.0)
+        self.basin_reach = check_int("basin_reach", basin_reach, 1)
+        if self.basin_weight > 0 and self.scheme != "lax-oleinik":
+            raise ValueError(f"basin_weight > 0 needs scheme='lax-oleinik' (scheme is "
+                             f"{self.scheme!r}), got {basin_weight!r}")
         self.progress = 0.0
         if self.scheme != "stencil" and self.viscosity > 0:
             raise ValueError(f"viscosity must be 0 with scheme={self.scheme!r} (finite-volume "
@@ -169,7 +180,8 @@ class Burgers(FiniteVolumeResiduals, Problem):
                 "form": self.form, "viscosity": self.viscosity, "scheme": self.scheme,
                 "limiter": self.limiter, "row_weight": self.row_weight, "horizon": self.horizon,
                 "smoothing": self.smoothing, "smoothing_until": self.smoothing_until,
-                "reference": self.reference}
+                "reference": self.reference, "basin_weight": self.basin_weight,
+                "basin_reach": self.basin_reach}
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)
@@ -211,6 +223,10 @@ class Burgers(FiniteVolumeResiduals, Problem):
 
     # -- losses -----------------------------------------------------------------------------
     def check_block(self, block) -> None:
+        if self.basin_weight > 0 and not block.whole:
+            raise ValueError("basin_weight > 0 compares each node with its x-neighbours, which "
+                             "a split block does not hold across its edges: train it without "
+                             "a domain split (set basin_weight = 0 to split)")
         if self.scheme == "stencil":
             check_block_sizes(block)
         elif self.scheme != "lax-oleinik":
@@ -253,6 +269,21 @@ class Burgers(FiniteVolumeResiduals, Problem):
         On a split block: the block's nodes on rows t > 0 (global row index), (B, h', w). The
         primitive needs the whole u0 row, so the block gathers it along x and every block
         computes the undivided ``node_primitive`` (bit-identical to it)."""
+        v, geometry = self._lo_nodes(u, inputs)
+        return lax_oleinik_nodes(v, *geometry, smoothing_points(sigma))
+
+    def _basin(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """(B,) mean over rows t > 0 of (u - target)^2, target the node's best neighbour value
+        (``basin_targets``): the pull that moves a shock node into the deeper basin."""
+        v, geometry = self._lo_nodes(u, inputs)
+        exact = smoothing_points(0.0)
+        target = basin_targets(v, lambda c: lax_oleinik_nodes(c, *geometry, exact),
+                               self.basin_reach)
+        h, w = self.grid
+        return mean_part((v - target).square(), (1, 2), (h - 1) * w, self.block)
+
+    def _lo_nodes(self, u: torch.Tensor, inputs: torch.Tensor):
+        """The node values on rows t > 0 and the arguments of ``lax_oleinik_nodes`` after v."""
         dt, dx = self.spacing
         blk = self.block
         first = int(blk.at_lo(0))                  # skip the local first row iff it is t = 0
@@ -262,7 +293,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
         x = blk.indices(1, u).to(u.dtype) * dx
         v = u[:, 0, first:, :]
         here = big_u0[:, None, blk.start[1]:blk.start[1] + blk.shape[1]]   # U0 at this block's x
-        return lax_oleinik_nodes(v, big_u0, u0, x, t, here, dx, smoothing_points(sigma))
+        return v, (big_u0, u0, x, t, here, dx)
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         h, w = self.grid
@@ -271,6 +302,8 @@ class Burgers(FiniteVolumeResiduals, Problem):
             if self.row_weight > 0:
                 g = g * self.part(self._row_weights(u))[:, 0, int(self.block.at_lo(0)):]
             pde = mean_part(g, (1, 2), (h - 1) * w, self.block)
+            if self.basin_weight > 0:
+                pde = pde + self.basin_weight * self._basin(u, inputs)
             return {"pde": pde, "bc": self._bc(u, inputs)}
         if self.scheme != "stencil" and self.horizon > 1:
             rs = self._fv_residuals(u) if self.block.whole else self._fv_residuals_part(u)

@@ -63,3 +63,29 @@ def lax_oleinik_nodes(v: torch.Tensor, big_u0: torch.Tensor, u0: torch.Tensor, x
     whole x row (``node_primitive``); x: (W,) and t: (H', 1) node positions (t > 0); here: U0(x),
     broadcastable to v. ``points = [(0.0, 1.0)]`` is g itself."""
     return _Functional.apply(v, big_u0, u0, x, t, here, dx, points)
+
+
+def _shift_x(v: torch.Tensor, k: int) -> torch.Tensor:
+    """v moved k nodes along x (the last axis), the edge node repeated: node j holds v[j - k]."""
+    if k > 0:
+        return torch.cat([v[..., :1].expand(*v.shape[:-1], k), v[..., :-k]], dim=-1)
+    return torch.cat([v[..., -k:], v[..., -1:].expand(*v.shape[:-1], -k)], dim=-1)
+
+
+def basin_targets(v: torch.Tensor, value_at, reach: int) -> torch.Tensor:
+    """For every node, the value among its own and its x-neighbours' (up to ``reach`` nodes on
+    either side) at which THIS node's functional is lowest; no gradient.
+
+    ``value_at(c)`` evaluates g at every node for the candidate values c (same shape as v). A
+    node left in the wrong basin behind a shock is a local minimum of g, so the functional's
+    gradient cannot move it; its neighbour across the shock holds a value of the other basin,
+    and if that value gives this node a lower g it becomes the node's target (the global
+    minimiser over u is the entropy solution, Lax-Oleinik)."""
+    with torch.no_grad():
+        best, best_g = v, value_at(v)
+        for k in range(1, reach + 1):
+            for cand in (_shift_x(v, k), _shift_x(v, -k)):
+                g = value_at(cand)
+                better = g < best_g
+                best, best_g = torch.where(better, cand, best), torch.where(better, g, best_g)
+    return best
