@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
-from diffnet.domain import Block
 from diffnet.problems.burgers import initial_condition
 from diffnet.problems.lax_oleinik import basin_targets, lax_oleinik_nodes
 
@@ -170,6 +169,4 @@ def test_basin_option_is_checked():
     with pytest.raises(ValueError, match="basin_reach"):
         get_problem("burgers", grid=(16, 16), scheme="lax-oleinik", basin_reach=0)
     p = get_problem("burgers", grid=(16, 16), scheme="lax-oleinik", basin_weight=0.1)
-    with pytest.raises(ValueError, match="split block"):
-        p.check_block(Block((16, 16), start=(0, 0), shape=(16, 8)))
     assert p.config()["basin_weight"] == 0.1

@@ -177,7 +177,8 @@ BURGERS = [dict(hard_bc=hb, **kw) for hb in (False, True) for kw in (
     dict(scheme="upwind"), dict(scheme="muscl", limiter="mc", row_weight=1.0),
     dict(scheme="muscl", limiter="vanleer"), dict(scheme="muscl", limiter="superbee"),
     dict(scheme="muscl", limiter="minmod"),
-    dict(scheme="lax-oleinik"), dict(scheme="lax-oleinik", smoothing=0.1, row_weight=1.0))]
+    dict(scheme="lax-oleinik"), dict(scheme="lax-oleinik", smoothing=0.1, row_weight=1.0),
+    dict(scheme="lax-oleinik", smoothing=0.1, basin_weight=0.5, basin_reach=3))]
 ELLIPTIC = ([("poisson", dict(loss=loss, quadrature=q, bc_mode=bm))
              for loss in ("energy", "residual") for q in ("faces", "nodes")
              for bm in ("overwrite", "lift")]

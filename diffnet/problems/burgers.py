@@ -223,10 +223,6 @@ class Burgers(FiniteVolumeResiduals, Problem):
 
     # -- losses -----------------------------------------------------------------------------
     def check_block(self, block) -> None:
-        if self.basin_weight > 0 and not block.whole:
-            raise ValueError("basin_weight > 0 compares each node with its x-neighbours, which "
-                             "a split block does not hold across its edges: train it without "
-                             "a domain split (set basin_weight = 0 to split)")
         if self.scheme == "stencil":
             check_block_sizes(block)
         elif self.scheme != "lax-oleinik":
@@ -276,9 +272,19 @@ class Burgers(FiniteVolumeResiduals, Problem):
         """(B,) mean over rows t > 0 of (u - target)^2, target the node's best neighbour value
         (``basin_targets``): the pull that moves a shock node into the deeper basin."""
         v, geometry = self._lo_nodes(u, inputs)
-        exact = smoothing_points(0.0)
-        target = basin_targets(v, lambda c: lax_oleinik_nodes(c, *geometry, exact),
+        blk, exact = self.block, smoothing_points(0.0)
+        if blk.whole:
+            rows = v.detach()
+        else:  # a node's neighbours may sit on the next block: compare on the whole x row
+            with torch.no_grad():
+                rows = blk.gather(v.detach(), axis=1)
+            big_u0, u0, _, t, _, dx = geometry
+            x = torch.arange(self.grid[1], dtype=v.dtype, device=v.device) * dx
+            geometry = (big_u0, u0, x, t, big_u0[:, None, :], dx)
+        target = basin_targets(rows, lambda c: lax_oleinik_nodes(c, *geometry, exact),
                                self.basin_reach)
+        if not blk.whole:
+            target = target[..., blk.start[1]:blk.start[1] + blk.shape[1]]
         h, w = self.grid
         return mean_part((v - target).square(), (1, 2), (h - 1) * w, self.block)
 
