@@ -128,13 +128,14 @@ def test_basin_targets_put_moved_shocks_back():
     """The exact solution is its own target everywhere; with every shock moved one node right,
     the targets (the best of each node's and its neighbours' values) restore it."""
     p, x, exact = _setup(basin_weight=0.1)
-    assert float(p._basin(exact, x).max()) < 1e-9
+    assert float(p._basin(*p._lo_nodes(exact, x)).max()) < 1e-9
     moved = exact.clone()
     right = exact[..., :-1] - exact[..., 1:] > 0.5                   # downward jumps: the shocks
     moved[..., 1:][right] = exact[..., :-1][right]
     assert int(right.sum()) > 20
     v, geometry = p._lo_nodes(moved, x)
-    target = basin_targets(v, lambda c: lax_oleinik_nodes(c, *geometry, [(0.0, 1.0)]), 2)
+    g = lambda c: lax_oleinik_nodes(c, *geometry, [(0.0, 1.0)])
+    target = basin_targets(v, g, 2)
     # rows t >= T/2 (shocks formed; earlier, steep fronts hold values between the neighbours'
     # two states): every moved node is back in its basin, off by at most the neighbour's slope
     at = torch.zeros_like(exact, dtype=torch.bool)
@@ -142,9 +143,8 @@ def test_basin_targets_put_moved_shocks_back():
     at = at[0, 0, 32:]                                  # target row k is the field's row k + 1
     assert float((v[0, 31:] - exact[0, 0, 32:])[at].abs().min()) > 0.5
     assert float((target[0, 31:] - exact[0, 0, 32:])[at].abs().max()) < 0.1
-    g = lambda c: lax_oleinik_nodes(c, *geometry, [(0.0, 1.0)])
     assert bool((g(target) <= g(v)).all())                          # never a worse node
-    assert float(p._basin(moved, x)) > 1e-3
+    assert float(p._basin(*p._lo_nodes(moved, x))) > 1e-3
 
 
 def test_basin_term_pulls_a_node_out_of_the_wrong_basin():
@@ -157,7 +157,7 @@ def test_basin_term_pulls_a_node_out_of_the_wrong_basin():
     moved[0, 0, i, j + 1] = exact[0, 0, i, j]                        # the shock a node right
     u = moved.requires_grad_()
     (g_grad,) = torch.autograd.grad(p._lax_oleinik(u, x).sum(), u)
-    (b_grad,) = torch.autograd.grad(p._basin(u, x).sum(), u)
+    (b_grad,) = torch.autograd.grad(p._basin(*p._lo_nodes(u, x)).sum(), u)
     needed = float(exact[0, 0, i, j + 1] - moved[0, 0, i, j + 1])    # across the shock
     assert -float(g_grad[0, 0, i, j + 1]) * needed <= 0              # g keeps it in its basin
     assert -float(b_grad[0, 0, i, j + 1]) * needed > 0               # the basin term does not

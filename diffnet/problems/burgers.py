@@ -268,10 +268,10 @@ class Burgers(FiniteVolumeResiduals, Problem):
         v, geometry = self._lo_nodes(u, inputs)
         return lax_oleinik_nodes(v, *geometry, smoothing_points(sigma))
 
-    def _basin(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    def _basin(self, v: torch.Tensor, geometry: tuple) -> torch.Tensor:
         """(B,) mean over rows t > 0 of (u - target)^2, target the node's best neighbour value
-        (``basin_targets``): the pull that moves a shock node into the deeper basin."""
-        v, geometry = self._lo_nodes(u, inputs)
+        (``basin_targets``): the pull that moves a shock node into the deeper basin. ``v``,
+        ``geometry``: from ``_lo_nodes``."""
         blk, exact = self.block, smoothing_points(0.0)
         if blk.whole:
             rows = v.detach()
@@ -304,12 +304,13 @@ class Burgers(FiniteVolumeResiduals, Problem):
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         h, w = self.grid
         if self.scheme == "lax-oleinik":
-            g = self._lax_oleinik(u, inputs, self.current_smoothing())
+            v, geometry = self._lo_nodes(u, inputs)     # once: on a split it gathers u0
+            g = lax_oleinik_nodes(v, *geometry, smoothing_points(self.current_smoothing()))
             if self.row_weight > 0:
                 g = g * self.part(self._row_weights(u))[:, 0, int(self.block.at_lo(0)):]
             pde = mean_part(g, (1, 2), (h - 1) * w, self.block)
             if self.basin_weight > 0:
-                pde = pde + self.basin_weight * self._basin(u, inputs)
+                pde = pde + self.basin_weight * self._basin(v, geometry)
             return {"pde": pde, "bc": self._bc(u, inputs)}
         if self.scheme != "stencil" and self.horizon > 1:
             rs = self._fv_residuals(u) if self.block.whole else self._fv_residuals_part(u)
