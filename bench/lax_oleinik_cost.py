@@ -12,7 +12,9 @@ The loss's forward + backward on one rank's share of a step (``--batch`` samples
             (what the loss did before).
 Reported: median seconds of forward + backward (after a warm-up call), and the bytes the
 forward pass saves for backward (counted with ``saved_tensors_hooks``: what autograd keeps
-alive between the passes, which grows with the grid and the batch).
+alive between the passes, which grows with the grid and the batch). Also the basin term's
+neighbour search (``basin_targets``, no gradient) at reach 1 and 4, with g computed with and
+without the slope.
 """
 from __future__ import annotations
 
@@ -93,7 +95,24 @@ def main(argv=None) -> None:
                   f"  saved for backward {r['saved_mib']:7.1f} MiB")
     emit_json({"bench": "lax_oleinik_cost", "grid": a.grid, "batch": a.batch,
                "threads": a.threads, "repeats": a.repeats, "machine": machine(),
-               "rows": rows}, a.out)
+               "rows": rows, "basin": basin_rows(v.detach(), args, a.repeats)}, a.out)
+
+
+def basin_rows(v, args, repeats: int) -> list[dict]:
+    """The basin term's neighbour search (no gradient), with g evaluated by the loss's own
+    function (value and slope) and by the value-only one it uses."""
+    from diffnet.problems.lax_oleinik import (basin_targets, lax_oleinik_nodes,
+                                              lax_oleinik_value)
+
+    ways = {"value+slope": lambda c: lax_oleinik_nodes(c, *args, [(0.0, 1.0)]),
+            "value only": lambda c: lax_oleinik_value(c, *args)}
+    rows = []
+    for reach in (1, 4):
+        for name, value_at in ways.items():
+            seconds = median_seconds(lambda: basin_targets(v, value_at, reach), repeats)
+            rows.append({"reach": reach, "g": name, "seconds": seconds})
+            print(f"basin search  reach {reach}  g {name:11s}  {seconds:.3f} s")
+    return rows
 
 
 if __name__ == "__main__":

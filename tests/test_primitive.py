@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffnet.primitive import node_primitive, primitive_at
+from diffnet.primitive import node_primitive, primitive_at, primitive_with_slope
 
 
 def _sample(n, k=5.0):
@@ -56,3 +56,19 @@ def test_primitive_batched_shapes():
         torch.testing.assert_close(out[b], primitive_at(big[b:b + 1], f[b:b + 1], 0.1, y[b:b + 1])[0])
     with pytest.raises(ValueError, match="at least 4 nodes"):
         node_primitive(f[:, :3], 0.1)
+
+
+def test_primitive_with_slope_is_autograds_everywhere():
+    """The closed-form slope (and the value beside it) equal autograd's through primitive_at,
+    before x_0 (slope ``left``), inside, and after the last node (slope f[W-1])."""
+    n = 33
+    _, f, _ = _sample(n)
+    big = node_primitive(f, 1 / (n - 1))
+    y = torch.linspace(-0.3, 1.2, 1001, dtype=torch.float64)[None].requires_grad_()
+    val = primitive_at(big, f, 1 / (n - 1), y, left=0.25)
+    (grad,) = torch.autograd.grad(val.sum(), y)
+    value, slope = primitive_with_slope(big, f, 1 / (n - 1), y.detach(), left=0.25)
+    torch.testing.assert_close(value, val.detach(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(slope, grad, rtol=0, atol=1e-12)
+    yd = y.detach()
+    assert torch.all(slope[yd < 0] == 0.25) and torch.allclose(slope[yd > 1], f[0, -1])

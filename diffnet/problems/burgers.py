@@ -12,7 +12,7 @@ from ..validation import check_bool, check_choice, check_int, check_number, chec
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
-from .lax_oleinik import basin_targets, lax_oleinik_nodes, smoothing_points
+from .lax_oleinik import basin_targets, lax_oleinik_nodes, lax_oleinik_value, smoothing_points
 
 FORMS = ("conservative", "advective")
 SCHEMES = ("stencil", "upwind", "muscl", "lax-oleinik")
@@ -272,7 +272,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
         """(B,) mean over rows t > 0 of (u - target)^2, target the node's best neighbour value
         (``basin_targets``): the pull that moves a shock node into the deeper basin. ``v``,
         ``geometry``: from ``_lo_nodes``."""
-        blk, exact = self.block, smoothing_points(0.0)
+        blk = self.block
         if blk.whole:
             rows = v.detach()
         else:  # a node's neighbours may sit on the next block: compare on the whole x row
@@ -281,7 +281,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
             big_u0, u0, _, t, _, dx = geometry
             x = torch.arange(self.grid[1], dtype=v.dtype, device=v.device) * dx
             geometry = (big_u0, u0, x, t, big_u0[:, None, :], dx)
-        target = basin_targets(rows, lambda c: lax_oleinik_nodes(c, *geometry, exact),
+        target = basin_targets(rows, lambda c: lax_oleinik_value(c, *geometry),
                                self.basin_reach)
         if not blk.whole:
             target = target[..., blk.start[1]:blk.start[1] + blk.shape[1]]
