@@ -14,7 +14,7 @@ Reported: median seconds of forward + backward (after a warm-up call), and the b
 forward pass saves for backward (counted with ``saved_tensors_hooks``: what autograd keeps
 alive between the passes, which grows with the grid and the batch). Also the basin term's
 neighbour search (``basin_targets``, no gradient) at reach 1 and 4, with g computed with and
-without the slope.
+without the slope, and what one masked ``torch.where`` costs against a multiplication.
 """
 from __future__ import annotations
 
@@ -95,7 +95,25 @@ def main(argv=None) -> None:
                   f"  saved for backward {r['saved_mib']:7.1f} MiB")
     emit_json({"bench": "lax_oleinik_cost", "grid": a.grid, "batch": a.batch,
                "threads": a.threads, "repeats": a.repeats, "machine": machine(),
-               "rows": rows, "basin": basin_rows(v.detach(), args, a.repeats)}, a.out)
+               "rows": rows, "basin": basin_rows(v.detach(), args, a.repeats),
+               "elementwise": elementwise_rows(v.detach(), a.repeats)}, a.out)
+
+
+def elementwise_rows(v, repeats: int) -> list[dict]:
+    """Why the functional avoids masks: one masked ``torch.where`` against one multiplication
+    and against the select written as ``lerp`` with a 0/1 weight, on the same tensors."""
+    other = v.flip(-1).contiguous()
+    mask = v < other
+    weight = mask.to(v.dtype)
+    ops = {"multiply": lambda: v * other,
+           "torch.where (bool mask)": lambda: torch.where(mask, v, other),
+           "lerp (0/1 weight)": lambda: torch.lerp(other, v, weight)}
+    rows = []
+    for name, fn in ops.items():
+        seconds = median_seconds(lambda: [fn() for _ in range(10)], repeats) / 10
+        rows.append({"op": name, "milliseconds": 1e3 * seconds})
+        print(f"elementwise on {tuple(v.shape)}  {name:24s}  {1e3 * seconds:.3f} ms")
+    return rows
 
 
 def basin_rows(v, args, repeats: int) -> list[dict]:

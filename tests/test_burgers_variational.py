@@ -122,6 +122,11 @@ def test_the_cost_bench_compares_both_paths(tmp_path):
         assert rows["closed", s]["saved_mib"] == pytest.approx(slope_mib)
         assert rows["autograd", s]["saved_mib"] > 5 * slope_mib
         assert rows["closed", s]["seconds"] > 0
+    report = json.load(open(out))
+    assert {(r["reach"], r["g"]) for r in report["basin"]} == {
+        (r, g) for r in (1, 4) for g in ("value+slope", "value only")}
+    assert {r["op"] for r in report["elementwise"]} == {
+        "multiply", "torch.where (bool mask)", "lerp (0/1 weight)"}
 
 
 def test_basin_targets_put_moved_shocks_back():
