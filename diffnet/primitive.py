@@ -30,7 +30,7 @@ def _hermite_cell(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor):
     """y flattened per sample, its position t in [0, 1] inside cell k, and the cell's end values
     (F_k, F_k+1, f_k, f_k+1). A point before x_0 lands at t = 0 of the first cell, a point after
     the last node at t = 1 of the last, so the cell's piece gives the end values there and the
-    straight continuations are added without masks (a masked ``torch.where`` costs ~20
+    straight continuations are added without masks (a masked ``torch.where`` costs 7-20
     multiplications on CPU, and the Lax-Oleinik loss evaluates this up to 17 times a step)."""
     b, w = F.shape
     flat = y.reshape(b, -1)
