@@ -8,8 +8,8 @@ The loss's forward + backward on one rank's share of a step (``--batch`` samples
 8-point Gauss-Hermite average, sigma 0.2: the first half of the recipes) and off, for:
   closed    ``diffnet.problems.lax_oleinik`` as the loss uses it (the slope computed beside
             the value, backward one multiplication);
-  autograd  the same functional written with ``primitive_at`` and differentiated by autograd
-            (what the loss did before).
+  autograd  the same functional, ``lax_oleinik_value`` (g through ``primitive_at``),
+            differentiated by autograd (what the loss did before).
 Reported: median seconds of forward + backward (after a warm-up call), and the bytes the
 forward pass saves for backward (counted with ``saved_tensors_hooks``: what autograd keeps
 alive between the passes, which grows with the grid and the batch). Also the basin term's
@@ -48,11 +48,9 @@ def closed(v, args, points):
 
 
 def autograd(v, args, points):
-    from diffnet.primitive import primitive_at
+    from diffnet.problems.lax_oleinik import lax_oleinik_value
 
-    big, u0, x, t, here, dx = args
-    return sum(w * ((primitive_at(big, u0, dx, x - (v + s) * t) - here) / t + 0.5 * (v + s) ** 2)
-               for s, w in points)
+    return sum(w * lax_oleinik_value(v + s, *args) for s, w in points)
 
 
 def saved_bytes(fn) -> int:

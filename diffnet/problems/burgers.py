@@ -257,17 +257,6 @@ class Burgers(FiniteVolumeResiduals, Problem):
             r = r - self.viscosity * d[:b, 2:3]
         return r
 
-    def _lax_oleinik(self, u: torch.Tensor, inputs: torch.Tensor,
-                     sigma: float = 0.0) -> torch.Tensor:
-        """(B, H-1, W) per-node Lax-Oleinik functional g(u) on rows t > 0 (class docstring), or
-        its Gaussian average E[g(u + sigma Z)] (8-point Gauss-Hermite) when sigma > 0.
-
-        On a split block: the block's nodes on rows t > 0 (global row index), (B, h', w). The
-        primitive needs the whole u0 row, so the block gathers it along x and every block
-        computes the undivided ``node_primitive`` (bit-identical to it)."""
-        v, geometry = self._lo_nodes(u, inputs)
-        return lax_oleinik_nodes(v, *geometry, smoothing_points(sigma))
-
     def _basin(self, v: torch.Tensor, geometry: tuple) -> torch.Tensor:
         """(B,) mean over rows t > 0 of (u - target)^2, target the node's best neighbour value
         (``basin_targets``): the pull that moves a shock node into the deeper basin. ``v``,
@@ -289,7 +278,12 @@ class Burgers(FiniteVolumeResiduals, Problem):
         return mean_part((v - target).square(), (1, 2), (h - 1) * w, self.block)
 
     def _lo_nodes(self, u: torch.Tensor, inputs: torch.Tensor):
-        """The node values on rows t > 0 and the arguments of ``lax_oleinik_nodes`` after v."""
+        """The node values v on rows t > 0 and the arguments of ``lax_oleinik_nodes`` after v,
+        which gives the per-node functional g(u) (class docstring), (B, H-1, W).
+
+        On a split block: the block's nodes on rows t > 0 (global row index), (B, h', w). The
+        primitive needs the whole u0 row, so the block gathers it along x and every block
+        computes the undivided ``node_primitive`` (bit-identical to it)."""
         dt, dx = self.spacing
         blk = self.block
         first = int(blk.at_lo(0))                  # skip the local first row iff it is t = 0
