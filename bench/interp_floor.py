@@ -9,10 +9,13 @@ same samples (the same ``--sample N --seed S``, checked through ``/params``) on 
 same domain. Each coarse field is interpolated to the fine grid (``diffnet.resample.resample_nodes``:
 bilinear / trilinear on nodes, as ``deepfusion infer --work-grid`` transfers resolution) and
 compared with the fine field: relative L2 over the fine nodes, per sample, and mean / median /
-worst. With two references this is the floor of every coarse route: a model trained on the
+worst. With two references this is where an exact coarse answer starts: a model trained on the
 coarse grid, or a multigrid level that starts from the coarse answer interpolated (``prolong``),
-begins this far from the fine solution. (``bench.darcy_resolution`` does the same for the Darcy
-families, solving both grids itself.)
+begins about this far from the fine solution. It is a reference, not a strict bound: the exact
+nodal values are not the coarse field whose interpolant is closest in L2 (a shock node halfway
+between the two states is closer on average), and a 512² Burgers network interpolated to 1024²
+has measured 4% under it (README, "Goal 1"). (``bench.darcy_resolution`` does the same for the
+Darcy families, solving both grids itself.)
 
 Prints one summary line; writes JSON (files, grids, per-sample errors) to ``--out`` (default
 bench/out/interp_floor.json).
