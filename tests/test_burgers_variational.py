@@ -169,7 +169,7 @@ def test_basin_term_pulls_a_node_out_of_the_wrong_basin():
     u = moved.requires_grad_()
     (g_grad,) = torch.autograd.grad(_g(p, u, x).sum(), u)
     (b_grad,) = torch.autograd.grad(p._basin(*p._lo_nodes(u, x)).sum(), u)
-    needed = float(exact[0, 0, i, j + 1] - moved[0, 0, i, j + 1])    # across the shock
+    needed = float(exact[0, 0, i, j + 1] - moved[0, 0, i, j + 1].detach())  # across the shock
     assert -float(g_grad[0, 0, i, j + 1]) * needed <= 0              # g keeps it in its basin
     assert -float(b_grad[0, 0, i, j + 1]) * needed > 0               # the basin term does not
 

@@ -271,3 +271,14 @@ def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path
     assert rc == 0, err
     with h5py.File(out) as f:
         assert f["u"].shape == (2, 33, 31) and list(f.attrs["work_grid"]) == GRID
+
+
+def test_the_error_panel_is_centred_on_zero():
+    """compare's / evaluate's error column: symmetric colour limits, whatever the sign of the
+    largest error (matplotlib's own [min, max] put white at -0.4 for a field of ~0 with one
+    -0.9 line, and the 1024² Burgers figure showed a whole row red)."""
+    from deepfusion.engine.plots import error_style
+
+    s = error_style(np.array([[0.0, 0.01], [-0.9, 0.0]]))
+    assert (s["vmin"], s["vmax"], s["cmap"]) == (-0.9, 0.9, "RdBu_r")
+    assert error_style(np.zeros((2, 2)))["vmax"] == 1.0   # an exact answer still gets limits

@@ -48,6 +48,14 @@ def _geometry(names, bounds, r: int, c: int, cut: str) -> dict:
             "cut": cut}
 
 
+def error_style(err) -> dict:
+    """imshow keywords for an error field: a diverging map centred on 0 (symmetric limits), so
+    white means "no error" in every row; matplotlib's own limits would put white at the middle
+    of [min, max], and a field that is nearly all ~0 with one large negative line shows red."""
+    lim = float(np.abs(np.asarray(err)).max()) or 1.0
+    return {"cmap": "RdBu_r", "vmin": -lim, "vmax": lim}
+
+
 def fields_figure(path: str, rows: list[dict], *, names, bounds, grid,
                   titles=("input", "prediction", "reference"), dpi: int = 90) -> str:
     """One figure row per sample and view: input, prediction, reference, error.
@@ -69,8 +77,8 @@ def fields_figure(path: str, rows: list[dict], *, names, bounds, grid,
             imgs = (np.asarray(row["input"][v]), pred, ref, pred - ref)
             heads = (*titles, row["error_title"])
             for col, (ax, img, title) in enumerate(zip(axs[k], imgs, heads)):
-                im = ax.imshow(img, origin="lower", aspect="auto", extent=g["extent"],
-                               cmap="RdBu_r" if col == 3 else "viridis")
+                style = error_style(img) if col == 3 else {"cmap": "viridis"}
+                im = ax.imshow(img, origin="lower", aspect="auto", extent=g["extent"], **style)
                 ax.set_title(f"{title}, {g['cut']}" if g["cut"] else title, fontsize=8)
                 ax.set_xlabel(g["xlabel"])
                 ax.set_ylabel(g["ylabel"])
