@@ -6,9 +6,12 @@ import os
 import pytest
 
 from bench import infer_bench, ritz_partition, ritz_variants
+from deepfusion.app.cli import main
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant
+
+REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches on 2 ranks beside the in-process `serial` runs
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +40,32 @@ def test_the_test_draw_by_default_on_any_number_of_ranks(run):
     assert outs[2]["rel_l2"] == pytest.approx(s["rel_l2"], rel=1e-9)  # same draws on 2 ranks
 
 
-def test_the_validation_or_training_seed_is_flagged(run):
-    p = deepfusion(0, ["evaluate", run, "--seed", "12345", "--samples", "2"])
-    assert p.returncode == 0, p.stderr
-    assert "validation draw (data.eval_seed)" in p.stderr and "NOT a test draw" in p.stdout
+@pytest.fixture
+def serial(monkeypatch, capsys):
+    """``deepfusion ARGS`` in this process (the serial communicator): (exit code, out, err)."""
+    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
+
+    def run_here(args):
+        capsys.readouterr()
+        rc = main(args)
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return run_here
+
+
+def test_the_validation_or_training_seed_is_flagged(run, serial):
+    rc, out, err = serial(["evaluate", run, "--seed", "12345", "--samples", "2"])
+    assert rc == 0, err
+    assert "validation draw (data.eval_seed)" in err and "NOT a test draw" in out
     assert os.path.exists(os.path.join(run, "eval_seed12345.json"))
-    p = deepfusion(0, ["evaluate", run, "--seed", "0", "--samples", "2"])
-    assert "training seed" in p.stderr
+    rc, out, err = serial(["evaluate", run, "--seed", "0", "--samples", "2"])
+    assert rc == 0 and "training seed" in err, err
 
 
-def test_a_directory_without_checkpoints_is_bad_input(tmp_path):
+def test_a_directory_without_checkpoints_is_bad_input(tmp_path, serial):
     (tmp_path / "checkpoints").mkdir()
-    p = deepfusion(0, ["evaluate", str(tmp_path)])
-    assert p.returncode == 2 and "no complete checkpoint" in p.stderr and "Traceback" not in p.stderr
+    rc, _, err = serial(["evaluate", str(tmp_path)])
+    assert rc == 2 and "no complete checkpoint" in err and "Traceback" not in err
 
 
 RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-scale", '
@@ -57,7 +73,7 @@ RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-sc
 
 
 @pytest.mark.mpi
-def test_an_answer_option_replaces_the_checkpoints(tmp_path):
+def test_an_answer_option_replaces_the_checkpoints(tmp_path, serial):
     """--option changes how the answer is formed (here the Ritz coefficients become fields on
     a 2 x 2 partition) on evaluate and infer, is recorded, and is refused when it names no
     option, sets the grid, or changes the channels the network was built for."""
@@ -69,20 +85,20 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     errs = {}
     for opt in ([], ["--option", "ritz_partition=2"]):
         out = str(tmp_path / f"e{len(opt)}.json")
-        p = deepfusion(2, ["evaluate", run, "--out", out, *opt])
+        p = deepfusion(2, ["evaluate", run, "--out", out, *opt], env=REAL_MPI)
         assert p.returncode == 0, p.stderr
         s = json.load(open(out))
         assert s["options"] == ({"ritz_partition": 2} if opt else {})
         assert ("with --option ritz_partition=2" in p.stdout) == bool(opt)
         errs[len(opt)] = s["rel_l2"]
     assert errs[0] != errs[2]
-    p = deepfusion(0, ["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
-                       "--option", "ritz_partition=2"])
-    assert p.returncode == 0, p.stderr
+    # One-process commands and the benches run in this process (main takes argv), not as
+    # more ~3 s launches; the refusal on 2 ranks below is a real launch.
+    assert serial(["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
+                   "--option", "ritz_partition=2"])[0] == 0
     ref = str(tmp_path / "ref.h5")
-    assert deepfusion(0, ["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
-                          "--grid", "16x16", "--sample", "3", "--out", ref]).returncode == 0
-    # The benches run in this process (their mains take argv), not as three more ~2 s launches.
+    assert serial(["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
+                   "--grid", "16x16", "--sample", "3", "--out", ref])[0] == 0
     out = str(tmp_path / "rp.json")
     assert ritz_partition.main([run, ref, "--partitions", "0,2", "--samples", "3", "--control",
                                 "--threads", "1", "--out", out]) == 0
@@ -107,9 +123,10 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path):
     assert bench[2]["options"] == {"ritz_partition": 2} and bench[0]["options"] == {}
     assert (bench[2]["results"][0]["rel_l2_vs_reference"]["mean"]
             != bench[0]["results"][0]["rel_l2_vs_reference"]["mean"])   # the option answered
-    for ranks, bad, says in (
-            (2, "ritz_fields=3", "changes the problem's output channels (2 -> 3)"),
-            (0, "bogus=1", "unknown option(s) ['bogus']"),  # the first case shows all ranks
-            (0, "grid=[8,8]", "give the grid with --grid")):   # exit; one process, the message
-        p = deepfusion(ranks, ["evaluate", run, "--option", bad])
-        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+    for bad, says in (("bogus=1", "unknown option(s) ['bogus']"),
+                      ("grid=[8,8]", "give the grid with --grid")):
+        rc, _, err = serial(["evaluate", run, "--option", bad])
+        assert rc == 2 and says in err and "Traceback" not in err, err
+    p = deepfusion(2, ["evaluate", run, "--option", "ritz_fields=3"], env=REAL_MPI)  # all exit
+    says = "changes the problem's output channels (2 -> 3)"
+    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
