@@ -13,6 +13,11 @@ the training. The scheme here is the problem's own ``step`` (the one the loss ap
 draws are ``sample_params(seed, range(draws))``; seed 271828 is ``data.test_seed``'s default,
 so these are the draws ``deepfusion evaluate`` tests on.
 
+``cells`` (not a loss) is the exact solution's own cell averages
+(``diffnet.reference.exact_cell_averages``): the field a perfect conservative finite-volume
+method would hold on the grid, scored against the nodal solution as every route is. It says how
+close any finite-volume answer can come on that grid, however sharp its scheme.
+
 Prints one summary line per (grid, scheme) (mean / median / worst) and writes the JSON (per-draw
 errors too) to ``--out`` (default bench/out/scheme_floor.json).
 """
@@ -28,6 +33,8 @@ import numpy as np
 
 from bench.common import ROOT, emit_json, load
 
+CELLS = "cells"  # the exact cell averages: not a loss, the best any finite-volume field can be
+
 
 def parse_scheme(text: str) -> tuple[str, str]:
     """"muscl:mc" -> ("muscl", "mc"); "upwind" -> ("upwind", "mc") (the limiter is unused)."""
@@ -40,7 +47,8 @@ def parse(argv):
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--grids", default="64,256,512", help="N of the N x N grids, comma-separated")
     ap.add_argument("--schemes", default="upwind,muscl:mc,muscl:superbee",
-                    help="scheme[:limiter], comma-separated (schemes: upwind, muscl)")
+                    help="scheme[:limiter], comma-separated (schemes: upwind, muscl; cells: the "
+                         "exact cell averages)")
     ap.add_argument("--draws", type=int, default=64)
     ap.add_argument("--seed", type=int, default=271828)
     ap.add_argument("--c-range", default="3,6", help="the problem's c_range, lo,hi")
@@ -54,13 +62,23 @@ def parse(argv):
     from diffnet.problems.burgers_fv import FV_SCHEMES
 
     args.schemes = [parse_scheme(s) for s in args.schemes.split(",")]
-    bad = [s for s, _ in args.schemes if s not in FV_SCHEMES]
+    bad = [s for s, _ in args.schemes if s not in FV_SCHEMES + (CELLS,)]
     if bad:
         ap.error(f"--schemes: {bad} are not finite-volume schemes; valid: "
-                 f"{', '.join(FV_SCHEMES)} (muscl[:limiter])")
+                 f"{', '.join(FV_SCHEMES + (CELLS,))} (muscl[:limiter])")
     if args.draws < 1 or min(args.grids) < 3 or len(args.c_range) != 2:
         ap.error("need --draws >= 1, every grid >= 3 and --c-range lo,hi")
     return args
+
+
+def cell_fields(grid: int, params: np.ndarray):
+    """(n, H, W) float64: the exact entropy solution's averages over each node's cell."""
+    from diffnet.problems.burgers import T_END, initial_condition
+    from diffnet.reference import exact_cell_averages
+
+    return np.stack([exact_cell_averages(lambda x, c=float(p[0]): initial_condition(c, x),
+                                         x_nodes=grid, t_nodes=grid, t_end=T_END)
+                     for p in params])
 
 
 def march(problem, params: np.ndarray):
@@ -94,8 +112,10 @@ def floors(grid: int, schemes, args) -> list[dict]:
     out = []
     for scheme, limiter in schemes:
         t0 = time.perf_counter()
-        errs = [float(e) for e in relative_l2(march(burgers(scheme, limiter), params), refs)]
-        name = scheme if scheme == "upwind" else f"{scheme}:{limiter}"
+        fields = (cell_fields(grid, params) if scheme == CELLS
+                  else march(burgers(scheme, limiter), params))
+        errs = [float(e) for e in relative_l2(fields, refs)]
+        name = scheme if scheme in ("upwind", CELLS) else f"{scheme}:{limiter}"
         out.append({"grid": [grid, grid], "scheme": name, "rel_l2_mean": float(np.mean(errs)),
                     "rel_l2_median": float(statistics.median(errs)),
                     "rel_l2_worst": max(errs), "march_s": round(time.perf_counter() - t0, 2),

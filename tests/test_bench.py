@@ -198,6 +198,12 @@ def test_error_split_puts_a_moved_front_near_fronts_and_a_bias_away(tmp_path):
     assert biased["away"] > biased["near_fronts"] > 0
     for s in (moved, biased):
         assert s["near_fronts"] ** 2 + s["away"] ** 2 == pytest.approx(s["total"] ** 2)
+    # the moved front: one of the two nodes beside the jump is on the wrong side in every row,
+    # and it is all the error; the offset puts none there
+    assert moved["wrong_side_fraction"] == 0.5 and moved["wrong_side_share"] == 1
+    assert moved["without_wrong_side"] == 0
+    assert biased["wrong_side_fraction"] == 0
+    assert biased["without_wrong_side"] == pytest.approx(biased["total"])
 
 
 def test_amplitude_error_finds_a_wrong_amplitude_and_a_smooth_error(tmp_path):
@@ -289,7 +295,8 @@ def test_conv_rate_reports_both_rates_for_every_shape():
 
 def test_scheme_floor_marches_the_losses_zero_and_it_converges(tmp_path):
     """The marched field is the residual loss's zero (its "pde" term vanishes); MUSCL's floor is
-    below first-order upwind's, and both fall from 32x32 to 64x64."""
+    below first-order upwind's, and both fall from 32x32 to 64x64; the exact cell averages are
+    closer than either."""
     import torch
 
     from bench import scheme_floor
@@ -303,12 +310,15 @@ def test_scheme_floor_marches_the_losses_zero_and_it_converges(tmp_path):
     assert float(p.loss_terms(u + 0.01 * torch.rand_like(u), inputs)["pde"].min()) > 1e-6
 
     out = tmp_path / "f.json"
-    assert scheme_floor.main(["--grids", "32,64", "--schemes", "upwind,muscl:mc", "--draws", "4",
-                              "--out", str(out)]) == 0
+    assert scheme_floor.main(["--grids", "32,64", "--schemes", "upwind,muscl:mc,cells",
+                              "--draws", "4", "--out", str(out)]) == 0
     f = {(r["grid"][0], r["scheme"]): r["rel_l2_mean"]
          for r in json.loads(out.read_text())["rows"]}
     assert f[64, "muscl:mc"] < f[64, "upwind"] and f[32, "muscl:mc"] < f[32, "upwind"]
     assert f[64, "muscl:mc"] < f[32, "muscl:mc"] and f[64, "upwind"] < f[32, "upwind"]
+    # the exact cell averages: below every scheme's march, and falling with the grid
+    assert f[32, "cells"] < f[32, "muscl:mc"] and f[64, "cells"] < f[64, "muscl:mc"]
+    assert 0 < f[64, "cells"] < f[32, "cells"]
     with pytest.raises(SystemExit):
         scheme_floor.main(["--schemes", "stencil"])
 

@@ -154,3 +154,39 @@ def test_lower_hull_matches_monotone_chain(seed, bulk, monkeypatch):
 def test_method_is_checked():
     with pytest.raises(ValueError, match="method"):
         solve_burgers_exact(_u0(3), x_nodes=16, t_nodes=4, method="qhull")
+
+
+# --- the exact cell averages (what a perfect finite-volume solution holds) -------------------
+def test_cell_averages_of_a_shock_and_a_fan_are_exact():
+    """u0 = 1 on (0.1, 0.3] at t = 0.2: a fan on [0.1, 0.3], 1 on (0.3, 0.4), the shock at 0.4
+    (on node 40, whose cell holds half of each state). The closed form's integral F gives
+    every cell's average as a difference of F."""
+    u0 = lambda x: np.where((x > 0.1) & (x <= 0.3), 1.0, 0.0)
+    avg = burgers_exact.exact_cell_averages(u0, x_nodes=101, t_nodes=2, t_end=0.2,
+                                            oversample=256)
+
+    def big_f(x):  # int_0^x u(s, 0.2) ds
+        fan = np.clip(x, 0.1, 0.3)
+        return (fan - 0.1) ** 2 / 0.4 + np.clip(np.minimum(x, 0.4) - 0.3, 0.0, None)
+
+    x = np.linspace(0.0, 1.0, 101)
+    faces = np.concatenate([[0.0], x[:-1] + 0.005, [1.0]])
+    np.testing.assert_allclose(avg[-1], np.diff(big_f(faces)) / np.diff(faces), atol=1e-10)
+    assert avg[-1, 40] == pytest.approx(0.5, abs=1e-10)
+    np.testing.assert_allclose(avg[0], np.diff(np.clip(faces, 0.1, 0.3)) / np.diff(faces),
+                               atol=1e-10)                    # row 0: the averages of u0
+
+
+def test_cell_averages_are_second_order_before_shocks_and_half_order_after():
+    """Average minus nodal value is dx^2 u_xx / 24 on a smooth solution (the distance falls 4x
+    per halving of dx) and O(sqrt(dx)) in L2 once shocks exist (a shock cell is off by about
+    half the jump): the rate a conservative method's answer approaches the nodal one."""
+    def dist(c, n, t_end):
+        args = dict(x_nodes=n, t_nodes=17, t_end=t_end)
+        avg = burgers_exact.exact_cell_averages(_u0(c), **args)
+        return _rel(avg, solve_burgers_exact(_u0(c), **args))
+
+    smooth = [dist(3.0, n, 0.05) for n in (33, 65, 129)]        # breaking at t = 0.106
+    assert 3.7 < smooth[0] / smooth[1] < 4.3 and 3.7 < smooth[1] / smooth[2] < 4.3, smooth
+    shocks = [dist(4.3, n, 1 / 3) for n in (129, 513)]
+    assert 1.6 < shocks[0] / shocks[1] < 2.6, shocks                  # sqrt(4) = 2
