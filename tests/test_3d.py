@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.app.cli import main
 from deepfusion.app.fields import read_fields, write_input_fields
 from deepfusion.engine.faults import ENV as FAULT
 from tests.mpi_util import deepfusion
@@ -38,12 +37,6 @@ def write(tmp_path, name, text) -> str:
     return str(path)
 
 
-def run(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
 @pytest.fixture(scope="module")
 def run3d(tmp_path_factory):
     """The tiny 3-D config trained on 2 ranks: (config path, run dir)."""
@@ -53,11 +46,6 @@ def run3d(tmp_path_factory):
     p = train(2, config, d, "run.plots=true", env=REAL_MPI)  # the report, checked below; ~3 s
     assert p.returncode == 0, p.stderr
     return config, d
-
-
-@pytest.fixture
-def serial(monkeypatch):
-    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")  # in-process commands: the serial communicator
 
 
 def newest_checkpoint(run_dir) -> str:
@@ -136,7 +124,7 @@ def test_channels_last_3d_weights_and_gradient_buckets(tmp_path):
 
 
 @pytest.mark.mpi
-def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, capsys, monkeypatch):
+def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, cli):
     """On the trained 3-D checkpoint: evaluate (test draw), infer on 2 ranks (a fields file
     (N, D, H, W) with its XDMF sidecar), solve and compare (same samples; compare.png)."""
     _, d2 = run3d
@@ -146,13 +134,12 @@ def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, capsys,
                      env=REAL_MPI)
     assert res.returncode == 0, res.stderr
     assert "8x8x8" in res.stdout and "p.xmf" in res.stdout
-    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
-    rc, out, err = run(["evaluate", ckpt, "--samples", "2"], capsys)
+    rc, out, err = cli(["evaluate", ckpt, "--samples", "2"])
     assert rc == 0, err
     ev = json.loads(open(os.path.join(d2, "eval_seed271828.json")).read())
     assert ev["n"] == 2 and len(ev["rel_l2"]) == 2 and 0 < ev["rel_l2_mean"] < 10
-    rc, _, err = run(["solve", "--problem", "poisson3d", "--grid", "8x8x8", "--sample", "3",
-                      "--out", r], capsys)
+    rc, _, err = cli(["solve", "--problem", "poisson3d", "--grid", "8x8x8", "--sample", "3",
+                      "--out", r])
     assert rc == 0, err
     a, b = read_fields(p), read_fields(r)
     assert a["u"].shape == b["u"].shape == (3, 8, 8, 8)
@@ -160,7 +147,7 @@ def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, capsys,
     assert np.all(a["u"][..., 0] == 1) and np.all(a["u"][..., -1] == 0)  # Dirichlet x-faces
     assert np.array_equal(a["params"], b["params"]) and a["ranks"] == 2
     check_xdmf(p, n=3, grid=(8, 8, 8), channels=["nu", "log_nu"])
-    rc, out, err = run(["compare", p, r, "--out", str(tmp_path)], capsys)
+    rc, out, err = cli(["compare", p, r, "--out", str(tmp_path)])
     assert rc == 0, err
     s = json.loads((tmp_path / "compare.json").read_text())
     assert s["grid"] == [8, 8, 8] and s["n"] == 3 and len(s["rel_l2"]) == 3
@@ -195,7 +182,7 @@ def check_xdmf(h5_path, *, n, grid, channels):
 
 
 @pytest.mark.mpi
-def test_given_3d_fields_and_bad_grids(run3d, tmp_path, capsys, serial):
+def test_given_3d_fields_and_bad_grids(run3d, tmp_path, cli):
     """--inputs with nu alone on the 3-D grid; a 2-axis --grid or 2-D fields for a 3-D
     network are refused naming what to give."""
     from diffnet.problems import get_problem
@@ -205,23 +192,23 @@ def test_given_3d_fields_and_bad_grids(run3d, tmp_path, capsys, serial):
     nu = problem.build_input(problem.sample_params(3, range(2)))[:, :1].numpy()
     src, out = str(tmp_path / "nu.h5"), str(tmp_path / "p.h5")
     write_input_fields(src, nu, ["nu"])
-    rc, _, err = run(["infer", ckpt, "--inputs", src, "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--inputs", src, "--out", out])
     assert rc == 0, err
     a = read_fields(out)
     assert a["u"].shape == (2, 8, 8, 8) and np.allclose(a["inputs"][:, 1], np.log(nu[:, 0]),
                                                         atol=1e-6)
-    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "8x8", "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "8x8", "--out", out])
     assert rc == 2 and "--grid 8x8 has 2 axes" in err and "DxHxW" in err
-    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "8x8x8x8", "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "8x8x8x8", "--out", out])
     assert rc == 2 and "DxHxW" in err
     flat = str(tmp_path / "flat.h5")
     write_input_fields(flat, np.ones((2, 1, 8, 8)), ["nu"])
-    rc, _, err = run(["infer", ckpt, "--inputs", flat, "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--inputs", flat, "--out", out])
     assert rc == 2 and "3 grid axes" in err and "(N, C, D, H, W)" in err
 
 
 @pytest.mark.mpi
-def test_prolonged_multigrid_schedule_8_to_16(tmp_path, capsys, monkeypatch):
+def test_prolonged_multigrid_schedule_8_to_16(tmp_path, cli):
     """A tiny 8^3 -> 16^3 schedule with prolong on 2 ranks: both levels train, the network
     grows (a 3-D correction U-Net), and infer runs the grown network on 16^3 and its inner
     network on 8^3."""
@@ -234,10 +221,9 @@ def test_prolonged_multigrid_schedule_8_to_16(tmp_path, capsys, monkeypatch):
     assert [tuple(r["grid"]) for r in steps] == [(8, 8, 8)] * 2 + [(16, 16, 16)] * 2
     assert all(np.isfinite(r["loss"]) for r in steps)
     ckpt = newest_checkpoint(d)
-    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
     for grid in ("16x16x16", "8x8x8"):
         out = str(tmp_path / f"p{grid}.h5")
-        rc, _, err = run(["infer", ckpt, "--sample", "2", "--grid", grid, "--out", out], capsys)
+        rc, _, err = cli(["infer", ckpt, "--sample", "2", "--grid", grid, "--out", out])
         assert rc == 0, err
         shape = tuple(int(v) for v in grid.split("x"))
         assert read_fields(out)["u"].shape == (2, *shape)

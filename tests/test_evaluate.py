@@ -6,12 +6,11 @@ import os
 import pytest
 
 from bench import infer_bench, ritz_partition, ritz_variants
-from deepfusion.app.cli import main
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant
 
-REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches on 2 ranks beside the in-process `serial` runs
+REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches on 2 ranks beside the in-process `cli` runs
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +39,18 @@ def test_the_test_draw_by_default_on_any_number_of_ranks(run):
     assert outs[2]["rel_l2"] == pytest.approx(s["rel_l2"], rel=1e-9)  # same draws on 2 ranks
 
 
-@pytest.fixture
-def serial(monkeypatch, capsys):
-    """``deepfusion ARGS`` in this process (the serial communicator): (exit code, out, err)."""
-    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
-
-    def run_here(args):
-        capsys.readouterr()
-        rc = main(args)
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-    return run_here
-
-
-def test_the_validation_or_training_seed_is_flagged(run, serial):
-    rc, out, err = serial(["evaluate", run, "--seed", "12345", "--samples", "2"])
+def test_the_validation_or_training_seed_is_flagged(run, cli):
+    rc, out, err = cli(["evaluate", run, "--seed", "12345", "--samples", "2"])
     assert rc == 0, err
     assert "validation draw (data.eval_seed)" in err and "NOT a test draw" in out
     assert os.path.exists(os.path.join(run, "eval_seed12345.json"))
-    rc, out, err = serial(["evaluate", run, "--seed", "0", "--samples", "2"])
+    rc, out, err = cli(["evaluate", run, "--seed", "0", "--samples", "2"])
     assert rc == 0 and "training seed" in err, err
 
 
-def test_a_directory_without_checkpoints_is_bad_input(tmp_path, serial):
+def test_a_directory_without_checkpoints_is_bad_input(tmp_path, cli):
     (tmp_path / "checkpoints").mkdir()
-    rc, _, err = serial(["evaluate", str(tmp_path)])
+    rc, _, err = cli(["evaluate", str(tmp_path)])
     assert rc == 2 and "no complete checkpoint" in err and "Traceback" not in err
 
 
@@ -73,7 +59,7 @@ RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-sc
 
 
 @pytest.mark.mpi
-def test_an_answer_option_replaces_the_checkpoints(tmp_path, serial):
+def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
     """--option changes how the answer is formed (here the Ritz coefficients become fields on
     a 2 x 2 partition) on evaluate and infer, is recorded, and is refused when it names no
     option, sets the grid, or changes the channels the network was built for."""
@@ -94,10 +80,10 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path, serial):
     assert errs[0] != errs[2]
     # One-process commands and the benches run in this process (main takes argv), not as
     # more ~3 s launches; the refusal on 2 ranks below is a real launch.
-    assert serial(["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
+    assert cli(["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
                    "--option", "ritz_partition=2"])[0] == 0
     ref = str(tmp_path / "ref.h5")
-    assert serial(["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
+    assert cli(["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
                    "--grid", "16x16", "--sample", "3", "--out", ref])[0] == 0
     out = str(tmp_path / "rp.json")
     assert ritz_partition.main([run, ref, "--partitions", "0,2", "--samples", "3", "--control",
@@ -125,7 +111,7 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path, serial):
             != bench[0]["results"][0]["rel_l2_vs_reference"]["mean"])   # the option answered
     for bad, says in (("bogus=1", "unknown option(s) ['bogus']"),
                       ("grid=[8,8]", "give the grid with --grid")):
-        rc, _, err = serial(["evaluate", run, "--option", bad])
+        rc, _, err = cli(["evaluate", run, "--option", bad])
         assert rc == 2 and says in err and "Traceback" not in err, err
     p = deepfusion(2, ["evaluate", run, "--option", "ritz_fields=3"], env=REAL_MPI)  # all exit
     says = "changes the problem's output channels (2 -> 3)"

@@ -8,19 +8,13 @@ import pytest
 import torch
 
 from deepfusion.engine.checkpoint import save_checkpoint
-from deepfusion.app.cli import main
 from deepfusion.app.fields import read_fields, write_input_fields
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 from tests.mpi_util import deepfusion
 
 GRID = [16, 16]
-REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # the autouse fixture below sets 1 for in-process runs
-
-
-@pytest.fixture(autouse=True)
-def _serial(monkeypatch):
-    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")  # in-process runs: the serial communicator
+REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches beside the in-process `cli` runs
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +31,11 @@ def ckpt(tmp_path_factory):
     return str(path)
 
 
-def run(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
+def test_infer_solve_compare_round_trip(ckpt, tmp_path, cli):
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    assert run(["infer", ckpt, "--sample", "5", "--batch", "2", "--out", p], capsys)[0] == 0
-    assert run(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "5",
-                "--method", "direct", "--out", r], capsys)[0] == 0
+    assert cli(["infer", ckpt, "--sample", "5", "--batch", "2", "--out", p])[0] == 0
+    assert cli(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "5",
+                "--method", "direct", "--out", r])[0] == 0
     with h5py.File(p) as f:
         assert f["u"].dtype == np.float32 and f["u"].shape == (5, 16, 16)
         assert f["inputs"].shape == (5, 2, 16, 16)
@@ -62,7 +50,7 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
         assert np.all(f["u"][:, :, 0] == 1) and np.all(f["u"][:, :, -1] == 0)  # imposed
     ref = read_fields(r)
     assert ref["source"] == "reference:direct"
-    rc, out, _ = run(["compare", p, r, "--out", str(tmp_path)], capsys)
+    rc, out, _ = cli(["compare", p, r, "--out", str(tmp_path)])
     assert rc == 0 and "worst" in out and "seconds per sample" in out
     assert "network and solver both on 16x16 (native)" in out
     s = json.loads((tmp_path / "compare.json").read_text())
@@ -71,7 +59,7 @@ def test_infer_solve_compare_round_trip(ckpt, tmp_path, capsys):
     assert s["seconds_per_sample_solver"] > 0 and (tmp_path / "compare.png").stat().st_size > 0
 
 
-def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, capsys):
+def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, cli):
     """As evaluate does: RUN_DIR means RUN_DIR/checkpoints' newest complete checkpoint; a
     directory without one is refused by name (not read as an HDF5 file)."""
     import shutil
@@ -80,99 +68,98 @@ def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, c
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copy(ckpt, run_dir / "checkpoints" / "step_00000000.h5")
     p = str(tmp_path / "p.h5")
-    rc, out, _ = run(["infer", str(run_dir), "--sample", "1", "--out", p], capsys)
+    rc, out, _ = cli(["infer", str(run_dir), "--sample", "1", "--out", p])
     assert rc == 0 and "no warm-up" in out  # one batch: no untimed second forward
     with h5py.File(p) as f:
         assert f.attrs["source"] == str(run_dir / "checkpoints" / "step_00000000.h5")
         assert not f.attrs["warmup"]
-    rc, _, err = run(["infer", str(tmp_path), "--sample", "1", "--out", p], capsys)
+    rc, _, err = cli(["infer", str(tmp_path), "--sample", "1", "--out", p])
     assert rc != 0 and "no complete checkpoint in" in err and "checkpoints" in err
 
 
-def test_given_fields_round_trip(ckpt, tmp_path, capsys):
+def test_given_fields_round_trip(ckpt, tmp_path, cli):
     """--inputs with only the diffusivity nu: log_nu is derived; solve from nu (poisson)."""
     problem = get_problem("poisson", grid=GRID)
     nu = problem.build_input(problem.sample_params(7, range(3)))[:, :1].numpy()
     src = str(tmp_path / "nu.h5")
     write_input_fields(src, nu, ["nu"], problem="poisson")
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    assert run(["infer", ckpt, "--inputs", src, "--out", p], capsys)[0] == 0
-    assert run(["solve", "--problem", "poisson", "--inputs", src, "--out", r], capsys)[0] == 0
+    assert cli(["infer", ckpt, "--inputs", src, "--out", p])[0] == 0
+    assert cli(["solve", "--problem", "poisson", "--inputs", src, "--out", r])[0] == 0
     a, b = read_fields(p), read_fields(r)
     assert a["params"].shape == (3, 0) and np.allclose(a["inputs"][:, 0], nu[:, 0])
     assert np.allclose(a["inputs"][:, 1], np.log(nu[:, 0]), atol=1e-6)
     assert np.allclose(b["u"][:, :, 0], 1) and np.allclose(b["u"][:, :, -1], 0)
-    assert run(["compare", p, r, "--out", str(tmp_path)], capsys)[0] == 0
+    assert cli(["compare", p, r, "--out", str(tmp_path)])[0] == 0
 
 
-def test_compare_refuses_different_samples(ckpt, tmp_path, capsys):
+def test_compare_refuses_different_samples(ckpt, tmp_path, cli):
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    run(["infer", ckpt, "--sample", "2", "--out", p], capsys)
-    run(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "2", "--seed", "1",
-         "--out", r], capsys)
-    rc, _, err = run(["compare", p, r], capsys)
+    cli(["infer", ckpt, "--sample", "2", "--out", p])
+    cli(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "2", "--seed", "1",
+         "--out", r])
+    rc, _, err = cli(["compare", p, r])
     assert rc == 2 and "params differ" in err
-    run(["solve", "--problem", "poisson", "--grid", "32x32", "--sample", "2", "--out", r], capsys)
-    rc, _, err = run(["compare", p, r], capsys)
+    cli(["solve", "--problem", "poisson", "--grid", "32x32", "--sample", "2", "--out", r])
+    rc, _, err = cli(["compare", p, r])
     assert rc == 2 and "grids" in err
 
 
-def test_bad_inputs(ckpt, tmp_path, capsys):
+def test_bad_inputs(ckpt, tmp_path, cli):
     out = str(tmp_path / "p.h5")
-    rc, _, err = run(["infer", str(tmp_path / "nope.h5"), "--sample", "2", "--out", out], capsys)
+    rc, _, err = cli(["infer", str(tmp_path / "nope.h5"), "--sample", "2", "--out", out])
     assert rc == 2 and "checkpoint not found" in err
     bad = tmp_path / "corrupt.h5"
     bad.write_bytes(b"\x89HDF\r\n" + b"garbage" * 50)
-    rc, _, err = run(["infer", str(bad), "--sample", "2", "--out", out], capsys)
+    rc, _, err = cli(["infer", str(bad), "--sample", "2", "--out", out])
     assert rc == 2 and "not a valid HDF5" in err
     wrong = str(tmp_path / "u0.h5")
     write_input_fields(wrong, np.ones((2, 1, 16, 16)), ["u0"])
-    rc, _, err = run(["infer", ckpt, "--inputs", wrong, "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--inputs", wrong, "--out", out])
     assert rc == 2 and "needs ['nu', 'log_nu']" in err
     other = str(tmp_path / "burgers.h5")
     write_input_fields(other, np.ones((2, 2, 16, 16)), ["u0", "t"], problem="burgers")
-    rc, _, err = run(["infer", ckpt, "--inputs", other, "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--inputs", other, "--out", out])
     assert rc == 2 and "made for problem 'burgers'" in err
-    rc, _, err = run(["infer", ckpt, "--sample", "2", "--grid", "18x18", "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--sample", "2", "--grid", "18x18", "--out", out])
     assert rc == 2 and "not divisible" in err
-    rc, _, err = run(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "no" / "p.h5")],
-                     capsys)
+    rc, _, err = cli(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "no" / "p.h5")])
     assert rc == 2 and "does not exist" in err
-    rc, _, err = run(["solve", "--problem", "burgers", "--inputs", other, "--out", out], capsys)
+    rc, _, err = cli(["solve", "--problem", "burgers", "--inputs", other, "--out", out])
     assert rc == 2 and "not available for problem 'burgers'" in err
     assert not os.path.exists(out)
 
 
-def test_out_of_range_params_warn(ckpt, tmp_path, capsys):
+def test_out_of_range_params_warn(ckpt, tmp_path, cli):
     params = tmp_path / "params.csv"
     params.write_text("omega_1,omega_2,omega_3,omega_4\n0,0,0,0\n5,0,0,-1\n")
     out = str(tmp_path / "p.h5")
-    rc, _, err = run(["infer", ckpt, "--params", str(params), "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--params", str(params), "--out", out])
     assert rc == 0 and "WARNING" in err and "omega_1 outside the trained range [-3, 3]" in err
     assert read_fields(out)["params"].tolist() == [[0, 0, 0, 0], [5, 0, 0, -1]]
     params.write_text("1,2,3\n")
-    rc, _, err = run(["infer", ckpt, "--params", str(params), "--out", out], capsys)
+    rc, _, err = cli(["infer", ckpt, "--params", str(params), "--out", out])
     assert rc == 2 and "needs 4 values" in err
 
 
-def test_interrupted_write_leaves_no_file(ckpt, tmp_path, capsys, monkeypatch):
+def test_interrupted_write_leaves_no_file(ckpt, tmp_path, cli, monkeypatch):
     import deepfusion.app.inference as inf
 
     def boom(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(inf, "run_blocks", boom)
-    rc, _, _ = run(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "p.h5")], capsys)
+    rc, _, _ = cli(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "p.h5")])
     assert rc != 0 and os.listdir(tmp_path) == []
 
 
 @pytest.mark.mpi
-def test_p1_and_p2_write_identical_files(ckpt, tmp_path, capsys):
+def test_p1_and_p2_write_identical_files(ckpt, tmp_path, cli):
     """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds)."""
     args = ["--sample", "5", "--batch", "2"]
     for cmd in (["infer", ckpt], ["infer", ckpt, "--grid", "46x46", "--work-grid", "trained"],
                 ["solve", "--problem", "poisson", "--grid", "16x16"]):
         p1, p2 = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
-        assert run(cmd + args + ["--out", p1], capsys)[0] == 0
+        assert cli(cmd + args + ["--out", p1])[0] == 0
         res = deepfusion(2, cmd + args + ["--out", p2], env=REAL_MPI)
         assert res.returncode == 0, res.stderr
         a, b = read_fields(p1), read_fields(p2)
@@ -189,12 +176,12 @@ def test_p2_input_error_exits_2_everywhere(tmp_path):
     assert res.stderr.count("checkpoint not found") == 1
 
 
-def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, capsys):
+def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, cli):
     from deepfusion.engine.layout import bf16_supported
 
     p32, p16 = str(tmp_path / "p32.h5"), str(tmp_path / "p16.h5")
-    assert run(["infer", ckpt, "--sample", "3", "--out", p32], capsys)[0] == 0
-    rc, _, err = run(["infer", ckpt, "--sample", "3", "--out", p16, "--precision", "bf16"], capsys)
+    assert cli(["infer", ckpt, "--sample", "3", "--out", p32])[0] == 0
+    rc, _, err = cli(["infer", ckpt, "--sample", "3", "--out", p16, "--precision", "bf16"])
     if not bf16_supported():
         assert rc == 2 and "avx512_bf16 or amx_bf16" in err and not os.path.exists(p16)
         return
@@ -204,16 +191,16 @@ def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, capsys):
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
 
 
-def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys):
+def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     """--work-grid trained on 46x46 (every 3rd node is a 16x16 node, so the resampled inputs
     equal the 16x16 ones; 46 is not even a multiple of 2**depth) = the 16x16 prediction,
     interpolated bilinearly."""
     from diffnet.resample import resample_nodes
 
     coarse, fine = str(tmp_path / "c.h5"), str(tmp_path / "f.h5")
-    assert run(["infer", ckpt, "--sample", "3", "--out", coarse], capsys)[0] == 0
-    rc, _, err = run(["infer", ckpt, "--sample", "3", "--grid", "46x46", "--work-grid",
-                      "trained", "--out", fine], capsys)
+    assert cli(["infer", ckpt, "--sample", "3", "--out", coarse])[0] == 0
+    rc, _, err = cli(["infer", ckpt, "--sample", "3", "--grid", "46x46", "--work-grid",
+                      "trained", "--out", fine])
     assert rc == 0 and "note:" not in err
     with h5py.File(coarse) as fc, h5py.File(fine) as ff:
         assert ff["u"].shape == (3, 46, 46) and list(ff.attrs["work_grid"]) == GRID
@@ -224,21 +211,21 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys)
     # 40x40 shares no interior nodes with 16x16, so resampled 40x40 inputs would differ from
     # the 16x16 ones: parameter draws are rendered on the work grid instead, as in training
     odd = str(tmp_path / "o.h5")
-    assert run(["infer", ckpt, "--sample", "3", "--grid", "40x40", "--work-grid", "trained",
-                "--out", odd], capsys)[0] == 0
+    assert cli(["infer", ckpt, "--sample", "3", "--grid", "40x40", "--work-grid", "trained",
+                "--out", odd])[0] == 0
     with h5py.File(coarse) as fc, h5py.File(odd) as fo:
         want = resample_nodes(torch.from_numpy(fc["u"][:])[:, None], (40, 40))[:, 0].numpy()
         np.testing.assert_allclose(fo["u"][:], want, rtol=0, atol=2e-6)
     # compare names the work grid: the speed-up is a coarse model's plus interpolation
     ref = str(tmp_path / "r.h5")
-    assert run(["solve", "--problem", "poisson", "--grid", "46x46", "--sample", "3",
-                "--method", "direct", "--out", ref], capsys)[0] == 0
-    rc, out, _ = run(["compare", fine, ref, "--out", str(tmp_path)], capsys)
+    assert cli(["solve", "--problem", "poisson", "--grid", "46x46", "--sample", "3",
+                "--method", "direct", "--out", ref])[0] == 0
+    rc, out, _ = cli(["compare", fine, ref, "--out", str(tmp_path)])
     assert rc == 0 and "ran on a 16x16 work grid, interpolated to 46x46" in out
     assert json.loads((tmp_path / "compare.json").read_text())["pred_work_grid"] == GRID
     # without --work-grid the network runs on the inference grid itself, with a note saying so
-    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "48x48",
-                      "--out", str(tmp_path / "n.h5")], capsys)
+    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "48x48",
+                      "--out", str(tmp_path / "n.h5")])
     assert rc == 0 and "trained on 16x16" in err and "--work-grid trained" in err
 
 
@@ -246,13 +233,13 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, capsys)
     ("foo", "--work-grid must be HxW"),
     ("18x18", "--work-grid 18x18: grid 18x18 is not divisible by 2**depth = 4"),
 ])
-def test_bad_work_grid(ckpt, tmp_path, capsys, value, message):
-    rc, _, err = run(["infer", ckpt, "--sample", "1", "--grid", "32x32", "--work-grid", value,
-                      "--out", str(tmp_path / "x.h5")], capsys)
+def test_bad_work_grid(ckpt, tmp_path, cli, value, message):
+    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "32x32", "--work-grid", value,
+                      "--out", str(tmp_path / "x.h5")])
     assert rc == 2 and message in err and not os.path.exists(tmp_path / "x.h5")
 
 
-def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path, capsys):
+def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path, cli):
     """33x31 fields for a depth-2 network (multiples of 4): every rank stops at the input
     check with exit 2 and one line naming the grid and the fix, not a traceback (exit 1)."""
     problem = get_problem("poisson", grid=(33, 31))
@@ -266,8 +253,8 @@ def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path
     assert "33x31" in lines[0] and "not divisible" in lines[0] and "--work-grid trained" in lines[0]
     assert "Traceback" not in res.stderr and not out.exists()
     # the fix the message names: run the network on its training grid, interpolate back
-    rc, _, err = run(["infer", ckpt, "--inputs", src, "--work-grid", "trained",
-                      "--out", str(out)], capsys)
+    rc, _, err = cli(["infer", ckpt, "--inputs", src, "--work-grid", "trained",
+                      "--out", str(out)])
     assert rc == 0, err
     with h5py.File(out) as f:
         assert f["u"].shape == (2, 33, 31) and list(f.attrs["work_grid"]) == GRID
