@@ -7,7 +7,7 @@ from deepfusion.app.cli import main
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """``deepfusion ARGS`` in this process on the serial communicator (DEEPFUSION_NO_MPI=1;
-    a launch with ``env={"DEEPFUSION_NO_MPI": "0"}`` still gets real MPI): returns
+    a launch with ``env=tests.mpi_util.REAL_MPI`` still gets real MPI): returns
     ``run(args) -> (exit code, stdout, stderr)``. Saves a launch (~1-2 s) per one-rank command."""
     monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
 

@@ -11,6 +11,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANG_GUARD = 240  # seconds; oversubscribed ranks busy-poll, so generous
+# env= of a launch from a test that uses the in-process ``cli`` fixture (which sets
+# DEEPFUSION_NO_MPI=1 in this process, and a launch inherits the environment): real MPI again
+REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}
 
 
 def mpiexec() -> str:

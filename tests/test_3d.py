@@ -15,7 +15,7 @@ import torch
 
 from deepfusion.app.fields import read_fields, write_input_fields
 from deepfusion.engine.faults import ENV as FAULT
-from tests.mpi_util import deepfusion
+from tests.mpi_util import REAL_MPI, deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.tiny_configs import TINY, variant
 
@@ -28,7 +28,6 @@ MULTIGRID = variant(TINY3, "problem.grid=[16, 16, 16]",
                     "model.prolong={depth = 1, base_width = 2, max_width = 4}",
                     "train.levels=[{grid = [8, 8, 8], steps = 2}, "
                     "{grid = [16, 16, 16], steps = 2, prolong = true}]")
-REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}
 
 
 def write(tmp_path, name, text) -> str:

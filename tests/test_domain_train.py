@@ -165,7 +165,8 @@ MULTIGRID = variant(TINY, "train.levels=[{grid = [8, 8], steps = 6}, {grid = [16
 def test_3d_and_multigrid_splits_log_the_undivided_losses(tmp_path, name, n, domain):
     """A 3-D split (blocks of 8x8x4 nodes), and a schedule whose levels change the grid and so
     every rank's block."""
-    from tests.test_3d import REAL_MPI, TINY3
+    from tests.mpi_util import REAL_MPI
+    from tests.test_3d import TINY3
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(TINY3 if name == "3d" else MULTIGRID)

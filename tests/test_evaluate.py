@@ -6,11 +6,9 @@ import os
 import pytest
 
 from bench import infer_bench, ritz_partition, ritz_variants
-from tests.mpi_util import deepfusion
+from tests.mpi_util import REAL_MPI, deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant
-
-REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches on 2 ranks beside the in-process `cli` runs
 
 
 @pytest.fixture(scope="module")

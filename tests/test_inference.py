@@ -11,10 +11,9 @@ from deepfusion.engine.checkpoint import save_checkpoint
 from deepfusion.app.fields import read_fields, write_input_fields
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
-from tests.mpi_util import deepfusion
+from tests.mpi_util import REAL_MPI, deepfusion
 
 GRID = [16, 16]
-REAL_MPI = {"DEEPFUSION_NO_MPI": "0"}  # launches beside the in-process `cli` runs
 
 
 @pytest.fixture(scope="module")
