@@ -123,6 +123,12 @@ def _memory_goals(mem: dict) -> dict:
 def goals(res: dict) -> dict:
     """The issue's goals, from the measured numbers (a part that did not run has no goal line)."""
     out = _step_goals(res.get("step", {}).get("runs", []))
+    if res.get("step", {}).get("bf16_native") is False and not any(
+            k.startswith("bf16_vs_plain_fp32") for k in out):
+        out["bf16_vs_plain_fp32"] = {
+            "value": None, "goal": GOALS["bf16_vs_plain_fp32"], "met": None,
+            "why": "this CPU has no avx512_bf16/amx_bf16, so training refuses bf16 "
+                   "(--bf16 on times PyTorch's fallback)"}
     out.update(_as_run_goals(res.get("allocator", {})))
     out.update(_comm_goals(res.get("comm", {})))
     out.update(_memory_goals(res.get("memory", {})))
@@ -182,6 +188,9 @@ def table(res: dict) -> str:
     if "domain" in res:
         lines.extend(domain_bench.lines(res["domain"]))
     for k, g in res.get("goals", {}).items():
+        if g["met"] is None:
+            lines.append(f"goal {k}: not applicable: {g['why']}")
+            continue
         lines.append(f"goal {k}: {g['value']:.3g} (goal {g['goal']}) "
                      f"{'MET' if g['met'] else 'not met'}")
     return "\n".join(lines)

@@ -82,6 +82,22 @@ def test_goals_are_the_performance_issues_and_overlap_counts_only_if_the_step_is
                for k in g)
 
 
+def test_bf16_goal_reads_not_applicable_on_a_cpu_without_bf16_and_is_absent_by_choice():
+    """Where the CPU has no bf16 kernels the goal line says so instead of vanishing; where it
+    has them and the bench ran without bf16 (--bf16 off), there is no line."""
+    runs = [{"grid": 64, "threads": 1, "configs": {"deepfusion": _cfg(0.6, 1.2)}}]
+    g = run.goals({"step": {"runs": runs, "bf16_native": False}})
+    assert g["bf16_vs_plain_fp32"]["met"] is None and "avx512_bf16" in g["bf16_vs_plain_fp32"]["why"]
+    text = run.table({"machine": {"cores": 2, "torch": "t", "cpu_capability": "c",
+                                  "loadavg": [0, 0, 0]}, "goals": g})
+    assert "goal bf16_vs_plain_fp32: not applicable: this CPU has no avx512_bf16" in text
+    assert "bf16_vs_plain_fp32" not in run.goals({"step": {"runs": runs, "bf16_native": True}})
+    runs[0]["configs"]["deepfusion_bf16"] = _cfg(0.06, 0.1)       # --bf16 on: the fallback, timed
+    g = run.goals({"step": {"runs": runs, "bf16_native": False}})
+    assert set(k for k in g if "bf16" in k) == {"bf16_vs_plain_fp32_64_t1"}
+    assert g["bf16_vs_plain_fp32_64_t1"]["met"] is False
+
+
 OVERLAP_KEYS = {"step_s", "allreduce_s", "allreduce_share"}
 
 
@@ -291,6 +307,18 @@ def test_conv_rate_reports_both_rates_for_every_shape():
     assert [(c["channels"], c["grid"]) for c in r["conv3x3"]] == [(4, 8), (8, 4)]
     assert [m["n"] for m in r["mm"]] == [16]
     assert all(v["gflops"] > 0 for v in r["conv3x3"] + r["mm"])
+    assert "bf16_slowdown" not in r["conv3x3"][0]
+
+
+def test_conv_rate_bf16_rows_on_any_cpu():
+    """bf16 runs everywhere (converted where the CPU has no bf16 kernels); the ratio is the
+    bf16 time over the fp32 time of the same row."""
+    from bench import conv_rate
+
+    r = conv_rate.run(threads=1, repeats=1, shapes=((4, 8),), mm_sizes=(16,), bf16=True)
+    row = r["conv3x3"][0]
+    assert row["gflops_bf16"] > 0
+    assert row["bf16_slowdown"] == pytest.approx(row["gflops"] / row["gflops_bf16"])
 
 
 def test_scheme_floor_marches_the_losses_zero_and_it_converges(tmp_path):
