@@ -15,9 +15,13 @@ from diffnet.problems import get_problem
 def test_bf16_refused_without_cpu_support(tmp_path):
     fake = tmp_path / "cpuinfo"
     fake.write_text("flags\t\t: fpu sse avx2\n")
-    with pytest.raises(ValueError, match="avx512_bf16 or amx_bf16"):
+    with pytest.raises(ValueError, match="avx512_bf16 or amx_bf16") as e:
         check_precision("bf16", str(fake))
+    assert 'Use train.precision = "fp32"' in str(e.value)
     check_precision("fp32", str(fake))
+    with pytest.raises(ValueError) as e:                      # deepfusion infer's wording
+        check_precision("bf16", str(fake), setting="--precision {}")
+    assert str(e.value).startswith("--precision bf16 needs") and "Use --precision fp32." in str(e.value)
 
 
 @pytest.mark.parametrize("flags, found", [

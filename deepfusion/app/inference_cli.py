@@ -173,7 +173,7 @@ def _load(args):
     if args.precision == "bf16":
         from ..engine.layout import check_precision
 
-        check_precision("bf16")
+        check_precision("bf16", setting="--precision {}")
     args.checkpoint = checkpoint_file(args.checkpoint)
     args.options = parse_options(args.option)
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),

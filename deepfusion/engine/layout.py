@@ -142,11 +142,13 @@ def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     return "precision: fp32 (this CPU has no avx512_bf16 or amx_bf16, so no bf16 path)"
 
 
-def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo") -> None:
-    """Refuse bf16 with a clear message on CPUs without native bf16 kernels."""
+def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo", *,
+                    setting: str = "train.precision = \"{}\"") -> None:
+    """Refuse bf16 with a clear message on CPUs without native bf16 kernels. ``setting`` is how
+    the user asked for a precision ({} is the value), so the message names what to change."""
     if precision == "bf16" and not bf16_supported(cpuinfo):
         raise ValueError(
-            "train.precision = \"bf16\" needs a CPU with avx512_bf16 or amx_bf16 (see the flags "
+            f"{setting.format('bf16')} needs a CPU with avx512_bf16 or amx_bf16 (see the flags "
             "in /proc/cpuinfo); this CPU has neither, so PyTorch would run bf16 convolutions "
-            "outside oneDNN and a training step would run about 10x slower than fp32. "
-            "Use train.precision = \"fp32\".")
+            "outside oneDNN and the network would run about 10x slower than in fp32. "
+            f"Use {setting.format('fp32')}.")
