@@ -199,21 +199,22 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     return out
 
 
-def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burgers"):
+def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burgers",
+                 channels_last=True):
     """torch.profiler's top ops (self CPU time) of one deepfusion step: what limits the rate."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(threads)
-    task, model = build(problem, grid, generator, channels_last=True)
+    task, model = build(problem, grid, generator, channels_last=channels_last)
     x = inputs(task, batch)
-    step = make_deepfusion(task, model, x)
+    step = make_deepfusion(task, model, x, channels_last=channels_last)
     step()
     with profile(activities=[ProfilerActivity.CPU]) as p:
         step()
     ev = sorted(p.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in ev) or 1.0
-    return {"grid": grid, "batch": batch, "threads": threads,
+    return {"grid": grid, "batch": batch, "threads": threads, "channels_last": channels_last,
             "top_ops": [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3,
                          "share": e.self_cpu_time_total / total, "calls": e.count}
                         for e in ev[:rows]]}
@@ -232,6 +233,8 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=5, compile_=False, p
     if profile:
         g, b = grids[-1]
         out["profile"] = profile_step(g, b, 1)
+        # Which layout's kernels are slower depends on the CPU (AVX2: NHWC backward convolutions)
+        out["profile_nchw"] = profile_step(g, b, 1, channels_last=False)
     return out
 
 

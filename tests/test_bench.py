@@ -423,3 +423,15 @@ def test_infer_bench_times_the_solvers_one_per_core_beside_one_at_a_time(tmp_pat
     best = r["inference_best"]["s"]
     assert r["speedup_vs_direct_node"] == pytest.approx(node["seconds_per_sample"] / best)
     assert r["speedup_vs_direct"] == pytest.approx(r["solver_direct"]["seconds_per_sample"] / best)
+
+
+def test_step_profile_in_either_layout():
+    """The profile behind the step rows, in NHWC (as trained) and NCHW: the convolutions are in
+    both, and the shares are of the step's own time."""
+    from bench import step_bench
+
+    for cl in (True, False):
+        prof = step_bench.profile_step(32, 2, 1, rows=40, channels_last=cl)
+        assert prof["channels_last"] is cl
+        assert any("convolution" in r["op"] for r in prof["top_ops"])
+        assert 0 < sum(r["share"] for r in prof["top_ops"]) <= 1 + 1e-9
