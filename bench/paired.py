@@ -42,8 +42,9 @@ def compare(path_a: str, path_b: str) -> dict:
     """Per-draw differences of B against A (A minus B, in points): mean, standard error, wins."""
     a, b = load_eval(path_a), load_eval(path_b)
     ea, eb = np.asarray(a["rel_l2"], float), np.asarray(b["rel_l2"], float)
-    if a["seed"] != b["seed"] or ea.shape != eb.shape or not np.allclose(
-            np.asarray(a["params"], float), np.asarray(b["params"], float)):
+    pa, pb = np.asarray(a["params"], float), np.asarray(b["params"], float)
+    if (a["seed"] != b["seed"] or ea.shape != eb.shape or pa.shape != pb.shape
+            or not np.allclose(pa, pb)):
         raise ValueError(f"{path_a} (seed {a['seed']}, {ea.size} draws) and {path_b} (seed "
                          f"{b['seed']}, {eb.size} draws) are not the same draws: evaluate both "
                          "runs with the same --seed and --samples")

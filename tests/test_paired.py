@@ -31,7 +31,8 @@ def test_other_draws_are_refused_with_the_fix(tmp_path, capsys):
     a = _eval(tmp_path / "a.json", [0.05, 0.06])
     seed = _eval(tmp_path / "s.json", [0.05, 0.06], seed=12345)
     params = _eval(tmp_path / "p.json", [0.05, 0.06], params=np.ones((2, 2)))
-    for other in (seed, params):
+    shape = _eval(tmp_path / "q.json", [0.05, 0.06], params=np.ones((2, 3)))
+    for other in (seed, params, shape):
         assert paired.main([a, other, "--out", str(tmp_path / "o.json")]) == 2
         assert "the same --seed and --samples" in capsys.readouterr().err
     (tmp_path / "x.json").write_text(json.dumps({"rel_l2_mean": 0.1}))
