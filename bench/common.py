@@ -69,6 +69,12 @@ def rss_mb() -> float:
     return rss if rss is not None else float("nan")
 
 
+def command_line(prog: str, argv=None) -> str:
+    """The command that reproduces this run, as a result file records it: ``prog`` and the
+    arguments (``argv`` when main was called in-process, else this process's own)."""
+    return " ".join([prog] + list(sys.argv[1:] if argv is None else argv))
+
+
 def emit_json(res: dict, out: str | None) -> None:
     """A benchmark's result: to ``out`` if given (directories created), else to stdout."""
     text = json.dumps(res, indent=1)

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from bench.common import ROOT, emit_json, load
+from bench.common import ROOT, command_line, emit_json, load
 
 
 def parse(argv):
@@ -52,6 +52,7 @@ def parse(argv):
         ap.error(f"--draws must be >= 1, got {args.draws}")
     if not 3 <= args.coarse <= args.fine:
         ap.error(f"need 3 <= --coarse <= --fine, got {args.coarse}, {args.fine}")
+    args.command = command_line(ap.prog, argv)
     return args
 
 
@@ -95,7 +96,7 @@ def measure(args) -> dict:
     errs = [r["rel_l2"] for r in rows]
     worst = int(np.argmax(errs))
     return {
-        "command": "python -m bench.darcy_resolution " + " ".join(sys.argv[1:]),
+        "command": args.command,
         "problem": fine.config(), "coarse_grid": list(coarse.grid), "fine_grid": list(fine.grid),
         "seed": args.seed, "draws": args.draws, "method": args.method,
         "rel_l2_mean": float(np.mean(errs)), "rel_l2_median": float(statistics.median(errs)),

@@ -56,7 +56,7 @@ import statistics
 import sys
 import time
 
-from bench.common import ROOT, emit_json, load, machine, peak_rss_mb
+from bench.common import ROOT, command_line, emit_json, load, machine, peak_rss_mb
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # numpy is imported inside the functions: the BLAS reads its thread count when numpy loads,
@@ -81,7 +81,7 @@ def parse(argv):
     ap.add_argument("--export", default=None, metavar="DIR",
                     help="also write each draw's system and reference solution to DIR (npz)")
     args = ap.parse_args(argv)
-    args.command = " ".join([ap.prog] + (sys.argv[1:] if argv is None else list(argv)))
+    args.command = command_line(ap.prog, argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.rtols = [float(r) for r in args.rtols.split(",")]
     if min(args.sizes) < 3 or args.samples < 1 or args.maxiter < 1 or args.threads < 1:

@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from bench.common import ROOT, emit_json
+from bench.common import ROOT, command_line, emit_json
 
 
 def floor(coarse_path: str, fine_path: str) -> dict:
@@ -73,8 +73,7 @@ def main(argv=None) -> int:
     print(f"{res['problem']} {g('coarse_grid')} interpolated to {g('fine_grid')}, {res['n']} "
           f"samples: relative L2 mean {res['rel_l2_mean']:.3%}, median "
           f"{res['rel_l2_median']:.3%}, worst {res['rel_l2_worst']:.3%}")
-    res["command"] = "python -m bench.interp_floor " + " ".join(sys.argv[1:] if argv is None
-                                                                else argv)
+    res["command"] = command_line(ap.prog, argv)
     emit_json(res, args.out or os.path.join(ROOT, "bench", "out", "interp_floor.json"))
     return 0
 

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from bench.common import ROOT, emit_json
+from bench.common import ROOT, command_line, emit_json
 
 
 def load_eval(path: str) -> dict:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         print(f"paired: {e}", file=sys.stderr)
         return 2
     print(summary(res))
-    res["command"] = "python -m bench.paired " + " ".join(sys.argv[1:] if argv is None else argv)
+    res["command"] = command_line(ap.prog, argv)
     emit_json(res, args.out or os.path.join(ROOT, "bench", "out", "paired.json"))
     return 0
 

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from bench.common import ROOT, emit_json, load
+from bench.common import ROOT, command_line, emit_json, load
 
 CELLS = "cells"  # the exact cell averages: not a loss, the best any finite-volume field can be
 
@@ -129,8 +129,7 @@ def floors(grid: int, schemes, args) -> list[dict]:
 def main(argv=None) -> int:
     args = parse(argv)
     rows = [r for g in args.grids for r in floors(g, args.schemes, args)]
-    res = {"command": "python -m bench.scheme_floor " + " ".join(sys.argv[1:] if argv is None
-                                                                  else argv),
+    res = {"command": command_line("python -m bench.scheme_floor", argv),
            "c_range": list(args.c_range), "seed": args.seed, "draws": args.draws,
            "reference": "exact", "loadavg_end": load(), "rows": rows}
     emit_json(res, args.out or os.path.join(ROOT, "bench", "out", "scheme_floor.json"))
