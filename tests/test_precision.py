@@ -56,3 +56,57 @@ def test_bf16_step_runs_and_matches_fp32_loosely():
                                 precision=prec)(x)
     assert res["bf16"].finite
     assert res["bf16"].loss == pytest.approx(res["fp32"].loss, rel=0.05)
+
+
+class _Ranks:
+    """A communicator stand-in whose ranks report the given bf16 support."""
+
+    def __init__(self, *support):
+        self.support = list(support)
+
+    def allgather_obj(self, _mine):
+        return self.support
+
+
+def test_auto_is_bf16_only_if_every_rank_has_it(tmp_path):
+    """train.precision = "auto": bf16 where every rank's CPU has native bf16, fp32 if one
+    rank's has not (a mixed partition), and said at start-up; fp32 and bf16 pass unchanged."""
+    from deepfusion.engine.layout import agreed_precision
+
+    amx = tmp_path / "cpuinfo"
+    amx.write_text("flags\t\t: avx512_bf16 amx_bf16\n")
+    assert agreed_precision("auto", _Ranks(True, True), str(amx)) == "bf16"
+    assert agreed_precision("auto", _Ranks(True, False), str(amx)) == "fp32"
+    assert agreed_precision("fp32", _Ranks(True, True), str(amx)) == "fp32"
+    assert agreed_precision("bf16", _Ranks(False), str(amx)) == "bf16"  # refused in preflight
+    line = precision_line("bf16", str(amx), requested="auto")
+    assert line.startswith("precision: auto -> bf16") and "amx_bf16" in line
+    assert "not every rank" in precision_line("fp32", str(amx), requested="auto")
+    check_precision("auto", str(tmp_path / "no-such-cpuinfo"))  # never refused
+
+
+def test_auto_needs_float32():
+    from deepfusion.config import ConfigError, load_config
+
+    load_config(None, ['train.precision="auto"'])
+    with pytest.raises(ConfigError, match='train.precision "auto" needs train.dtype = "float32"'):
+        load_config(None, ['train.precision="auto"', 'train.dtype="float64"'])
+
+
+def test_auto_run_keeps_auto_in_its_config_and_records_what_ran(tmp_path, cli):
+    """The run directory's config.toml keeps "auto" (a requeue on other nodes chooses again);
+    the checkpoint's config holds the precision the steps ran in."""
+    from deepfusion.engine.checkpoint import load_checkpoint
+    from tests.tiny_configs import TINY, variant
+
+    cfg = tmp_path / "auto.toml"
+    cfg.write_text(variant(TINY, 'train.precision="auto"', 'train.dtype="float32"',
+                           "train.max_steps=2", "data.eval_samples=0"))
+    run = tmp_path / "run"
+    rc, out, err = cli(["train", str(cfg), "--set", f"run.dir={run}"])
+    assert rc == 0, err
+    ran = "bf16" if bf16_supported() else "fp32"
+    assert f"precision: auto -> {ran}" in out
+    assert 'precision = "auto"' in (run / "config.toml").read_text()
+    (ckpt,) = (run / "checkpoints").glob("step_*.h5")
+    assert load_checkpoint(str(ckpt))["meta"]["config"]["train"]["precision"] == ran

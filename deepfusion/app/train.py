@@ -11,9 +11,10 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 from ..config import load_config
-from ..engine.layout import precision_line, report, setup_threads
+from ..engine.layout import agreed_precision, precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
 from .policy import collective_check, say_note, say_once
 from .preflight import check_run
@@ -30,6 +31,7 @@ def cmd_train(args, comm) -> int:
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
+    precision = agreed_precision(cfg.train.precision, comm)
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from ..engine.evaluate import evaluate, summary_text, write_report
     from ..engine.parallel import parallelize
@@ -41,7 +43,7 @@ def cmd_train(args, comm) -> int:
     if layouts is not None:  # rank 0 prints the layout
         text, warns = report(layouts, comm.library_version())
         print(text, flush=True)
-        print(precision_line(cfg.train.precision), flush=True)
+        print(precision_line(precision, requested=cfg.train.precision), flush=True)
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     task = collective_check(comm, build_problem, cfg)
@@ -55,7 +57,10 @@ def cmd_train(args, comm) -> int:
         say_once(comm, f"domain split {list(d.split)}: {d.groups} data-parallel group(s) of "
                        f"{d.comm.size} ranks, blocks of {'x'.join(map(str, d.block.shape))} "
                        f"nodes on the {'x'.join(map(str, d.block.grid))} grid", err=False)
-    trainer = Trainer(cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
+    # The run directory's config keeps "auto" (a requeue on other nodes chooses again); the
+    # checkpoints record what ran, so a resume that computes otherwise names the change.
+    run_cfg = replace(cfg, train=replace(cfg.train, precision=precision))
+    trainer = Trainer(run_cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
                       problems=problems, grow=model_grower(cfg, task))
     trainer.fit(resume=bool(args.resume))
     pmodel = trainer.model  # the trained network (grown, if a level prolongs it)

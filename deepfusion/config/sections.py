@@ -150,9 +150,11 @@ class TrainConfig(Section):
     epochs: int = option(10, "passes over the sample pool", ge=1)
     max_steps: int = option(0, "stop after this many optimiser steps; 0 = no limit", ge=0)
     dtype: str = option("float32", "floating-point precision", choices=("float32", "float64"))
-    precision: str = option("fp32", "compute precision of forward/backward: \"fp32\" or \"bf16\" "
-                                "(autocast; refused on CPUs without avx512_bf16/amx_bf16)",
-                        choices=("fp32", "bf16"))
+    precision: str = option("fp32", "compute precision of forward/backward: \"fp32\", \"bf16\" "
+                                "(autocast; refused on CPUs without avx512_bf16/amx_bf16) or "
+                                "\"auto\" (bf16 if every rank's CPU has them, else fp32; the "
+                                "start-up line says which)",
+                        choices=("fp32", "bf16", "auto"))
     compile: bool = option(False, "run the generator through torch.compile (needs a C++ compiler; "
                               "compiles for tens of seconds at start; off unless it pays)")
     compile_cache: str = option("", "TorchInductor cache directory kept across runs; empty = "
@@ -195,8 +197,9 @@ class TrainConfig(Section):
     def _validate(self):
         # Whether this CPU has bf16 instructions is the engine's question (engine.layout), asked
         # when the run is built: the configuration never probes the hardware.
-        if self.precision == "bf16" and self.dtype != "float32":
-            raise self._err("precision", "\"bf16\" needs train.dtype = \"float32\"")
+        if self.precision in ("bf16", "auto") and self.dtype != "float32":
+            raise self._err("precision", f"\"{self.precision}\" needs train.dtype = \"float32\" "
+                                         f"(a float64 run computes in fp32: use \"fp32\")")
 
 
 @dataclass(kw_only=True)

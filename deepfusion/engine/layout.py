@@ -130,9 +130,23 @@ def bf16_supported(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(bf16_flags(cpuinfo))
 
 
-def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The start-up line on the step's precision and what this CPU offers."""
+def agreed_precision(requested: str, comm, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The precision the run computes in: ``requested``, but "auto" becomes "bf16" only if every
+    rank's CPU has native bf16, else "fp32". Collective for "auto": ranks on different node
+    types (a requeue, a mixed partition) take the same branch, so no rank runs the other's step."""
+    if requested != "auto":
+        return requested
+    return "bf16" if all(comm.allgather_obj(bf16_supported(cpuinfo))) else "fp32"
+
+
+def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo", *, requested: str = "") -> str:
+    """The start-up line on the step's precision and what this CPU offers; ``requested`` =
+    "auto" says what auto chose and why."""
     flags = bf16_flags(cpuinfo)
+    if requested == "auto":
+        why = (f"every rank's CPU has native bf16; here {', '.join(flags)}" if precision == "bf16"
+               else "not every rank's CPU has avx512_bf16 or amx_bf16")
+        return f"precision: auto -> {precision} ({why})"
     if precision == "bf16":
         return (f"precision: bf16 (the generator under bf16 autocast, loss and optimizer in "
                 f"fp32; CPU: {', '.join(flags)})")
