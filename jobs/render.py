@@ -1,6 +1,7 @@
 """Render batch/job scripts for DiffNet training on CPU clusters.
 
     python -m jobs.render --cluster stampede2 --nodes 4 [--ranks-per-node 8] [--threads-per-rank 6]
+                          [--layout-from runs/sweep/sweep.json]     # the fastest measured layout
                           [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
                           [--profiles my_clusters.toml] [--allow-smt]
 
@@ -337,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--ranks-per-node", type=int, default=None, help="default: the profile's ranks_per_node")
     p.add_argument("--threads-per-rank", type=int, default=None, help="default: the profile's threads_per_rank")
+    p.add_argument("--layout-from", metavar="SWEEP_JSON", default=None,
+                   help="ranks and threads per node from the fastest one-node layout of a "
+                        "strong-scaling sweep (deepfusion jobs sweep) measured on such a node")
     p.add_argument("--time", default="02:00:00", help="time limit HH:MM:SS (default 02:00:00)")
     p.add_argument("--config", default="configs/burgers.toml", help="training config passed to deepfusion train")
     p.add_argument("--run-dir", default=None, help="default runs/JOBNAME-$SLURM_JOB_ID (stable across requeues)")
@@ -354,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.layout_from:
+            args.ranks_per_node, args.threads_per_rank = _measured_layout(args)
         text = render(args.cluster, args.nodes, args.ranks_per_node, args.threads_per_rank, time=args.time,
                       config=args.config, run_dir=args.run_dir, job_name=args.job_name, profiles=args.profiles,
                       allow_smt=args.allow_smt, deepfusion=args.deepfusion, extra_sets=tuple(args.extra_sets))
@@ -367,6 +373,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _measured_layout(args) -> tuple[int, int]:
+    """--layout-from: the sweep's fastest layout, said on stderr (with a warning if the sweep
+    ran on another kind of host than the profile's nodes)."""
+    from .pick import fastest_layout, host_note
+
+    if args.ranks_per_node is not None or args.threads_per_rank is not None:
+        raise ValueError("--layout-from takes ranks and threads from the sweep: drop "
+                         "--ranks-per-node / --threads-per-rank, or drop --layout-from")
+    r, t, line = fastest_layout(args.layout_from)
+    print(line, file=sys.stderr)
+    note = host_note(args.layout_from, get_profile(args.cluster, load_profiles(args.profiles))
+                     ["cores_per_node"])
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+    return r, t
 
 
 if __name__ == "__main__":

@@ -330,6 +330,39 @@ def test_sweep_aggregate_only_cli(tmp_path):
     assert eff[(2, 1)] == pytest.approx(2.0 / 1.1 / 2)
 
 
+def _sweep(tmp_path, times: dict, mode="strong") -> Path:
+    """A sweep.json as ``jobs sweep`` writes it, from step times per (ranks, threads)."""
+    runs = [dict(ranks=r, threads=t, global_batch=64,
+                 metrics=_metrics(tmp_path / "runs" / f"1n{r}x{t}" / "metrics.jsonl", [ts] * 8, [0.0] * 8, 64))
+            for (r, t), ts in times.items()]
+    S.write_outputs(S.aggregate(runs, 4096, mode=mode), tmp_path, dict(mode=mode, host_cores=2))
+    return tmp_path / "sweep.json"
+
+
+def test_layout_from_a_sweep_takes_the_fastest_measured_layout(tmp_path, capsys):
+    """jobs render --layout-from: the one-node layout with the most samples/s (ties: fewer
+    ranks), said on stderr; a sweep from another kind of host is a warning, a weak-scaling
+    sweep, a missing file or an explicit layout beside it are errors."""
+    from jobs.pick import fastest_layout
+
+    sweep = _sweep(tmp_path / "a", {(1, 2): 1.2, (2, 1): 1.1, (1, 1): 2.0})
+    assert fastest_layout(sweep)[:2] == (2, 1)
+    assert fastest_layout(_sweep(tmp_path / "b", {(2, 1): 1.1, (1, 2): 1.1}))[:2] == (1, 2)
+    out = tmp_path / "job.sh"
+    assert R.main(["--cluster", "local", "--layout-from", str(sweep), "--out", str(out)]) == 0
+    assert "mpiexec -n 2 -ppn 2 -bind-to core:1" in out.read_text()
+    err = capsys.readouterr().err
+    assert "2x1 (ranks x threads), 58.2 samples/s" in err and "against 1x2 53.3, 1x1 32.0" in err
+    assert R.main(["--cluster", "generic-slurm", "--layout-from", str(sweep), "--out", str(out)]) == 0
+    assert "warning: the sweep" in capsys.readouterr().err  # 2 cores measured, not the profile's
+    weak = _sweep(tmp_path / "c", {(1, 2): 1.2, (2, 1): 1.1}, mode="weak")
+    for argv, words in ((["--layout-from", str(weak)], "--mode strong"),
+                        (["--layout-from", str(tmp_path / "none.json")], "cannot read"),
+                        (["--layout-from", str(sweep), "--ranks-per-node", "1"], "drop --ranks-per-node")):
+        assert R.main(["--cluster", "local", *argv]) == 2
+        assert words in capsys.readouterr().err
+
+
 def test_sweep_commands():
     cmd = S.build_command(2, 1, 1, "c.toml", Path("/r"), 64, 10, launcher="mpiexec")
     assert cmd[:5] == ["mpiexec", "-n", "2", "-bind-to", "core:1"]
