@@ -59,6 +59,7 @@ def parse(argv):
         args.c_range = tuple(float(c) for c in args.c_range.split(","))
     except ValueError as e:
         ap.error(f"--grids / --c-range must be comma-separated numbers ({e})")
+    args.command = command_line(ap.prog, argv)
     from diffnet.problems.burgers_fv import FV_SCHEMES
 
     args.schemes = [parse_scheme(s) for s in args.schemes.split(",")]
@@ -129,7 +130,7 @@ def floors(grid: int, schemes, args) -> list[dict]:
 def main(argv=None) -> int:
     args = parse(argv)
     rows = [r for g in args.grids for r in floors(g, args.schemes, args)]
-    res = {"command": command_line("python -m bench.scheme_floor", argv),
+    res = {"command": args.command,
            "c_range": list(args.c_range), "seed": args.seed, "draws": args.draws,
            "reference": "exact", "loadavg_end": load(), "rows": rows}
     emit_json(res, args.out or os.path.join(ROOT, "bench", "out", "scheme_floor.json"))

@@ -378,15 +378,16 @@ def main(argv: list[str] | None = None) -> int:
 def _measured_layout(args) -> tuple[int, int]:
     """--layout-from: the sweep's fastest layout, said on stderr (with a warning if the sweep
     ran on another kind of host than the profile's nodes)."""
-    from .pick import fastest_layout, host_note
+    from .pick import fastest_layout, host_note, load_sweep
 
     if args.ranks_per_node is not None or args.threads_per_rank is not None:
         raise ValueError("--layout-from takes ranks and threads from the sweep: drop "
                          "--ranks-per-node / --threads-per-rank, or drop --layout-from")
-    r, t, line = fastest_layout(args.layout_from)
+    doc = load_sweep(args.layout_from)
+    r, t, line = fastest_layout(doc, args.layout_from)
     print(line, file=sys.stderr)
-    note = host_note(args.layout_from, get_profile(args.cluster, load_profiles(args.profiles))
-                     ["cores_per_node"])
+    cores = get_profile(args.cluster, load_profiles(args.profiles))["cores_per_node"]
+    note = host_note(doc, args.layout_from, cores)
     if note:
         print(f"warning: {note}", file=sys.stderr)
     return r, t

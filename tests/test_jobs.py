@@ -343,11 +343,12 @@ def test_layout_from_a_sweep_takes_the_fastest_measured_layout(tmp_path, capsys)
     """jobs render --layout-from: the one-node layout with the most samples/s (ties: fewer
     ranks), said on stderr; a sweep from another kind of host is a warning, a weak-scaling
     sweep, a missing file or an explicit layout beside it are errors."""
-    from jobs.pick import fastest_layout
+    from jobs.pick import fastest_layout, load_sweep
 
     sweep = _sweep(tmp_path / "a", {(1, 2): 1.2, (2, 1): 1.1, (1, 1): 2.0})
-    assert fastest_layout(sweep)[:2] == (2, 1)
-    assert fastest_layout(_sweep(tmp_path / "b", {(2, 1): 1.1, (1, 2): 1.1}))[:2] == (1, 2)
+    assert fastest_layout(load_sweep(sweep), sweep)[:2] == (2, 1)
+    tie = _sweep(tmp_path / "b", {(2, 1): 1.1, (1, 2): 1.1})
+    assert fastest_layout(load_sweep(tie), tie)[:2] == (1, 2)
     out = tmp_path / "job.sh"
     assert R.main(["--cluster", "local", "--layout-from", str(sweep), "--out", str(out)]) == 0
     assert "mpiexec -n 2 -ppn 2 -bind-to core:1" in out.read_text()
