@@ -20,7 +20,7 @@ NP     ?= 2
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q tests -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: install demo test test-fast test-slurm bench clean
+.PHONY: install demo test test-fast test-lab test-slurm bench clean
 
 install: $(STAMP)
 
@@ -44,11 +44,16 @@ demo: install
 # The suite starts ~365 Python processes (ranks, CLI runs); where PYTHONDONTWRITEBYTECODE is set
 # (as on CI here) each would compile our modules again, ~0.1 s of its ~2.3 s start-up (most of
 # the rest is importing torch). compileall writes the bytecode once, whatever that variable says.
-BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench jobs tests > /dev/null
+BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench jobs tests lab > /dev/null
 
 test: install
 	@$(BYTECODE)
 	$(PYTEST)
+
+# The research record's tools (lab/tools) at tiny sizes; not part of `make test`.
+test-lab: install
+	@$(BYTECODE)
+	$(PY) -m pytest -q lab/tests -n $(TEST_JOBS) --dist loadfile
 
 test-fast: install
 	@$(BYTECODE)

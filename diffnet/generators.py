@@ -292,7 +292,7 @@ class Prolonged(nn.Module):
     network's output resampled to ``grid``; ``correction``: a shallow U-Net on ``grid`` that sees
     the inputs and the prolonged answer. Why: a fully convolutional network trained at 64x64
     and run as it is at 512x512 sees an eight times smaller part of the domain through the same
-    receptive field (on Burgers, ``bench.level_transfer``: 55% error at 128x128 where its 64x64
+    receptive field (on Burgers, ``lab.tools.level_transfer``: 55% error at 128x128 where its 64x64
     answer interpolated is 13%). Here the coarse network keeps answering on the grid it learned
     on, and the correction learns what that grid cannot hold (a shock's position to one fine
     node). Its last 1x1 convolution starts at zero, so a freshly prolonged network answers

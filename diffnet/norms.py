@@ -121,7 +121,7 @@ def affine(t: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.
 # Rows per partial sum in the low-precision norm: each partial sum is rounded once to the
 # input's dtype (bf16: <= 2^-9 relative), then the partials are added in float32. A float32
 # sum of the whole field is ~1e-7 accurate but copies the field to float32 first (7% of a bf16
-# step at 256x256 in a profile; notes/performance.md, "The bf16 step's norms in bf16").
+# step at 256x256 in a profile; lab/notes/performance.md, "The bf16 step's norms in bf16").
 ROWS_PER_PARTIAL = 256
 
 

@@ -5,7 +5,9 @@
   included), and no private name is imported from another module;
 * deepfusion never names a PDE: not by importing its module, not as a string (a problem or an
   input channel of the registry written as a literal, or a problem named in any text);
-* no command is plugged in through ``__import__`` or ``importlib``.
+* no command is plugged in through ``__import__`` or ``importlib``;
+* the product (diffnet, deepfusion, jobs) and the benchmarks never import the lab (lab/ may import
+  them: it is the research record built on the product), and the product's tests run no lab code.
 """
 import ast
 import pathlib
@@ -46,6 +48,12 @@ def imports(path, tree):
             base = here[:len(here) - node.level + 1] if node.level else []
             mod = ".".join(base + ([node.module] if node.module else []))
             yield mod, [a.name for a in node.names]
+
+
+def test_nothing_but_the_lab_imports_the_lab():
+    bad = [(str(p.relative_to(ROOT)), m) for pkg in ("diffnet", "deepfusion", "jobs", "bench", "tests")
+           for p, t in modules(pkg) for m, _ in imports(p, t) if m.split(".")[0] == "lab"]
+    assert not bad, f"the lab is the research record; move what the product needs out of it: {bad}"
 
 
 def test_diffnet_never_imports_mpi_or_the_engine():

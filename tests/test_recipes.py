@@ -3,7 +3,7 @@
 Each test runs the CLI on a tiny grid (a few dozen Adam steps, one thread) and asserts on the
 held-out relative L2 in eval.json. The bounds are set well below what an untrained generator
 gives (measured in the comments), so a regression in the loss, the stencils or the trainer
-fails them; they are far looser than the recipes' 64x64 targets (notes/accuracy.md).
+fails them; they are far looser than the recipes' 64x64 targets (lab/notes/accuracy.md).
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ STUDIES = os.path.join(os.path.dirname(RECIPES), "studies")
 
 @pytest.mark.parametrize("config", sorted(os.listdir(STUDIES)))
 def test_study_configs_load(config):
-    """The configs of the comparison runs (configs/studies/) stay valid."""
+    """The configs of the comparison runs (lab/configs/) stay valid."""
     from deepfusion.config import load_config
     from deepfusion.engine.levels import plan
 
@@ -171,7 +171,7 @@ def test_study_configs_load(config):
 
 def _beside_the_fine_darcy_recipe(study_file: str):
     """(recipe config, study config, recipe visits, study visits) of darcy_fine.toml and a
-    study of configs/studies/ built on it, whose model, data, optimiser and problem options
+    study of lab/configs/ built on it, whose model, data, optimiser and problem options
     must be the recipe's."""
     from deepfusion.config import load_config
     from deepfusion.engine.levels import plan, signature
@@ -184,7 +184,7 @@ def _beside_the_fine_darcy_recipe(study_file: str):
 
 
 def test_the_128_study_starts_as_the_fine_darcy_recipe():
-    """configs/studies/darcy_fine_128.toml trains the recipe's 64x64 level (the same visit, so
+    """lab/configs/darcy_fine_128.toml trains the recipe's 64x64 level (the same visit, so
     the same network at its end), then a 128x128 level with the recipe's second level's batch,
     rate and length in place of its 256x256 grid: the coarse route is the recipe's, one grid
     coarser."""
@@ -197,7 +197,7 @@ def test_the_128_study_starts_as_the_fine_darcy_recipe():
 
 
 def test_the_1024_study_starts_as_the_fine_darcy_recipe():
-    """configs/studies/darcy_fine_1024.toml trains the recipe's 64x64 and 256x256 levels, the
+    """lab/configs/darcy_fine_1024.toml trains the recipe's 64x64 and 256x256 levels, the
     same visits (so its 256x256 network is the recipe's), then a 1024x1024 level in place of
     the recipe's 512x512 one: kept in step when the recipe changes."""
     rc, sc, recipe, study = _beside_the_fine_darcy_recipe("darcy_fine_1024.toml")

@@ -40,7 +40,7 @@ class FiniteVolumeResiduals:
             mag = torch.maximum(torch.minimum(2 * aa, ab), torch.minimum(aa, 2 * ab))
         # (sign a + sign b) / 2 is sign a where the signs agree and 0 where they differ; where
         # one is 0, every limiter's mag is 0. So this is where(a b > 0, sign(a) mag, 0)
-        # without the mask, which costs 7-20 multiplications on CPU (notes/performance.md)
+        # without the mask, which costs 7-20 multiplications on CPU (lab/notes/performance.md)
         return 0.5 * (torch.sign(a) + torch.sign(b)) * mag
 
     def _flux_difference(self, e: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ FAMILIES = {
     # the FNO benchmark's values
     "benchmark": {"alpha": 2.0, "tau": 3.0, "a_hi": 12.0, "a_lo": 3.0},
     # contrast 100, correlation length ~1/10: the 64x64 solution is a few % off
-    # (python -m bench.darcy_resolution)
+    # (python -m lab.tools.darcy_resolution)
     "fine-scale": {"alpha": 2.0, "tau": 10.0, "a_hi": 100.0, "a_lo": 1.0},
 }
 COEFFICIENTS = ("threshold", "lognormal")
@@ -47,7 +47,7 @@ class Darcy(ReactionDiffusion):
     ``family`` names a preset of (alpha, tau, a_hi, a_lo): "benchmark" (default) = (2, 3, 12, 3),
     the FNO benchmark; "fine-scale" = (2, 10, 100, 1), high contrast and a correlation length
     ~1/10, where the 64x64 solution interpolated to 512x512 is a few percent from the 512x512
-    one (``python -m bench.darcy_resolution``). ``tau`` (> 0), ``alpha`` (> 1: finite variance
+    one (``python -m lab.tools.darcy_resolution``). ``tau`` (> 0), ``alpha`` (> 1: finite variance
     in 2-D), ``a_hi``, ``a_lo`` (> 0, threshold only) given explicitly override the preset.
 
     Parameters: the M*M coefficients c_lk, row-major over (l, k) (l along y, k along x), named

@@ -8,7 +8,7 @@ cubic Hermite evaluation records ~40 elementwise operations per point and node; 
 above is the characteristic equation, so the forward pass computes it beside the value and the
 backward pass is one multiplication. Same value and gradient (to rounding; float64 test against
 autograd). The gain is memory: only the slope is kept for backward (2 MiB instead of 200 MiB per
-rank at 512² x 2 with the smoothing on); the time is about the same (``bench.lax_oleinik_cost``).
+rank at 512² x 2 with the smoothing on); the time is about the same (``lab.tools.lax_oleinik_cost``).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def lax_oleinik_value(v: torch.Tensor, big_u0: torch.Tensor, u0: torch.Tensor, x
     """g(v) itself at every node, without the slope: what the basin search compares (nine
     evaluations per step at reach 4, under no_grad, so the slope ``lax_oleinik_nodes`` computes
     for backward would be wasted work). Differentiable by autograd through the primitive (what
-    ``bench.lax_oleinik_cost`` times against the closed form). Arguments as
+    ``lab.tools.lax_oleinik_cost`` times against the closed form). Arguments as
     ``lax_oleinik_nodes``."""
     return (primitive_at(big_u0, u0, dx, x - v * t) - here) / t + 0.5 * v * v
 

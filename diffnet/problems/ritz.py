@@ -8,7 +8,7 @@ scaling c = l(u) / a(u, u). The problem gives its quadratic energy as weighted s
 a(u, u) / 2 = sum over pairs (F, w) of sum(w F(u)^2) with F linear, so G is sums of
 w F(u_i) F(u_j): one batched product, K evaluations of F rather than the K (K + 1) / 2 energies
 that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take (``python -m
-bench.ritz_bench``: 0.215 s against 0.388 s for impose + energy + backward at 512x512, K = 16,
+lab.tools.ritz_bench``: 0.215 s against 0.388 s for impose + energy + backward at 512x512, K = 16,
 two samples, one thread; 0.44 s against 5.9 s while the backward pass still went through G). The network then only has to span the solution, not to get its
 amplitudes right: the amplitudes are global (for Darcy the effective conductivity of the whole
 medium) and the energy's flattest directions, where gradient training converges slowest.
@@ -79,7 +79,7 @@ def self_products(c: torch.Tensor) -> torch.Tensor:
     """(b, k, k) c c^T of c (b, k, n). With fewer samples than threads, n is cut into one
     part per thread, batched, and the parts' products summed: one sample's (k x n)(n x k)
     product with k = 64 and n ~ 16,000 does not keep two threads busy. A small gain: the
-    1024² partition answer (``python -m bench.ritz_bench --grid 1024 --fields 16 --partitions
+    1024² partition answer (``python -m lab.tools.ritz_bench --grid 1024 --fields 16 --partitions
     8 --threads 2 --repeats 7``) took 0.66 s against 0.69 s, medians of five launches each."""
     b, k, n = c.shape
     t = torch.get_num_threads()
@@ -220,7 +220,7 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
     m1 = partition.m + 1
     with torch.set_grad_enabled(differentiate and torch.is_grad_enabled()):
         # float64: summed in float32 the cell products moved the answer by 0.4-1.8% (m = 8,
-        # 1024², four draws; python -m bench.ritz_variants), the size of what it corrects.
+        # 1024², four draws; python -m lab.tools.ritz_variants), the size of what it corrects.
         # Float32 features summed in float64 moved it by 2e-7, but would save only traffic.
         v = u.double()
         colours = partition.colours(block, v)
