@@ -8,7 +8,7 @@ user runs it: each in its own process, with its own C allocator setting.
 (glibc's defaults). ``deepfusion train`` keeps freed memory for reuse
 (``parallel.reuse_memory``, ``deepfusion/engine/memory.py``); a plain loop gets glibc's default,
 which hands large blocks out as fresh mmaps and so faults a step's activations in again every
-step (tens of thousands of minor page faults per step at 64^2 x 16). A process's allocator can
+step (the page faults per step are reported). A process's allocator can
 be set once, so each configuration runs in its own worker process: ``plain`` (default malloc),
 ``deepfusion`` (reuse, as trained), with ``--bf16`` also ``deepfusion_bf16`` (``train.precision =
 "bf16"``, reuse), and, to separate the two effects, ``plain_reuse``. Workers

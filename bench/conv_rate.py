@@ -3,14 +3,14 @@
     python -m bench.conv_rate [--threads 1] [--bf16] [--out bench/out/conv_rate.json]
 
 `make bench` divides the training step's counted FLOP rate by torch.mm's 2048^2 rate. Where
-torch.mm's BLAS is not the CPU's best fp32 product (measured on an AMD EPYC host: torch.mm ~110
-GF/s per core, a 3x3 convolution ~260), that ratio overstates the step; this prints both so the
+torch.mm's BLAS is not the CPU's best fp32 product (on some CPUs oneDNN's 3x3 convolution runs
+well above torch.mm's rate), that ratio overstates the step; this prints both so the
 denominator can be judged. The FLOPs of a convolution are counted as 2 * 9 * C_in * C_out * H * W
 per sample (a kernel that does fewer operations, e.g. Winograd, shows a higher rate).
 
 ``--bf16`` also times each convolution with bf16 input and weights, and prints how many times
 slower or faster than fp32 it runs. On a CPU with AVX512-BF16 or AMX oneDNN runs them; on one
-without, PyTorch falls back to its generic im2col convolution (seen on an AVX2 host), and this
+without (e.g. an AVX2-only CPU), PyTorch falls back to its generic im2col convolution, and this
 measures what that costs: the figure behind the refusal of ``train.precision = "bf16"`` there.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ and the biggest field that trains, with real mpiexec jobs.
                                  [--parts p1,p2,p2copy,p4,big] [--profile]
 
 (``python -m bench.run --with-domain`` runs it too; not in the default ``make bench``: the full
-run takes ~10 minutes on the 2-core machine.)
+run takes minutes, ``--quick`` less.)
 
 Configurations (each its own ``mpiexec -n P python -m bench.domain_worker ...`` job, so
 high-water marks do not mix; every rank reports, the driver takes the max over ranks). All run
@@ -20,32 +20,31 @@ the engine's path: the default generator ("unet", default options) and the Burge
            them in this worker only), the messages and bytes they send, and an MPI ping-pong
            (latency and bandwidth) for the alpha-beta model of that traffic;
   p2copy   p2 with the split convolutions on a padded copy of the block (``Block.halo``, the
-           path before ``diffnet.ghost_conv``): the copy-free convolutions' gain, side by side;
-  p4       SIZE^2 split [2, 2] over 4 ranks: memory (4 ranks on a 2-core machine are
+           alternative to ``diffnet.ghost_conv``): the copy-free convolutions' gain, side by side;
+  p4       SIZE^2 split [2, 2] over 4 ranks: memory (on fewer than 4 cores the ranks are
            oversubscribed: fine for memory, the time is an upper bound);
   big      BIG^2 split [2, 2] over 4 ranks with activation checkpointing
            (model option checkpoint_levels = true): peak memory per rank and step time
-           (oversubscribed on 2 cores: an upper bound).
+           (oversubscribed on fewer than 4 cores: an upper bound).
   --profile  where the split step loses time: SIZE x SIZE/2 undivided on 1 rank (one rank's
            share of the work, alone), the same on each of 2 ranks at once (data parallel: the
            cost of two ranks sharing the machine), and torch.profiler top ops of one step of
            the split rank and of the half-grid rank side by side.
 
-Goals (the issue's; reported met / not met, never asserted):
+Goals (reported met / not met, never asserted):
   memory    peak RSS per rank <= 1.25 / P_domain of the undivided step's peak (the goal is on
-            the peak RSS, VmHWM, as the issue states it; the ratio of the step's own memory,
-            peak minus setup RSS, is reported next to it: the ~300-400 MB of torch and Python
-            per process is not split);
+            the peak RSS, VmHWM; the ratio of the step's own memory, peak minus setup RSS, is
+            reported next to it: the few hundred MB of torch and Python per process is not
+            split);
   scaling   T(1 rank) / T(2 ranks, [1, 2]) >= 1.8 at SIZE^2, one thread per rank;
   big       BIG^2 (4096^2) trains split [2, 2] with checkpointing.
 
-The measured figures, with the allocator as training sets it under a split (``--malloc-default``)
-and with freed memory kept (the default here, ``parallel.reuse_memory = "on"``), are in the
-README (Domain parallelism, "Measured"). What a ``--profile`` run of the first version found (before
-the fused split norm, glibc's default allocator): the halo's buffer copies (~2.5 s of a 24.5 s
-[1, 2] step), the split norm's plain ops (+2.3 s; now the fused kernel), two ranks sharing the
-machine (+4 s at the same work) and page faults on fresh large tensors (system time 17.7 of the
-39 s undivided step: what ``parallel.reuse_memory`` removes).
+Run it with the allocator as training sets it under a split (``--malloc-default``) and with
+freed memory kept (the default here, ``parallel.reuse_memory = "on"``) to see what each costs
+(one run's figures: lab/notes/readme-second-release.md, "Domain parallelism"). ``--profile``
+shows where a split step's time goes beyond the halo: the halo's buffer copies, the split
+norm, two ranks sharing the machine, and page faults on fresh large tensors (what
+``parallel.reuse_memory`` removes).
 """
 from __future__ import annotations
 
@@ -163,7 +162,7 @@ def loss_check(res: dict) -> dict:
 
 
 def goals(res: dict) -> dict:
-    """The issue's goals from the measured numbers ({} parts that did not run are left out)."""
+    """The goals from the measured numbers ({} parts that did not run are left out)."""
     out = {}
     p1 = res.get("p1", {})
     for key, p in (("p2", 2), ("p4", 4)):
@@ -264,7 +263,7 @@ PARTS = ("p1", "p2", "p2copy", "p4", "big")
 def run(size=2048, big=4096, steps=3, quick=False, profile=False, parts=PARTS,
         log=print) -> dict:
     """The configurations ``parts`` in turn (with ``profile``: also the half-grid controls and
-    torch.profiler top ops of p1, p2 and the controls); the goals of the issue."""
+    torch.profiler top ops of p1, p2 and the controls); the goals."""
     t_start = time.perf_counter()
     res = {"size": size, "big_size": big, "steps": steps, "batch": 1, "threads_per_rank": 1,
            "cores": os.cpu_count(), "loadavg": load(), "reuse_memory": REUSE_MEMORY,

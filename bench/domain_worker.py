@@ -265,7 +265,7 @@ def worker(a) -> int:
     grid = (a.size, a.size // 2 if a.half else a.size)
     split = [int(s) for s in a.split.split(",")] if a.split else []
     timers = HaloTimers() if split and a.timers else None
-    if a.halo_copy:  # the split convolutions' earlier path: a padded copy of every block
+    if a.halo_copy:  # the padded-copy alternative to diffnet.ghost_conv: a copy of every block
         from deepfusion.engine.halo import MPIBlock
         MPIBlock.thin_ghosts = False
     step, model, task, block, x = build_step(comm, grid, split, a.checkpoint,

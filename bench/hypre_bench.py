@@ -1,4 +1,4 @@
-"""hypre's BoomerAMG (through petsc4py) on the systems ``bench.fem_bench --export`` wrote (issue #19).
+"""hypre's BoomerAMG (through petsc4py) on the systems ``bench.fem_bench --export`` wrote.
 
     python -m bench.fem_bench --sizes 1024 --samples 2 --family fine-scale --rtols 1e-8,1e-1 \\
         --threads 1 --export /tmp/sys1024 --out bench/out/fem_darcy1024_export.json

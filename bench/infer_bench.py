@@ -4,7 +4,7 @@
                                 [--checkpoint CKPT [--work-grid trained]] [--batches 1,2,4,8]
                                 [--samples 8] [--precision fp32|bf16]
                                 [--problem poisson] [--solvers direct,amg]
-                                [--option KEY=VALUE ...]
+                                [--set problem.options.KEY=VALUE ...]
 
 For each grid size N (N x N, or N x N x N for a 3-D problem such as ``poisson3d``) and each
 configuration -- network inference at every batch size and each reference solver of
@@ -49,7 +49,8 @@ import tempfile
 import time
 
 from bench.common import ROOT, emit_json, peak_rss_mb
-from deepfusion.app.inference_cli import parse_options
+from deepfusion.app.cli_options import (ANSWER_SET_HELP, add_set, deprecated_spellings,
+                                        problem_options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,9 +325,7 @@ def main(argv=None) -> int:
     p.add_argument("--solvers", default="direct,amg",
                    help="reference methods to time; the first is the error reference")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="as deepfusion infer --option (with --checkpoint): replace a problem "
-                        "option of the checkpoint, e.g. ritz_partition=4")
+    add_set(p, "as deepfusion infer --set (with --checkpoint): " + ANSWER_SET_HELP)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -335,7 +334,12 @@ def main(argv=None) -> int:
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     args.solvers = [m for m in args.solvers.split(",") if m]
-    args.options = parse_options(args.option)
+    for warning in deprecated_spellings(args):  # --option: the old spelling of --set
+        print(warning, file=sys.stderr, flush=True)
+    try:
+        args.options = problem_options(args, "bench.infer_bench")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if args.checkpoint:
         args.checkpoint = os.path.abspath(args.checkpoint)
         args.problem = _checkpoint_problem(args.checkpoint)

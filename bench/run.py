@@ -31,7 +31,7 @@ import time
 from bench import allocator_bench, comm_bench, domain_bench, memory_bench, step_bench
 from bench.common import ROOT, load, machine, run_json
 
-# The performance issue's (second round) goals; each is printed as met / not met.
+# The step's performance goals; each is printed as met / not met, never asserted.
 GOALS = {"gemm_ratio": 0.60,           # fp32 step's FLOP rate / fp32 GEMM rate, every grid
          "speedup_vs_plain": 1.4,      # fp32 step against the plain PyTorch loop
          "bf16_vs_plain_fp32": 2.0,    # bf16 step against the plain fp32 loop (AMX/AVX512-BF16)
@@ -132,7 +132,7 @@ def _memory_goals(mem: dict) -> dict:
 
 
 def goals(res: dict) -> dict:
-    """The issue's goals, from the measured numbers (a part that did not run has no goal line)."""
+    """The goals, from the measured numbers (a part that did not run has no goal line)."""
     out = _step_goals(res.get("step", {}).get("runs", []))
     if res.get("step", {}).get("bf16_native") is False and not any(
             k.startswith("bf16_vs_plain_fp32") for k in out):

@@ -11,9 +11,9 @@ Configurations (same problem, generator, global batch, initial weights), timed i
                    channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
-                   the concatenation, as before diffnet.generators.DenseGrad (isolates it)
+                   the concatenation instead of diffnet.generators.DenseGrad (isolates it)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
-  deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32, as before
+  deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32 instead of
                    diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)
   deepfusion_compile  (--compile) the engine with torch.compile'd generator; with --bf16 also
                    deepfusion_bf16_compile
@@ -66,7 +66,7 @@ def sliced_grad(model):
 
 def fp32_norms(model):
     """Run every InstanceNorm of ``model`` through the float32 NHWC kernel, which under bf16
-    autocast casts its input to float32 (the bf16 step before the low-precision norm)."""
+    autocast casts its input to float32 (the bf16 step without the low-precision norm)."""
     import types
 
     from diffnet.generators import InstanceNorm

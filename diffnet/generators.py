@@ -250,12 +250,11 @@ class UNet3D(UNet):
     3x3x3 kernels hold 3x the weights of the 2-D ones); depth 3, widths 8..64: 401,881.
 
     Memory format: NCDHW or channels_last_3d (NDHWC) tensors alike, same outputs (5-D norms
-    run on an NCDHW copy, see ``InstanceNorm``). Measured (one thread, 32^3 grid, forward +
-    backward, loaded 2-core machine): channels_last_3d pays for narrow networks, depth 3,
-    widths 8..64, batch 2: 0.15 vs 0.20 s (1.3x); widths 16..64: 0.33 vs 0.37 s (1.1x); and
-    not for the default, depth 4, widths 16..128, batch 1: 0.70 vs 0.64 s (0.9x; the deep
-    levels are 4^3 and 2^3 grids of 128 channels, where the NDHWC convolutions gain nothing
-    and the copies remain). Hence: NCDHW unless the network is narrow.
+    run on an NCDHW copy, see ``InstanceNorm``). channels_last_3d pays for narrow networks
+    and not for the default, deep and wide one: its deep levels are 4^3 and 2^3 grids of 128
+    channels, where the NDHWC convolutions gain nothing and the copies remain (measured: see
+    lab/notes/readme-second-release.md, "Memory format"). Hence: NCDHW unless the network is
+    narrow.
     """
 
     dims = 3                      # spatial axes of the input: (B, C, D, H, W)
@@ -292,11 +291,11 @@ class Prolonged(nn.Module):
     network's output resampled to ``grid``; ``correction``: a shallow U-Net on ``grid`` that sees
     the inputs and the prolonged answer. Why: a fully convolutional network trained at 64x64
     and run as it is at 512x512 sees an eight times smaller part of the domain through the same
-    receptive field (on Burgers, ``lab.tools.level_transfer``: 55% error at 128x128 where its 64x64
-    answer interpolated is 13%). Here the coarse network keeps answering on the grid it learned
-    on, and the correction learns what that grid cannot hold (a shock's position to one fine
-    node). Its last 1x1 convolution starts at zero, so a freshly prolonged network answers
-    exactly the interpolated coarse answer and training starts from there.
+    receptive field (on Burgers its error at 128x128 is several times that of its 64x64 answer
+    interpolated: lab/notes/readme-second-release.md). Here the coarse network keeps answering
+    on the grid it learned on, and the correction learns what that grid cannot hold (a shock's
+    position to one fine node). Its last 1x1 convolution starts at zero, so a freshly prolonged
+    network answers exactly the interpolated coarse answer and training starts from there.
 
     Nested (64 -> 128 -> 256: ``Prolonged(Prolonged(unet, 64, 128), 128, 256)``) the coarse
     networks run on their own small grids and the corrections stay shallow, since the
@@ -315,8 +314,8 @@ class Prolonged(nn.Module):
             prolonged solution (in_channels + out_channels channels).
         train_inner: False freezes ``inner`` (no gradients, run under ``no_grad``): only the
             correction trains, and the coarse answer it corrects stays the one trained on
-            ``inner_grid`` (on Burgers, training both at a fresh learning rate undid the
-            coarse network's last steps: validation 3.2% -> 6.7% on its own grid).
+            ``inner_grid`` (training both at a fresh learning rate undoes the coarse
+            network's last steps: on Burgers its validation error on its own grid doubled).
     """
 
     def __init__(self, *, inner, inner_grid, grid, in_channels: int, out_channels: int = 1,

@@ -22,7 +22,7 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
 # Rows per GEMM in the norms' sums: a single (1 x H*W) @ (H*W x C) GEMM accumulates millions
 # of fp32 terms in long runs (measured: the variance 0.9% off at 2048x2048, 3e-5 relative error
 # in a sum at 1024x1024); GEMMs over chunks of <= 4096 rows, then a sum of the chunk sums, are
-# accurate to ~1e-7 and cost 1.3-1.5x the single GEMM (torch's own reduction: 2x).
+# accurate to ~1e-7 and cost a little more than the single GEMM (less than torch's own reduction).
 ROWS_PER_SUM = 4096
 
 
@@ -42,12 +42,12 @@ def row_sums(t: torch.Tensor) -> torch.Tensor:
 class InstanceNormNHWC(torch.autograd.Function):
     """Affine instance norm of a channels_last tensor with every pass in NHWC.
 
-    ATen's instance/group norm on channels_last input is 2-4x slower than on NCHW (instance
-    norm even copies to NCHW and back), so a channels_last U-Net spent more time in its norms
-    than it saved in its convolutions. Here the per-(sample, channel) sums over H*W are batched
-    GEMMs of a ones row with the (B, H*W, C) view, and the normalisation and its gradient are
-    one fused multiply-add each. The variance uses a per-channel shift (one sample of the
-    channel) so E[d^2] - E[d]^2 does not cancel when |mean| >> std.
+    ATen's instance/group norm on channels_last input is several times slower than on NCHW
+    (instance norm even copies to NCHW and back), so a channels_last U-Net would spend more time
+    in its norms than it saves in its convolutions. Here the per-(sample, channel) sums over
+    H*W are batched GEMMs of a ones row with the (B, H*W, C) view, and the normalisation and its
+    gradient are one fused multiply-add each. The variance uses a per-channel shift (one sample
+    of the channel) so E[d^2] - E[d]^2 does not cancel when |mean| >> std.
     """
 
     @staticmethod
@@ -95,7 +95,7 @@ class InstanceNormNHWC(torch.autograd.Function):
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-# Broadcast elementwise ops over (B, N, C) with a (B, 1, C) per-channel vector run 3-10x below
+# Broadcast elementwise ops over (B, N, C) with a (B, 1, C) per-channel vector run far below
 # memory speed when C is 16-32 (ATen's inner loop is one row of C elements; bf16 is slower
 # still); viewed as rows of >= 256 elements with the vector tiled k times they run near it.
 WIDE_ROW = 256
@@ -120,8 +120,8 @@ def affine(t: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.
 
 # Rows per partial sum in the low-precision norm: each partial sum is rounded once to the
 # input's dtype (bf16: <= 2^-9 relative), then the partials are added in float32. A float32
-# sum of the whole field is ~1e-7 accurate but copies the field to float32 first (7% of a bf16
-# step at 256x256 in a profile; lab/notes/performance.md, "The bf16 step's norms in bf16").
+# sum of the whole field is ~1e-7 accurate but copies the field to float32 first (a visible share
+# of a bf16 step in a profile; lab/notes/performance.md, "The bf16 step's norms in bf16").
 ROWS_PER_PARTIAL = 256
 
 
@@ -141,10 +141,11 @@ class InstanceNormNHWCLowPrecision(torch.autograd.Function):
 
     Under bf16 autocast the float32 kernel above costs two dtype copies of every activation and
     moves float32 through the norm and the activation after it; this one keeps them in bf16
-    (``python -m bench.step_bench --bf16``: the bf16 step 1.07-1.23x faster than with the
-    float32 kernel, row ``deepfusion_bf16_fp32_norm``). The field is first centred on the mean
-    of a strided subsample of >= 256 of its nodes (``d = x - shift``: exact near the mean, so
-    |mean| >> std does not cancel, and E[d^2] is var to ~1%, so its rounding does not grow);
+    and the bf16 step is faster for it (``python -m bench.step_bench --bf16`` times both: row
+    ``deepfusion_bf16_fp32_norm`` is the step with the float32 kernel). The field is first
+    centred on the mean of a strided subsample of >= 256 of its nodes (``d = x - shift``: exact
+    near the mean, so |mean| >> std does not cancel, and E[d^2] is var to ~1%, so its rounding
+    does not grow);
     ``d`` is what backward keeps. The statistics are then accurate to ~2e-3 relative in bf16
     (partial sums rounded once each, the squares rounded), the size of the output's own
     rounding (2^-9 relative).
@@ -200,8 +201,8 @@ class InstanceNorm(nn.Module):
     ATen's group norm with one channel per group (the same statistics, and faster than
     instance_norm on CPU). 5-D channels_last_3d input is normalised as an NCDHW copy and
     handed back in channels_last_3d: ATen's NDHWC group norm cancels (one-pass variance) and
-    its backward is ~10x slower; the two copies cost less (a 3-D U-Net step at 32^3, widths
-    8..64, is 1.1x faster this way than on the NDHWC group norm).
+    its backward is an order of magnitude slower; the two copies cost less than that, so a 3-D
+    U-Net step is faster this way.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5):
@@ -218,7 +219,7 @@ class InstanceNorm(nn.Module):
         if x.dim() == 5 and not x.is_contiguous() and \
                 x.is_contiguous(memory_format=torch.channels_last_3d):
             # ATen's group norm on NDHWC input takes a one-pass variance (relative error ~1e-6 in
-            # float64 at |mean|/std = 1e5) and a ~10x slower backward: run it on an NCDHW copy.
+            # float64 at |mean|/std = 1e5) and a much slower backward: run it on an NCDHW copy.
             y = F.group_norm(x.contiguous(), self.num_features, self.weight, self.bias, self.eps)
             return y.contiguous(memory_format=torch.channels_last_3d)
         return F.group_norm(x, self.num_features, self.weight, self.bias, self.eps)

@@ -169,8 +169,8 @@ class SplitInstanceNorm(SplitLayer, InstanceNorm):
         n = lvl.nodes()  # of the whole field at this level
         if x.dim() == 4 and not x.is_contiguous() and \
                 x.is_contiguous(memory_format=torch.channels_last):
-            # the fused NHWC kernel with the blocks' sums (2.3 s of a 24 s split step at
-            # 2048x2048 went to the plain-ops path below: bench.domain_bench --profile)
+            # the fused NHWC kernel with the blocks' sums: the plain-ops path below is a large
+            # share of a split step on large grids (``python -m bench.domain_bench --profile``)
             return InstanceNormNHWCBlocks.apply(x, weight, bias, self.eps, lvl.sum, n)
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()

@@ -1,10 +1,10 @@
 """The fastest measured ranks x threads layout of a sweep: what ``jobs render --layout-from``
 puts in the job script instead of the profile's default layout.
 
-Which of P = 2 x 1 and P = 1 x 2 is faster depends on the CPU, the grid and the batch (on one
-2-core VM two runs of the same comparison disagreed: README, "Performance"), so the choice is
-measured on the node the job will run on (``deepfusion jobs sweep --mode strong``) and read
-from its sweep.json here, never guessed.
+Which of P = 2 x 1 and P = 1 x 2 is faster depends on the CPU, the grid and the batch (even
+two runs of the same comparison on one machine can disagree: lab/notes/readme-second-release.md,
+"Performance"), so the choice is measured on the node the job will run on (``deepfusion jobs
+sweep --mode strong``) and read from its sweep.json here, never guessed.
 """
 from __future__ import annotations
 

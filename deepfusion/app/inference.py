@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from . import fields as h5io
+from .cli_options import as_set_flags
 from .compare import compare_files  # noqa: F401  (re-exported)
 from .samples import Samples
 
@@ -116,7 +117,7 @@ def load_model(path, grid=None, work_grid=None, options=None):
     ``problem`` is on ``grid`` (default: the training grid); with ``work_grid`` (the
     ``--work-grid`` text, see :func:`resolve_work_grid`) the network runs on the work problem's
     grid and its imposed output is interpolated to ``grid`` (see :func:`predictor`).
-    ``options`` (the ``--option`` pairs) replace problem options of the checkpoint, e.g. how
+    ``options`` (``--set problem.options.KEY=VALUE``) replace problem options of the checkpoint, e.g. how
     the answer is formed from the network's output; the network must still fit the problem.
     """
     from diffnet.generators import build_generator
@@ -144,22 +145,23 @@ def load_model(path, grid=None, work_grid=None, options=None):
 
 
 def answer_options(spec: dict, options) -> dict:
-    """The checkpoint's problem options with the ``--option`` pairs in place (not the grid,
+    """The checkpoint's problem options with the ``--set`` ones in place (not the grid,
     which --grid sets)."""
     options = dict(options or {})
     if "grid" in options:
-        raise ValueError("--option grid=... : give the grid with --grid HxW")
+        raise ValueError("problem.options.grid: give the grid with --grid HxW")
     return {**spec["kwargs"], **options}        # the problem refuses unknown names
 
 
 def check_fits(problem, spec: dict, options: dict) -> None:
-    """ValueError when the ``--option`` pairs change the channels the network was built for."""
+    """ValueError when the ``--set`` problem options change the channels the network was
+    built for."""
     from diffnet.problems import get_problem
 
     trained = get_problem(spec["name"], **spec["kwargs"])
     for what in ("input_channels", "output_channels"):
         if getattr(problem, what) != getattr(trained, what):
-            raise ValueError(f"--option {', '.join(f'{k}={v}' for k, v in options.items())} "
+            raise ValueError(f"{as_set_flags(options)} "
                              f"changes the problem's {what.replace('_', ' ')} "
                              f"({getattr(trained, what)} -> {getattr(problem, what)}), which "
                              f"the network was built for; change only options that keep them")
@@ -255,8 +257,8 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
 
     def run(x, lo, hi):
         # Draws given by parameters are rendered on the grid the network runs on, as in
-        # training; resampling the fine rendering would blur jumps in the inputs (measured on a
-        # 100:1 coefficient: 8.4% against 5.1% for the same network). Given fields are resampled.
+        # training; resampling the fine rendering would blur jumps in the inputs (on a 100:1
+        # coefficient that raises the same network's error markedly). Given fields are resampled.
         if work is not None and samples.fields is None:
             xin = samples.inputs(work, lo, hi, dtype)
         else:

@@ -4,7 +4,7 @@ directory's state.
 
 ``deepfusion train`` runs them on every rank right after reading the config, before torch is
 imported: a refused launch (a batch P does not divide, a run directory that already holds a
-run) exits in a fraction of a second instead of after each rank's ~2 s of imports. The checks
+run) exits in a fraction of a second instead of after each rank's imports (seconds). The checks
 that need the problem and the network follow in ``build``; nothing is written until all pass.
 """
 from __future__ import annotations

@@ -283,31 +283,44 @@ def dump_tables(header: str, tables: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def toml_value(value) -> str:
+    """``value`` as TOML text, as a config file writes it (``[1, 2]``, ``{a = 1}``, ``"x"``)."""
+    return _toml_value(value)
+
+
+def key_rows(name: str, cls: type) -> list[dict]:
+    """One row per key of section ``cls`` (keys named ``name.key``): its type, default (TOML
+    text), help text and constraints ("one of ...", ">= 1"). What :func:`describe_sections`
+    prints and the manual's configuration reference tabulates."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        meta = f.metadata
+        extras = []
+        if "choices" in meta:
+            extras.append("one of " + ", ".join(repr(c) for c in meta["choices"]))
+        rng = _bounds_text(meta)
+        if rng:
+            extras.append(rng)
+        item_rng = _bounds_text(meta, "item_")
+        if item_rng:
+            extras.append(f"each entry {item_rng}")
+        rows.append({"key": f"{name}.{f.name}", "type": _type_str(hints[f.name]),
+                     "default": _toml_value(default), "help": meta.get("help", ""),
+                     "constraints": "; ".join(extras)})
+    return rows
+
+
 def describe_sections(sections: dict[str, type]) -> str:
     """Every key of ``sections`` with its type, default, allowed values and help text."""
     out = []
-    hints_cache = {}
     for name, cls in sections.items():
-        hints = hints_cache.setdefault(cls, typing.get_type_hints(cls))
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         out.append(f"{doc}" if doc.startswith("[") else f"[{name}]")
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            meta = f.metadata
-            line = f"  {name}.{f.name}: {_type_str(hints[f.name])} = {_toml_value(default)}"
-            out.append(line)
-            text = meta.get("help", "")
-            extras = []
-            if "choices" in meta:
-                extras.append("one of " + ", ".join(repr(c) for c in meta["choices"]))
-            rng = _bounds_text(meta)
-            if rng:
-                extras.append(rng)
-            item_rng = _bounds_text(meta, "item_")
-            if item_rng:
-                extras.append(f"each entry {item_rng}")
-            if extras:
-                text += f" [{'; '.join(extras)}]"
-            out.append(f"      {text}")
+        for row in key_rows(name, cls):
+            out.append(f"  {row['key']}: {row['type']} = {row['default']}")
+            extra = f" [{row['constraints']}]" if row["constraints"] else ""
+            out.append(f"      {row['help']}{extra}")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

@@ -215,8 +215,8 @@ class ParallelConfig(Section):
     bucket_mb: float = option(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
     reuse_memory: str = option("auto", "keep freed memory in the process for the next step "
                                "instead of returning it to the OS and faulting it in again "
-                               "(glibc malloc: no mmap for large blocks, no trimming): ~1.4-2x "
-                               "faster steps on large grids for ~10-20% more peak memory; "
+                               "(glibc malloc: no mmap for large blocks, no trimming): faster "
+                               "steps on large grids for more peak memory; "
                                "\"auto\" = on without a domain split, off with one (a split "
                                "exists to save memory)", choices=("auto", "on", "off"))
     domain: list[int] = option([], "domain parallelism: split every sample's grid into blocks, "

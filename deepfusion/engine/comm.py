@@ -229,8 +229,8 @@ class MPIComm(Communicator):
         sys.stdout.flush()
         sys.stderr.flush()
         # MPICH's launcher forwards a rank's output through its proxy; Abort tears the proxies
-        # down at once, and the dying rank's last message (the reason for the abort) was seen
-        # lost in a test run. A moment's grace lets it through.
+        # down at once, and the dying rank's last message (the reason for the abort) can be
+        # lost. A moment's grace lets it through.
         time.sleep(ABORT_GRACE_S)
         self._comm.Abort(code)
 

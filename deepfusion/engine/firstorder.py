@@ -1,11 +1,12 @@
 """Adam and SGD (momentum) as plain foreach updates, with torch.optim's state-dict layout.
 
 Why not ``torch.optim.Adam``: every ``torch.optim`` optimiser imports ``torch._dynamo`` on its
-first ``add_param_group`` and ``step`` (torch 2.13: ~0.95 s per process on this VM, more than
-``import torch`` itself), and every rank of every launch pays it. These two keep the same
-update rules (torch's defaults: no amsgrad, no nesterov, dampening 0, L2 weight decay added to
-the gradient) and the same ``state_dict`` layout ({"state": {i: {...}}, "param_groups":
-[{..., "params": [i, ...]}]}), so checkpoints written with either load in the other.
+first ``add_param_group`` and ``step``, a start-up cost of the order of ``import torch``
+itself, and every rank of every launch pays it (measured: lab/notes/readme-second-release.md).
+These two keep the same update rules (torch's defaults: no amsgrad, no nesterov, dampening 0,
+L2 weight decay added to the gradient) and the same ``state_dict`` layout ({"state": {i:
+{...}}, "param_groups": [{..., "params": [i, ...]}]}), so checkpoints written with either load
+in the other.
 Tested against torch.optim step by step (tests/test_firstorder.py).
 """
 from __future__ import annotations

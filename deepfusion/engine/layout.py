@@ -62,9 +62,10 @@ def limit_blas(threads: int) -> None:
     """Cap the BLAS libraries already loaded (numpy's and scipy's OpenBLAS) at ``threads``.
 
     A BLAS reads OMP_NUM_THREADS only when it loads, and the communicator's module has loaded
-    numpy before the layout is known: without this, numpy's OpenBLAS ran one thread per core
-    in every rank (a reference AMG solve at ``--threads 1`` used 1.7 cores), oversubscribing the
-    node under ``mpiexec``. Libraries loaded later read OMP_NUM_THREADS, which is set by now.
+    numpy before the layout is known: without this, numpy's OpenBLAS runs one thread per core
+    in every rank (a reference AMG solve at ``--threads 1`` uses more than one core),
+    oversubscribing the node under ``mpiexec``. Libraries loaded later read OMP_NUM_THREADS,
+    which is set by now.
     """
     from threadpoolctl import threadpool_limits
 
@@ -122,10 +123,10 @@ def bf16_supported(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """True if the CPU has native bf16 arithmetic (AVX512-BF16 or AMX-BF16) per /proc/cpuinfo.
 
     Without them PyTorch does not send bf16 convolutions to oneDNN but to its generic im2col
-    path (``aten::_slow_conv2d_forward`` in a profile): on an AVX2 AMD EPYC (Zen 3) a 64^2 x 16
-    training step ran 9.9-10.5x slower than fp32 (two runs), a lone 3x3 convolution 8-12x
-    (``python -m bench.step_bench --bf16 --grids 64:16 --threads 1``, ``python -m
-    bench.conv_rate --bf16``).
+    path (``aten::_slow_conv2d_forward`` in a profile), and a bf16 training step runs an order
+    of magnitude slower than fp32 (``python -m bench.step_bench --bf16 --grids 64:16 --threads
+    1`` and ``python -m bench.conv_rate --bf16`` measure it on a given CPU; figures:
+    lab/notes/performance.md).
     """
     return bool(bf16_flags(cpuinfo))
 
@@ -152,7 +153,7 @@ def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo", *, requested:
                 f"fp32; CPU: {', '.join(flags)})")
     if flags:
         return (f"precision: fp32; this CPU has {', '.join(flags)}: train.precision = \"bf16\" "
-                f"runs the step faster (README, \"Performance\")")
+                f"runs the step faster (docs/performance.md)")
     return "precision: fp32 (this CPU has no avx512_bf16 or amx_bf16, so no bf16 path)"
 
 
@@ -164,5 +165,5 @@ def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo", *,
         raise ValueError(
             f"{setting.format('bf16')} needs a CPU with avx512_bf16 or amx_bf16 (see the flags "
             "in /proc/cpuinfo); this CPU has neither, so PyTorch would run bf16 convolutions "
-            "outside oneDNN and the network would run about 10x slower than in fp32. "
+            "outside oneDNN and the network would run many times slower than in fp32. "
             f"Use {setting.format('fp32')}.")

@@ -6,13 +6,9 @@ One flag, one format per tensor rank: 4-D tensors (B, C, H, W) of 2-D grids use
 other ranks) keeps the default contiguous format. Every place that converts a model or an
 input goes through :func:`convert_model` / :func:`as_format`, so no caller tests the rank.
 
-Measured (the float32 training step of :class:`~deepfusion.engine.step.LossAndGrad` on
-diffnet's 3-D elliptic problem, batch 2, one thread, medians of interleaved repeats on the
-loaded 2-core VM; the command is in the README's 3-D section), NCDHW / NDHWC s per step:
-16^3: unet3d depth 2 widths 4..16 0.018 / 0.013 (1.39x), depth 3 widths 8..64 0.029 / 0.023
-(1.25x), depth 3 widths 16..128 0.047 / 0.048 (0.98x); 32^3: 0.118 / 0.073 (1.62x),
-0.198 / 0.149 (1.33x), 0.345 / 0.349 (0.99x), the default depth 4 widths 16..128 0.400 /
-0.384 (1.04x). channels_last_3d is faster or within 2%, so the flag keeps its meaning in 3-D.
+Why channels-last in 3-D too: the float32 training step of the 3-D U-Net in NDHWC is faster
+than in NCDHW for narrow networks and about as fast for wide ones, so the flag keeps its
+meaning in 3-D (measured: lab/notes/readme-second-release.md, "Memory format").
 """
 from __future__ import annotations
 

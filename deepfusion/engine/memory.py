@@ -2,14 +2,16 @@
 
 A training step allocates and frees the same large activation buffers every step. glibc's
 malloc serves blocks above its mmap threshold (a few MB, growing to 32 MB) with fresh mmap()s
-and unmaps them when freed, so every step faults every page of its activations in again: at
-1024x1024 on one thread 2.3 s of a 7.1 s step was system time (``python -m bench.domain_bench
---parts p1 --size 1024``). With ``parallel.reuse_memory`` (on by default without a domain
-split) large blocks come from the heap and freed memory is not trimmed, so the pages stay
-mapped across steps: 5.0 s, no system time, at +7% peak memory (+19% per rank of a [1, 2]
-domain split, and a 4096x4096 step on 4 ranks that fits without it is killed for memory with
-it: hence off by default under a split). mallopt() at run time does what the GLIBC_TUNABLES
-variable would do at start-up, without re-executing the process.
+and unmaps them when freed, so every step faults every page of its activations in again: on
+large grids a large share of the step is system time. With ``parallel.reuse_memory`` (on by
+default without a domain split) large blocks come from the heap and freed memory is not
+trimmed, so the pages stay mapped across steps: no system time, for more peak memory. Off by
+default under a split: a split exists to save memory, and the extra peak per rank can make a
+step that fits without it fail for memory. ``python -m bench.domain_bench --parts p1 --size
+1024``, with and without ``--malloc-default``, measures both sides (figures:
+lab/notes/readme-second-release.md, "freed memory is kept for the next step"). mallopt() at
+run time does what the GLIBC_TUNABLES variable would do at start-up, without re-executing the
+process.
 
 Also here: the process's peak resident memory (``peak_rss_mib``), which ``infer`` and ``solve``
 report per rank so a user can size a split (``--domain``) or a batch for the next run.

@@ -1,7 +1,7 @@
 """The one place that makes a built model parallel: :func:`parallelize`.
 
 As in torchtitan, parallelism is applied to an already built model by one function; the trainer
-receives the result and does not know how it is parallel. Today that is data parallelism:
+receives the result and does not know how it is parallel. That is data parallelism:
 
 1. broadcast rank 0's parameters and buffers, so every rank starts equal;
 2. gradient synchronisation: every ``.grad`` becomes a view into flat buckets that are summed

@@ -40,7 +40,7 @@ class FiniteVolumeResiduals:
             mag = torch.maximum(torch.minimum(2 * aa, ab), torch.minimum(aa, 2 * ab))
         # (sign a + sign b) / 2 is sign a where the signs agree and 0 where they differ; where
         # one is 0, every limiter's mag is 0. So this is where(a b > 0, sign(a) mag, 0)
-        # without the mask, which costs 7-20 multiplications on CPU (lab/notes/performance.md)
+        # without the mask, which costs several multiplications on CPU (lab/notes/performance.md)
         return 0.5 * (torch.sign(a) + torch.sign(b)) * mag
 
     def _flux_difference(self, e: torch.Tensor) -> torch.Tensor:
@@ -141,7 +141,7 @@ class FiniteVolumeResiduals:
             src = e[..., big - k:big - k + h, c0 - a:c0 - a + w]  # Phi^k of rows i - k
             r = (u - src) / (k * self.spacing[0])
             # global rows i < k have no residual (their source rows are the halo's zero
-            # fill), nor column 0; a zero pad of the rest, as masks cost 7-20 multiplications
+            # fill), nor column 0; a zero pad of the rest, as masks cost several multiplications
             i0, j0 = min(max(k - r0, 0), h), max(1 - c0, 0)
             out.append(F.pad(r[..., i0:, j0:], (j0, 0, i0, 0)))
         return out
@@ -165,7 +165,7 @@ class FiniteVolumeResiduals:
         """The window e (first column a) with the global ghost states outside the grid: 0 left
         of column 0, copies of column W - 1 right of it (what ``_fv_operator`` pads with)."""
         n, last = e.shape[-1], self.grid[1] - 1
-        # slices and pads, not masks (a masked where costs 7-20 multiplications on CPU)
+        # slices and pads, not masks (a masked where costs several multiplications on CPU)
         if a < 0:
             e = F.pad(e[..., -a:], (-a, 0))
         if a + n - 1 > last:

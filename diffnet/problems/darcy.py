@@ -1,4 +1,4 @@
-"""Darcy flow with a rough random coefficient: the neural-operator benchmark family (issue #19).
+"""Darcy flow with a rough random coefficient: the neural-operator benchmark family.
 
 The family of Li et al. (Fourier Neural Operator, 2020) and the benchmarks that followed, with
 its coefficient given by spectral coefficients (``random_fields``) so one draw renders on any
@@ -20,7 +20,7 @@ FAMILIES = {
     # the FNO benchmark's values
     "benchmark": {"alpha": 2.0, "tau": 3.0, "a_hi": 12.0, "a_lo": 3.0},
     # contrast 100, correlation length ~1/10: the 64x64 solution is a few % off
-    # (python -m lab.tools.darcy_resolution)
+    # (lab/notes/readme-second-release.md, "Does the family need the fine grid?")
     "fine-scale": {"alpha": 2.0, "tau": 10.0, "a_hi": 100.0, "a_lo": 1.0},
 }
 COEFFICIENTS = ("threshold", "lognormal")
@@ -47,8 +47,9 @@ class Darcy(ReactionDiffusion):
     ``family`` names a preset of (alpha, tau, a_hi, a_lo): "benchmark" (default) = (2, 3, 12, 3),
     the FNO benchmark; "fine-scale" = (2, 10, 100, 1), high contrast and a correlation length
     ~1/10, where the 64x64 solution interpolated to 512x512 is a few percent from the 512x512
-    one (``python -m lab.tools.darcy_resolution``). ``tau`` (> 0), ``alpha`` (> 1: finite variance
-    in 2-D), ``a_hi``, ``a_lo`` (> 0, threshold only) given explicitly override the preset.
+    one (lab/notes/readme-second-release.md, "Does the family need the fine grid?"). ``tau``
+    (> 0), ``alpha`` (> 1: finite variance in 2-D), ``a_hi``, ``a_lo`` (> 0, threshold only)
+    given explicitly override the preset.
 
     Parameters: the M*M coefficients c_lk, row-major over (l, k) (l along y, k along x), named
     "c_l_k"; c_00 is always 0 in the draws. ``sample_params(seed, indices)`` draws them (draw i

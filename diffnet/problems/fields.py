@@ -276,7 +276,7 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
         h, w = self.grid
         # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1). F is the
         # plain difference and 1 / h^2 sits in the small weight: dividing F (K fields, or 4 K
-        # in a partition's Gram matrix) by h was a whole pass over the largest tensor here.
+        # in a partition's Gram matrix) by h would be a whole pass over the largest tensor here.
         return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
                 (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
 

@@ -7,8 +7,8 @@ E[g(u + s Z)] (the smoothing homotopy) is a sum over quadrature points. Autograd
 cubic Hermite evaluation records ~40 elementwise operations per point and node; the derivative
 above is the characteristic equation, so the forward pass computes it beside the value and the
 backward pass is one multiplication. Same value and gradient (to rounding; float64 test against
-autograd). The gain is memory: only the slope is kept for backward (2 MiB instead of 200 MiB per
-rank at 512² x 2 with the smoothing on); the time is about the same (``lab.tools.lax_oleinik_cost``).
+autograd). The gain is memory: only the slope is kept for backward, not the quadrature's
+intermediates (about 100x less with the smoothing on); the time is about the same.
 """
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def lax_oleinik_value(v: torch.Tensor, big_u0: torch.Tensor, u0: torch.Tensor, x
                       t: torch.Tensor, here: torch.Tensor, dx: float) -> torch.Tensor:
     """g(v) itself at every node, without the slope: what the basin search compares (nine
     evaluations per step at reach 4, under no_grad, so the slope ``lax_oleinik_nodes`` computes
-    for backward would be wasted work). Differentiable by autograd through the primitive (what
-    ``lab.tools.lax_oleinik_cost`` times against the closed form). Arguments as
+    for backward would be wasted work). Differentiable by autograd through the primitive.
+    Arguments as
     ``lax_oleinik_nodes``."""
     return (primitive_at(big_u0, u0, dx, x - v * t) - here) / t + 0.5 * v * v
 
@@ -97,8 +97,8 @@ def basin_targets(v: torch.Tensor, value_at, reach: int) -> torch.Tensor:
             for cand in (_shift_x(v, k), _shift_x(v, -k)):
                 g = value_at(cand)
                 # 1 where strictly lower (ties keep the earlier, nearer candidate), else 0;
-                # lerp with weight 0 or 1 returns an end exactly, and is 7-20x faster than
-                # a masked torch.where on CPU
+                # lerp with weight 0 or 1 returns an end exactly, and is much cheaper than
+                # a masked torch.where on CPU (lab/notes/performance.md)
                 better = (best_g - g).clamp(min=0.0).sign()
                 best, best_g = torch.lerp(best, cand, better), torch.minimum(best_g, g)
     return best

@@ -41,7 +41,7 @@ class Poisson3D(DiffusivityInputs, Problem):
     that vary along at least two axes, (0,1,1), (1,0,1), (1,1,0), (1,1,1), (0,1,2), (0,2,1), ...
     (by frequency, then k, then l; the single-axis cosines of the 2-D rule would make nu
     separable and, with 4 terms, the solution a function of x alone); M = ``n_terms`` (default
-    4; the issue's family: 4 to 6), omega_i uniform in ``omega_range`` (default (-3, 3)).
+    4; 4 to 6 are the sizes of interest), omega_i uniform in ``omega_range`` (default (-3, 3)).
     |log nu| <= 3.75 for 4 terms (nu in [0.024, 42.5]), 4.75 for 6 (nu in [0.0087, 116])
     (``nu_range()``). param_names = ("omega_1", ..., "omega_M").
 

@@ -7,11 +7,11 @@ b_i = l(u_i), per sample (a K x K solve), and its energy is -b.G^-1.b / 2. K = 1
 scaling c = l(u) / a(u, u). The problem gives its quadratic energy as weighted squares,
 a(u, u) / 2 = sum over pairs (F, w) of sum(w F(u)^2) with F linear, so G is sums of
 w F(u_i) F(u_j): one batched product, K evaluations of F rather than the K (K + 1) / 2 energies
-that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take (``python -m
-lab.tools.ritz_bench``: 0.215 s against 0.388 s for impose + energy + backward at 512x512, K = 16,
-two samples, one thread; 0.44 s against 5.9 s while the backward pass still went through G). The network then only has to span the solution, not to get its
-amplitudes right: the amplitudes are global (for Darcy the effective conductivity of the whole
-medium) and the energy's flattest directions, where gradient training converges slowest.
+that polarisation (a(u + v, u + v) - a(u, u) - a(v, v)) would take, markedly cheaper at K = 16
+(measured: lab/notes/readme-second-release.md, "Ritz scaling"). The network then only has to
+span the solution, not to get its amplitudes right: the amplitudes are global (for Darcy the
+effective conductivity of the whole medium) and the energy's flattest directions, where
+gradient training converges slowest.
 
 With a partition (``Partition``, m > 0) the coefficients are not numbers but fields: bilinear on
 an m x m coarse grid, c_i(x) = sum_a c_ia phi_a(x) over the (m + 1)^2 hats phi_a, a partition
@@ -28,9 +28,9 @@ Gradients: the coefficients are computed without autograd by default. The loss i
 E, and c minimises E over the span, so dE/dc = 0 there and the energy's gradient with respect
 to the fields is its partial derivative at fixed c (the envelope theorem; exact up to the
 1e-7 shift of G). Differentiating through G and its solve would add nothing to that gradient
-and cost a backward pass through a dense (K (m + 1)^2)^2 factorisation per sample: a training
-step on a 64x64 level at m = 8, K = 16 took 7-16 s with it (and G copied once per cell)
-against 0.58 s now (README, "Coefficient fields on the fine-scale family"). ``differentiate=True`` keeps the full
+and cost a backward pass through a dense (K (m + 1)^2)^2 factorisation per sample, which at
+m = 8, K = 16 makes a training step an order of magnitude slower (measured:
+lab/notes/readme-second-release.md, "Training with it"). ``differentiate=True`` keeps the full
 graph, for a loss that is not this energy (tests compare the two gradients).
 """
 from __future__ import annotations
@@ -62,9 +62,9 @@ def gram_of_scaled(feats: list, b: int, k: int) -> torch.Tensor:
     """(b, k, k) float64 2 sum over the scaled features S of S_i . S_j (see ``gram``), summed
     in float64 whatever S's dtype. A product of two float32 numbers is exact in float64; a
     float32 sum of ~10^6 of them is not, and G^-1 amplifies its error where the K fields are
-    nearly dependent: with float32 sums at 1024x1024 (K = 16) c went wrong on some samples, 12
-    of the 384 steps of a training level had a positive energy (impossible for the exact c)
-    and gradient norms up to 26 against ~3e-3 (README, "The native 1024x1024 network").
+    nearly dependent: with float32 sums at 1024x1024 (K = 16) c goes wrong on some samples,
+    a training step can show a positive energy (impossible for the exact c) and gradient
+    norms four orders of magnitude above the usual (lab/notes/readme-second-release.md).
     Float32 features are converted in chunks, so the float64 copy stays small."""
     g = 0
     for f in feats:
@@ -78,9 +78,8 @@ def gram_of_scaled(feats: list, b: int, k: int) -> torch.Tensor:
 def self_products(c: torch.Tensor) -> torch.Tensor:
     """(b, k, k) c c^T of c (b, k, n). With fewer samples than threads, n is cut into one
     part per thread, batched, and the parts' products summed: one sample's (k x n)(n x k)
-    product with k = 64 and n ~ 16,000 does not keep two threads busy. A small gain: the
-    1024² partition answer (``python -m lab.tools.ritz_bench --grid 1024 --fields 16 --partitions
-    8 --threads 2 --repeats 7``) took 0.66 s against 0.69 s, medians of five launches each."""
+    product with k = 64 and n ~ 16,000 does not keep two threads busy. A small gain on the
+    1024² partition answer (measured: lab/notes/readme-second-release.md)."""
     b, k, n = c.shape
     t = torch.get_num_threads()
     if t == 1 or b >= t or n < t:
@@ -219,8 +218,8 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
     b, k = u.shape[:2]
     m1 = partition.m + 1
     with torch.set_grad_enabled(differentiate and torch.is_grad_enabled()):
-        # float64: summed in float32 the cell products moved the answer by 0.4-1.8% (m = 8,
-        # 1024², four draws; python -m lab.tools.ritz_variants), the size of what it corrects.
+        # float64: summed in float32 the cell products move the answer by about a percent
+        # (the cell Gram matrices are ill-conditioned), the size of what it corrects.
         # Float32 features summed in float64 moved it by 2e-7, but would save only traffic.
         v = u.double()
         colours = partition.colours(block, v)

@@ -36,9 +36,10 @@ Finding the fine-grid minimum (``method``):
   sequential work list (a point's deletion can only make its two neighbours deletable). Cost
   per sample: O(N_t * M) vectorised numpy work (one convexity test and one slope per hull
   vertex per row), a few Python steps per deleted point (at most M deletions in all), and the
-  bisection, O(N_t * N_x * log2(h / ulp)) -- against O(N_t * N_x * M) for the brute force.
-  Measured (lab/tools/burgers_exact_bench.py, 1 thread, N x N, M = 64 (N - 1)): 0.14 / 0.41 /
-  1.5 s at N = 256 / 512 / 1024 against 5.9 / 32 / 205 s before; about 2/3 is the bisection.
+  bisection, O(N_t * N_x * log2(h / ulp)) -- against O(N_t * N_x * M) for the brute force,
+  which is why the hull is the default: at M = 64 (N - 1) fine points the brute force is two
+  orders of magnitude slower at 1024^2 (lab/notes/readme-second-release.md); most of the hull's
+  time is the bisection.
 * ``"brute"``: G at every fine point y_k <= x for every node (kept as the check of the hull).
 
 Both agree on the fine-grid index except where two candidates tie within round-off: at a shock

@@ -119,7 +119,7 @@ def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
     cols = np.concatenate([np.arange(h * w), pb, pa])
     vals = np.concatenate([diag, -c, -c])
     import scipy.sparse as sp  # here, not at the top: every process that imports diffnet (a
-    # Burgers rank too) would pay scipy.sparse.linalg's ~0.3 s import for a solver it never runs
+    # Burgers rank too) would pay scipy.sparse.linalg's import for a solver it never runs
 
     a_full = sp.csr_matrix((vals, (rows, cols)), shape=(h * w, h * w))
 

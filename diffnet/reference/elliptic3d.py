@@ -35,9 +35,9 @@ default 1e-10: measured within 1e-9 of the direct solution up to 33^3 nodes;
 RuntimeError if 10 rtol is not reached in ``maxiter`` iterations) and ``"auto"``:
 direct up to ``DIRECT_MAX_UNKNOWNS_3D`` = 16^3 unknowns, AMG above. In 3-D a direct
 factorisation fills in far more than in 2-D (nested-dissection fill ~ n^(4/3), work ~ n^2), so
-the crossover comes early. Measured (one thread, a KL-type nu of contrast ~1000, 8-10 CG
-iterations), node grid: splu / AMG seconds: 13^3: 0.013 / 0.07 (the AMG setup dominates);
-17^3: 0.04 / 0.03; 21^3: 0.11 / 0.04; 24^3: 1.3 / 0.06; 33^3: 2.5 / 0.17.
+the crossover comes early: on small grids the AMG setup dominates and splu is faster, from
+about 17^3 nodes AMG-CG is, and the gap widens quickly with the grid (both are timed by
+``python -m bench.fem_bench --problem poisson3d --sizes 13,17,24,33``).
 """
 from __future__ import annotations
 

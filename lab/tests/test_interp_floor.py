@@ -21,11 +21,11 @@ def refs(tmp_path_factory):
     paths = {}
     for n in (9, 17, 33):
         paths[n] = str(d / f"r{n}.h5")
-        assert main(["solve", "--problem", "poisson", "--grid", f"{n}x{n}", "--sample", "3",
+        assert main(["solve", "--problem", "poisson", "--grid", f"{n}x{n}", "--samples", "3",
                      "--seed", "7", "--out", paths[n]]) == 0
     mp.undo()
     paths["other"] = str(d / "other.h5")
-    assert main(["solve", "--problem", "poisson", "--grid", "9x9", "--sample", "3", "--seed", "8",
+    assert main(["solve", "--problem", "poisson", "--grid", "9x9", "--samples", "3", "--seed", "8",
                  "--out", paths["other"]]) == 0
     return paths
 

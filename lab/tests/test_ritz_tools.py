@@ -13,8 +13,8 @@ def test_ritz_tools_on_a_tiny_run(tmp_path, cli):
     run = str(tmp_path / "run")
     assert train(0, str(cfg), run, "train.max_steps=4", "data.test_samples=3").returncode == 0
     ref = str(tmp_path / "ref.h5")
-    assert cli(["solve", "--problem", "darcy", "--option", 'family="fine-scale"',
-                   "--grid", "16x16", "--sample", "3", "--out", ref])[0] == 0
+    assert cli(["solve", "--problem", "darcy", "--set", 'problem.options.family="fine-scale"',
+                   "--grid", "16x16", "--samples", "3", "--out", ref])[0] == 0
     out = str(tmp_path / "rp.json")
     assert ritz_partition.main([run, ref, "--partitions", "0,2", "--samples", "3", "--control",
                                 "--threads", "1", "--out", out]) == 0

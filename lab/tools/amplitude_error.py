@@ -7,7 +7,7 @@ Per sample: the relative L2 error; the best scale c = <p, r> / <p, p> of the pre
 against the reference r (an oracle: it uses the reference) and the relative L2 error of c p;
 the share of the error's squared norm in the lowest ``--modes`` x ``--modes`` Fourier modes.
 An error that is mostly amplitude and low modes is what the energy's flattest directions look
-like (README, "Ritz scaling").
+like (lab/notes/readme-second-release.md, "Ritz scaling").
 """
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """What interpolation keeps: a coarse field file, interpolated to a fine one's grid, against it.
 
-    deepfusion solve --problem P [--option ...] --grid 512x512 --sample 64 --seed 271828 --out c.h5
-    deepfusion solve --problem P [--option ...] --grid 1024x1024 --sample 64 --seed 271828 --out f.h5
+    deepfusion solve --problem P [--set problem.options.KEY=VALUE ...] --grid 512x512 \
+        --samples 64 --seed 271828 --out c.h5
+    deepfusion solve --problem P [--set problem.options.KEY=VALUE ...] --grid 1024x1024 \
+        --samples 64 --seed 271828 --out f.h5
     python -m lab.tools.interp_floor c.h5 f.h5 [--out FILE.json]
 
 Both files are ``deepfusion solve`` or ``deepfusion infer`` outputs for the same problem and the
-same samples (the same ``--sample N --seed S``, checked through ``/params``) on two grids over the
+same samples (the same ``--samples N --seed S``, checked through ``/params``) on two grids over the
 same domain. Each coarse field is interpolated to the fine grid (``diffnet.resample.resample_nodes``:
 bilinear / trilinear on nodes, as ``deepfusion infer --work-grid`` transfers resolution) and
 compared with the fine field: relative L2 over the fine nodes, per sample, and mean / median /
@@ -14,8 +16,8 @@ coarse grid, or a multigrid level that starts from the coarse answer interpolate
 begins about this far from the fine solution. It is a reference, not a strict bound: the exact
 nodal values are not the coarse field whose interpolant is closest in L2 (a shock node halfway
 between the two states is closer on average), and a 512² Burgers network interpolated to 1024²
-has measured 4% under it (README, "Goal 1"). (``lab.tools.darcy_resolution`` does the same for the
-Darcy families, solving both grids itself.)
+has measured 4% under it (lab/notes/readme-second-release.md, "Goal 1").
+(``lab.tools.darcy_resolution`` does the same for the Darcy families, solving both grids itself.)
 
 Prints one summary line; writes JSON (files, grids, per-sample errors) to ``--out`` (default
 bench/out/interp_floor.json).
@@ -44,7 +46,7 @@ def floor(coarse_path: str, fine_path: str) -> dict:
             and np.array_equal(c["params"], f["params"]))      # /params has a row per sample
     if not same or not c["params"].size:
         raise ValueError(f"{coarse_path} and {fine_path} must hold the same problem and samples "
-                         "(make both with the same --problem, --sample N and --seed S)")
+                         "(make both with the same --problem, --samples N and --seed S)")
     fine_grid = tuple(f["u"].shape[1:])
     if len(c["u"].shape[1:]) != len(fine_grid):
         raise ValueError(f"grids {c['u'].shape[1:]} and {fine_grid} differ in dimension")

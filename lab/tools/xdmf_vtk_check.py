@@ -1,7 +1,10 @@
 """Check a fields file's XDMF sidecar with VTK's XDMF reader (the one ParaView uses).
 
     python3 -m venv /tmp/vtkenv && /tmp/vtkenv/bin/pip install vtk h5py
-    /tmp/vtkenv/bin/python lab/tools/xdmf_vtk_check.py preds.xmf preds.h5
+    /tmp/vtkenv/bin/python -m lab.tools.xdmf_vtk_check preds.xmf preds.h5    # from the repository root
+
+(``python -m lab.tools.NAME`` with a Python that has VTK: it needs only vtk, h5py and numpy, not
+the project's environment.)
 
 Prints, per sample (time step): the image's dimensions, origin, spacing and bounds, whether
 every point array equals the HDF5 data (VTK's point order: x fastest = C order of (z, y, x)),
