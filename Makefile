@@ -12,7 +12,8 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Set USE_SITE_MPI=1 to build mpi4py against the cluster's MPI instead of the PyPI runtime.
 USE_SITE_MPI ?= 0
-STAMP  := $(VENV)/.installed
+# One stamp per MPI choice, so switching USE_SITE_MPI re-installs instead of keeping the other MPI.
+STAMP  := $(VENV)/.installed-mpi$(USE_SITE_MPI)
 NP     ?= 2
 # Test processes (pytest-xdist; one test file per process, so a file's fixtures are built once).
 # 2 fits CI's 2 cores: single-rank tests and process start-ups leave the other core idle
@@ -30,12 +31,14 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
 	  || $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
 ifeq ($(USE_SITE_MPI),1)
-	$(PIP) install -q --no-binary mpi4py mpi4py
+	-@$(PIP) uninstall -y -q mpich 2>/dev/null
+	$(PIP) install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py
 	$(PIP) install -q -e ".[test]"
 else
 	$(PIP) install -q -e ".[mpi,test]"
 endif
 	@$(PY) -c "import torch, mpi4py, h5py, scipy; print('installed: torch', torch.__version__, '| mpi4py', mpi4py.__version__)"
+	@rm -f $(VENV)/.installed-mpi*
 	@touch $(STAMP)
 
 demo: install
