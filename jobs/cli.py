@@ -6,8 +6,11 @@ TOOLS = ("render", "sweep", "model")
 
 def register(sub):
     p = sub.add_parser("jobs", help="render cluster job scripts, run scaling sweeps, the scaling model")
-    p.add_argument("tool", choices=TOOLS)
-    p.add_argument("rest", nargs="...", help="the tool's own options (see --help of each)")
+    p.add_argument("tool", choices=TOOLS,
+                   help="render: a cluster job script; sweep: a ranks x threads scaling study; "
+                        "model: the scaling model")
+    p.add_argument("rest", nargs="...", metavar="...",
+                   help="the tool's own options (deepfusion jobs TOOL --help)")
     p.set_defaults(run=run)
 
 

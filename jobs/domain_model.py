@@ -1,6 +1,6 @@
 """Scaling model for domain-parallel DiffNet training: ONE large sample split over P ranks.
 
-    python -m jobs.model --domain-grid 4096x4096 --t-sample S --t-sample-grid 2048x2048 --out DIR
+    deepfusion jobs model --domain-grid 4096x4096 --t-sample S --t-sample-grid 2048x2048 --out DIR
 
 P = nodes x ranks_per_node ranks, T threads per rank; the sample's grid is cut into P equal blocks
 (``parallel.domain``), every rank runs the whole U-Net on its block. Per training step:
@@ -231,7 +231,7 @@ def predict_domain(prof: dict, grid, t_sample: float, t_sample_grid, net: Net | 
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:
-    """The domain-mode flags of ``python -m jobs.model``."""
+    """The domain-mode flags of ``deepfusion jobs model``."""
     g = p.add_argument_group("domain parallelism (one sample split over the ranks)")
     g.add_argument("--domain-grid", help="model ONE sample of this grid split over all ranks, e.g. 4096x4096")
     g.add_argument("--t-sample-grid", help="grid on which --t-sample (or --sweep) was measured, e.g. 2048x2048")
@@ -256,7 +256,7 @@ def format_table(results: dict) -> str:
 
 
 def run(args, t_sample: float, t_ref: int, s: float) -> int:
-    """``python -m jobs.model --domain-grid ...``: domain.json, domain.png and the table."""
+    """``deepfusion jobs model --domain-grid ...``: domain.json, domain.png and the table."""
     try:
         if not args.t_sample_grid:
             raise ValueError("--domain-grid needs --t-sample-grid (the grid --t-sample was measured on)")

@@ -1,8 +1,8 @@
 """Scaling model for data-parallel DiffNet training: measured compute + alpha-beta allreduce.
 
-    python -m jobs.model --t-sample SECONDS [--t-sample-threads T] [--params N] --out DIR
-    python -m jobs.model --sweep DIR/sweep.json [--params N] --out DIR
-    python -m jobs.model --domain-grid 4096x4096 --t-sample S --t-sample-grid 2048x2048 --out DIR
+    deepfusion jobs model --t-sample SECONDS [--t-sample-threads T] [--params N] --out DIR
+    deepfusion jobs model --sweep DIR/sweep.json [--params N] --out DIR
+    deepfusion jobs model --domain-grid 4096x4096 --t-sample S --t-sample-grid 2048x2048 --out DIR
         (domain parallelism, one sample split over the ranks: jobs/domain_model.py)
 
 Model (one epoch, P = nodes x ranks_per_node ranks, T threads per rank):
@@ -228,11 +228,14 @@ def plot_efficiency(results: dict, path: str | os.PathLike, title: str) -> None:
     plt.close(fig)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.model", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "deepfusion jobs model") -> argparse.ArgumentParser:
+    from jobs.render import profile_names
+
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--t-sample", type=float, help="measured compute seconds per sample on one rank")
-    src.add_argument("--sweep", help="a jobs.sweep sweep.json to take the per-sample time from")
+    src.add_argument("--sweep", metavar="SWEEP_JSON",
+                     help="a sweep.json of 'deepfusion jobs sweep' to take the per-sample time from")
     p.add_argument("--t-sample-threads", type=int, default=1, help="threads of the rank that measured --t-sample")
     p.add_argument("--serial-fraction", type=float, default=None,
                    help=f"Amdahl serial fraction for thread scaling (default {DEFAULT_SERIAL_FRACTION}, "
@@ -242,7 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --domain-grid the U-Net's own count")
     p.add_argument("--samples", type=int, default=TALK_SAMPLES, help="samples per epoch (default 4096)")
     p.add_argument("--global-batch", type=int, default=TALK_BATCH, help="global batch (default 1024)")
-    p.add_argument("--clusters", default=",".join(MODEL_CLUSTERS), help="comma-separated profile names")
+    p.add_argument("--clusters", default=",".join(MODEL_CLUSTERS),
+                   help=f"comma-separated profile names of jobs/clusters.toml "
+                        f"({', '.join(profile_names())}) or of the --profiles file "
+                        f"(default {','.join(MODEL_CLUSTERS)})")
     p.add_argument("--profiles", default=None, help="extra profile TOML merged over jobs/clusters.toml")
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the profile's)")
     p.add_argument("--threads-per-rank", type=int, default=None, help="threads per rank (default: the profile's)")

@@ -1,9 +1,9 @@
 """Render batch/job scripts for DiffNet training on CPU clusters.
 
-    python -m jobs.render --cluster stampede2 --nodes 4 [--ranks-per-node 8] [--threads-per-rank 6]
-                          [--layout-from runs/sweep/sweep.json]     # the fastest measured layout
-                          [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
-                          [--profiles my_clusters.toml] [--allow-smt]
+    deepfusion jobs render --cluster stampede2 --nodes 4 [--ranks-per-node 8] [--threads-per-rank 6]
+                           [--layout-from runs/sweep/sweep.json]     # the fastest measured layout
+                           [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
+                           [--profiles my_clusters.toml] [--allow-smt]
 
 Cluster profiles live in jobs/clusters.toml (see the comments there); ``--profiles FILE`` merges a
 user file over them. One template per launcher is in jobs/templates/<launcher>.sh.in
@@ -60,7 +60,7 @@ OPTIONAL_FIELDS: dict[str, tuple[tuple[type, ...], object]] = {
     "shm_latency_us": (_NUM, 0.5),
     "max_nodes": (_INT, 0),  # 0 = no limit
     # srun --mpi=VALUE (pmi2, pmix, ...); "" = the cluster's MpiDefault. Measured on the local Slurm
-    # 22.05 cluster (jobs/README.md): the pip mpich wheel needs "pmi2"; with "none" every rank
+    # 22.05 cluster (docs/clusters.md): the pip mpich wheel needs "pmi2"; with "none" every rank
     # starts its own 1-rank world, and "pmix" is refused by that MPICH build.
     "srun_mpi": ((str,), ""),
 }
@@ -332,19 +332,36 @@ def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_
     return _template(f"{launcher}.sh.in").substitute(values)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.render", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cluster", required=True, help="profile name (see --list)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--ranks-per-node", type=int, default=None, help="default: the profile's ranks_per_node")
-    p.add_argument("--threads-per-rank", type=int, default=None, help="default: the profile's threads_per_rank")
+def profile_names() -> list[str]:
+    """The names of the profiles in jobs/clusters.toml (for help texts; not validated)."""
+    try:
+        return sorted(_read_toml(DEFAULT_PROFILES))
+    except (OSError, ValueError):
+        return []
+
+
+def cluster_help(what: str) -> str:
+    """Help text of a --cluster flag: ``what`` it does, then the profiles to choose from."""
+    return (f"{what}: a profile of jobs/clusters.toml ({', '.join(profile_names())}) or of "
+            f"the --profiles file; an unknown name lists the valid ones")
+
+
+def build_parser(prog: str = "deepfusion jobs render") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster", required=True, help=cluster_help("the cluster to render for"))
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="MPI ranks per node (default: the profile's ranks_per_node)")
+    p.add_argument("--threads-per-rank", type=int, default=None,
+                   help="threads per rank (default: the profile's threads_per_rank)")
     p.add_argument("--layout-from", metavar="SWEEP_JSON", default=None,
                    help="ranks and threads per node from the fastest one-node layout of a "
                         "strong-scaling sweep (deepfusion jobs sweep) measured on such a node")
     p.add_argument("--time", default="02:00:00", help="time limit HH:MM:SS (default 02:00:00)")
     p.add_argument("--config", default="configs/burgers.toml", help="training config passed to deepfusion train")
     p.add_argument("--run-dir", default=None, help="default runs/JOBNAME-$SLURM_JOB_ID (stable across requeues)")
-    p.add_argument("--job-name", default="deepfusion")
+    p.add_argument("--job-name", default="deepfusion",
+                   help="the batch job's name (default deepfusion)")
     p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE",
                    help="extra --set passed to deepfusion train (repeatable)")
     p.add_argument("--deepfusion", default="deepfusion", help="training command (default: deepfusion)")

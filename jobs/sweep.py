@@ -1,10 +1,10 @@
 """Scaling study driver: run `deepfusion train` for several ranks x threads layouts and aggregate.
 
-    python -m jobs.sweep --config CONFIG --layouts 1x2,2x1,2x2,4x1 --mode strong|weak --steps N --out DIR
-                         [--global-batch 64 | --local-batch 16] [--launcher "mpiexec"] [--oversubscribe]
-                         [--cluster NAME --nodes N]        # on a cluster: that profile's launcher + binding
-                         [--sbatch [--sbatch-args "-p q"]] # ... each layout as its own batch job
-    python -m jobs.sweep --aggregate-only --out DIR ...    # re-read DIR/runs/*/metrics.jsonl
+    deepfusion jobs sweep --config CONFIG --layouts 1x2,2x1,2x2,4x1 --mode strong|weak --steps N --out DIR
+                          [--global-batch 64 | --local-batch 16] [--launcher "mpiexec"] [--oversubscribe]
+                          [--cluster NAME --nodes N]        # on a cluster: that profile's launcher + binding
+                          [--sbatch [--sbatch-args "-p q"] [--time 00:30:00]]  # each layout as a batch job
+    deepfusion jobs sweep --aggregate-only --out DIR ...    # re-read DIR/runs/*/metrics.jsonl
 
 A layout is ``RxT`` (R ranks x T threads per rank; on a cluster R is ranks per node). Strong
 scaling keeps the global batch fixed; weak scaling keeps the local batch fixed (global = local * P).
@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+TIME = "00:30:00"  # --sbatch: each layout's time limit unless --time says otherwise
 CSV_FIELDS = ["nodes", "ranks", "threads", "cores", "global_batch", "local_batch", "steps_measured",
               "median_time_step", "time_epoch_est", "time_epoch_measured", "samples_per_s", "speedup",
               "efficiency", "vs_threads_only", "allreduce_share", "status"]
@@ -291,7 +292,7 @@ def submit_layouts(args, plan) -> list[dict]:
             sets = (f"data.global_batch={gb}", f"train.max_steps={args.steps}", "train.log_every=1",
                     *args.extra_sets)
             script = rd / "job.sh"
-            script.write_text(render(args.cluster, args.nodes, r, t, time=args.time_limit, config=config,
+            script.write_text(render(args.cluster, args.nodes, r, t, time=args.time, config=config,
                                      run_dir=str(rd.resolve()), job_name=f"sweep-{args.nodes}n{r}x{t}",
                                      profiles=args.profiles, deepfusion=train, extra_sets=sets))
             jid = sbatch(script, "-o", str((rd / "stdout.log").resolve()), *shlex.split(args.sbatch_args), cwd=rd)
@@ -334,36 +335,54 @@ def discover_runs(out: Path, mode: str, global_batch: int, local_batch: int) -> 
     return runs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "deepfusion jobs sweep") -> argparse.ArgumentParser:
+    from jobs.render import cluster_help
+
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="training config (TOML)")
     p.add_argument("--layouts", default="1x1,1x2,2x1", help="comma-separated RxT (ranks x threads)")
-    p.add_argument("--mode", choices=("strong", "weak"), default="strong")
+    p.add_argument("--mode", choices=("strong", "weak"), default="strong",
+                   help="strong: fixed global batch (--global-batch); weak: fixed batch per rank "
+                        "(--local-batch) (default strong)")
     p.add_argument("--steps", type=int, default=20, help="training steps per layout (train.max_steps)")
     p.add_argument("--warmup", type=int, default=2, help="steps skipped before taking medians")
     p.add_argument("--global-batch", type=int, default=64, help="strong scaling: fixed global batch")
     p.add_argument("--local-batch", type=int, default=16, help="weak scaling: fixed local batch")
     p.add_argument("--samples-per-epoch", type=int, default=4096, help="for the per-epoch estimate")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: runs/<nodes>n<R>x<T>/ per layout, sweep.json, "
+                        "sweep.csv, sweep.png")
     p.add_argument("--launcher", default=None, help='launcher prefix, e.g. "mpiexec" (default: the venv\'s mpiexec)')
     p.add_argument("--oversubscribe", action="store_true", help="allow ranks x threads > cores (no binding)")
-    p.add_argument("--cluster", default=None, help="use this profile's launcher and binding (inside an allocation)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--profiles", default=None)
+    p.add_argument("--cluster", default=None,
+                   help=cluster_help("use this profile's launcher and binding (inside an allocation)"))
+    p.add_argument("--nodes", type=int, default=1, help="nodes per layout (default 1)")
+    p.add_argument("--profiles", default=None, help="extra TOML profile file merged over jobs/clusters.toml")
     p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion.app.cli")')
-    p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra --set passed to deepfusion train (repeatable)")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per layout, a hang guard (--sbatch: times the number of layouts, in all)")
     p.add_argument("--sbatch", action="store_true",
                    help="submit each layout as its own batch job (needs --cluster), wait, then aggregate")
     p.add_argument("--sbatch-args", default="", help='--sbatch: extra sbatch options, e.g. "-p debug -A proj"')
-    p.add_argument("--time-limit", default="00:30:00", help="--sbatch: time limit of each layout's job")
+    p.add_argument("--time", default=None, metavar="HH:MM:SS",
+                   help=f"--sbatch: time limit of each layout's job (default {TIME})")
+    p.add_argument("--time-limit", default=None, help=argparse.SUPPRESS)  # deprecated: --time
     p.add_argument("--aggregate-only", action="store_true", help="do not run; aggregate DIR/runs/*")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.time_limit is not None:
+        if args.time is not None:
+            print("error: give --time once (--time-limit is its old spelling)", file=sys.stderr)
+            return 2
+        print(f"warning: --time-limit is deprecated and will be removed in the next release: "
+              f"use --time {args.time_limit}", file=sys.stderr)
+        args.time = args.time_limit
+    args.time = args.time or TIME
     out = Path(args.out)
     try:
         if args.aggregate_only:

@@ -129,7 +129,7 @@ def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, cli):
     _, d2 = run3d
     ckpt = newest_checkpoint(d2)
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    res = deepfusion(2, ["infer", ckpt, "--sample", "3", "--batch", "1", "--out", p],
+    res = deepfusion(2, ["infer", ckpt, "--samples", "3", "--batch", "1", "--out", p],
                      env=REAL_MPI)
     assert res.returncode == 0, res.stderr
     assert "8x8x8" in res.stdout and "p.xmf" in res.stdout
@@ -137,7 +137,7 @@ def test_evaluate_infer_solve_compare_on_the_checkpoint(run3d, tmp_path, cli):
     assert rc == 0, err
     ev = json.loads(open(os.path.join(d2, "eval_seed271828.json")).read())
     assert ev["n"] == 2 and len(ev["rel_l2"]) == 2 and 0 < ev["rel_l2_mean"] < 10
-    rc, _, err = cli(["solve", "--problem", "poisson3d", "--grid", "8x8x8", "--sample", "3",
+    rc, _, err = cli(["solve", "--problem", "poisson3d", "--grid", "8x8x8", "--samples", "3",
                       "--out", r])
     assert rc == 0, err
     a, b = read_fields(p), read_fields(r)
@@ -196,9 +196,9 @@ def test_given_3d_fields_and_bad_grids(run3d, tmp_path, cli):
     a = read_fields(out)
     assert a["u"].shape == (2, 8, 8, 8) and np.allclose(a["inputs"][:, 1], np.log(nu[:, 0]),
                                                         atol=1e-6)
-    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "8x8", "--out", out])
+    rc, _, err = cli(["infer", ckpt, "--samples", "1", "--grid", "8x8", "--out", out])
     assert rc == 2 and "--grid 8x8 has 2 axes" in err and "DxHxW" in err
-    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "8x8x8x8", "--out", out])
+    rc, _, err = cli(["infer", ckpt, "--samples", "1", "--grid", "8x8x8x8", "--out", out])
     assert rc == 2 and "DxHxW" in err
     flat = str(tmp_path / "flat.h5")
     write_input_fields(flat, np.ones((2, 1, 8, 8)), ["nu"])
@@ -222,7 +222,7 @@ def test_prolonged_multigrid_schedule_8_to_16(tmp_path, cli):
     ckpt = newest_checkpoint(d)
     for grid in ("16x16x16", "8x8x8"):
         out = str(tmp_path / f"p{grid}.h5")
-        rc, _, err = cli(["infer", ckpt, "--sample", "2", "--grid", grid, "--out", out])
+        rc, _, err = cli(["infer", ckpt, "--samples", "2", "--grid", grid, "--out", out])
         assert rc == 0, err
         shape = tuple(int(v) for v in grid.split("x"))
         assert read_fields(out)["u"].shape == (2, *shape)

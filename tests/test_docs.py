@@ -200,3 +200,12 @@ def test_the_readme_is_a_front_page():
     history = [m.group(0) for m in re.finditer(
         r"\b20\d\d-\d\d-\d\d\b|\bround \d+|(?<![\w&])#\d+\b|\bissue \d+", text, flags=re.I)]
     assert not history, f"the README is a user's front page; history belongs in lab/: {history}"
+
+
+def test_the_problems_page_names_every_option_of_every_registered_problem():
+    from diffnet.problems import PROBLEMS, problem_options
+
+    page = (ROOT / "docs" / "problems.md").read_text()
+    missing = [(name, opt) for name in PROBLEMS for opt in problem_options(name)
+               if f"`{opt}`" not in page]
+    assert not missing, f"docs/problems.md does not describe these options: {missing}"

@@ -107,7 +107,8 @@ def latest_checkpoint(run_dir):
 
 def infer(ranks, run_dir, out, *args):
     """``deepfusion infer`` of ``run_dir``'s newest checkpoint on ``ranks`` processes."""
-    return deepfusion(ranks, ["infer", latest_checkpoint(run_dir), "--out", str(out), *args])
+    return deepfusion(ranks, ["infer", latest_checkpoint(run_dir), "--out", str(out), "--threads",
+                              "1", *args])
 
 
 @pytest.mark.parametrize("n,domain", [(4, "2x2")])
@@ -118,7 +119,7 @@ def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_p
     outs = {}
     for ranks, extra in ((0, []), (n, ["--domain", domain])):
         out = str(tmp_path / f"p{ranks}.h5")
-        p = infer(ranks, undivided, out, "--sample", "3", "--batch", "2", *extra)
+        p = infer(ranks, undivided, out, "--samples", "3", "--batch", "2", *extra)
         assert p.returncode == 0, p.stderr
         assert "MiB on the largest rank" in p.stdout
         with h5py.File(out) as f:
@@ -140,7 +141,7 @@ def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivi
     outs = {}
     for ranks, extra in ((0, []), (2, ["--domain", "1x2", "--precision", "bf16"])):
         out = str(tmp_path / f"p{ranks}.h5")
-        p = infer(ranks, undivided, out, "--sample", "2", *extra)
+        p = infer(ranks, undivided, out, "--samples", "2", *extra)
         if ranks and not bf16_supported():
             assert p.returncode == 2 and "bf16" in p.stderr, p.stderr
             return
@@ -152,7 +153,7 @@ def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivi
 
 
 def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
-    p = infer(2, undivided, tmp_path / "x.h5", "--sample", "1", "--domain", "1x2",
+    p = infer(2, undivided, tmp_path / "x.h5", "--samples", "1", "--domain", "1x2",
               "--grid", "16x20")
     assert p.returncode == 2, p.stderr
     assert "cannot be split" in p.stderr

@@ -59,7 +59,7 @@ RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-sc
 
 @pytest.mark.mpi
 def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
-    """--option changes how the answer is formed (here the Ritz coefficients become fields on
+    """--set problem.options.KEY=VALUE changes how the answer is formed (here the Ritz coefficients become fields on
     a 2 x 2 partition) on evaluate and infer, is recorded, and is refused when it names no
     option, sets the grid, or changes the channels the network was built for."""
     assert RITZ != TINY
@@ -68,22 +68,22 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
     run = str(tmp_path / "run")
     assert train(0, str(cfg), run, "train.max_steps=4", "data.test_samples=3").returncode == 0
     errs = {}
-    for opt in ([], ["--option", "ritz_partition=2"]):
+    for opt in ([], ["--set", "problem.options.ritz_partition=2"]):
         out = str(tmp_path / f"e{len(opt)}.json")
         p = deepfusion(2, ["evaluate", run, "--out", out, *opt], env=REAL_MPI)
         assert p.returncode == 0, p.stderr
         s = json.load(open(out))
         assert s["options"] == ({"ritz_partition": 2} if opt else {})
-        assert ("with --option ritz_partition=2" in p.stdout) == bool(opt)
+        assert ("with --set problem.options.ritz_partition=2" in p.stdout) == bool(opt)
         errs[len(opt)] = s["rel_l2"]
     assert errs[0] != errs[2]
     # One-process commands and the benches run in this process (main takes argv), not as
     # more ~3 s launches; the refusal on 2 ranks below is a real launch.
-    assert cli(["infer", run, "--sample", "2", "--out", str(tmp_path / "p.h5"),
-                   "--option", "ritz_partition=2"])[0] == 0
+    assert cli(["infer", run, "--samples", "2", "--out", str(tmp_path / "p.h5"),
+                "--set", "problem.options.ritz_partition=2"])[0] == 0
     ckpt = latest_checkpoint(run)
     bench = {}
-    for opt in ([], ["--option", "ritz_partition=2"]):
+    for opt in ([], ["--set", "problem.options.ritz_partition=2"]):
         out = str(tmp_path / f"ib{len(opt)}.json")
         assert infer_bench.main(["--checkpoint", ckpt, "--sizes", "16", "--batches", "1",
                                  "--samples", "2", "--solver-samples", "2", "--solvers", "direct",
@@ -92,10 +92,11 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
     assert bench[2]["options"] == {"ritz_partition": 2} and bench[0]["options"] == {}
     assert (bench[2]["results"][0]["rel_l2_vs_reference"]["mean"]
             != bench[0]["results"][0]["rel_l2_vs_reference"]["mean"])   # the option answered
-    for bad, says in (("bogus=1", "unknown option(s) ['bogus']"),
-                      ("grid=[8,8]", "give the grid with --grid")):
-        rc, _, err = cli(["evaluate", run, "--option", bad])
+    for bad, says in (("problem.options.bogus=1", "unknown option(s) ['bogus']"),
+                      ("problem.options.grid=[8,8]", "give the grid with --grid"),
+                      ("train.lr=1", "evaluate takes only problem options")):
+        rc, _, err = cli(["evaluate", run, "--set", bad])
         assert rc == 2 and says in err and "Traceback" not in err, err
-    p = deepfusion(2, ["evaluate", run, "--option", "ritz_fields=3"], env=REAL_MPI)  # all exit
+    p = deepfusion(2, ["evaluate", run, "--set", "problem.options.ritz_fields=3"], env=REAL_MPI)  # all exit
     says = "changes the problem's output channels (2 -> 3)"
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr

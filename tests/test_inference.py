@@ -32,8 +32,8 @@ def ckpt(tmp_path_factory):
 
 def test_infer_solve_compare_round_trip(ckpt, tmp_path, cli):
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    assert cli(["infer", ckpt, "--sample", "5", "--batch", "2", "--out", p])[0] == 0
-    assert cli(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "5",
+    assert cli(["infer", ckpt, "--samples", "5", "--batch", "2", "--out", p])[0] == 0
+    assert cli(["solve", "--problem", "poisson", "--grid", "16x16", "--samples", "5",
                 "--method", "direct", "--out", r])[0] == 0
     with h5py.File(p) as f:
         assert f["u"].dtype == np.float32 and f["u"].shape == (5, 16, 16)
@@ -67,12 +67,12 @@ def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, c
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copy(ckpt, run_dir / "checkpoints" / "step_00000000.h5")
     p = str(tmp_path / "p.h5")
-    rc, out, _ = cli(["infer", str(run_dir), "--sample", "1", "--out", p])
+    rc, out, _ = cli(["infer", str(run_dir), "--samples", "1", "--out", p])
     assert rc == 0 and "no warm-up" in out  # one batch: no untimed second forward
     with h5py.File(p) as f:
         assert f.attrs["source"] == str(run_dir / "checkpoints" / "step_00000000.h5")
         assert not f.attrs["warmup"]
-    rc, _, err = cli(["infer", str(tmp_path), "--sample", "1", "--out", p])
+    rc, _, err = cli(["infer", str(tmp_path), "--samples", "1", "--out", p])
     assert rc != 0 and "no complete checkpoint in" in err and "checkpoints" in err
 
 
@@ -94,23 +94,23 @@ def test_given_fields_round_trip(ckpt, tmp_path, cli):
 
 def test_compare_refuses_different_samples(ckpt, tmp_path, cli):
     p, r = str(tmp_path / "p.h5"), str(tmp_path / "r.h5")
-    cli(["infer", ckpt, "--sample", "2", "--out", p])
-    cli(["solve", "--problem", "poisson", "--grid", "16x16", "--sample", "2", "--seed", "1",
+    cli(["infer", ckpt, "--samples", "2", "--out", p])
+    cli(["solve", "--problem", "poisson", "--grid", "16x16", "--samples", "2", "--seed", "1",
          "--out", r])
     rc, _, err = cli(["compare", p, r])
     assert rc == 2 and "params differ" in err
-    cli(["solve", "--problem", "poisson", "--grid", "32x32", "--sample", "2", "--out", r])
+    cli(["solve", "--problem", "poisson", "--grid", "32x32", "--samples", "2", "--out", r])
     rc, _, err = cli(["compare", p, r])
     assert rc == 2 and "grids" in err
 
 
 def test_bad_inputs(ckpt, tmp_path, cli):
     out = str(tmp_path / "p.h5")
-    rc, _, err = cli(["infer", str(tmp_path / "nope.h5"), "--sample", "2", "--out", out])
+    rc, _, err = cli(["infer", str(tmp_path / "nope.h5"), "--samples", "2", "--out", out])
     assert rc == 2 and "checkpoint not found" in err
     bad = tmp_path / "corrupt.h5"
     bad.write_bytes(b"\x89HDF\r\n" + b"garbage" * 50)
-    rc, _, err = cli(["infer", str(bad), "--sample", "2", "--out", out])
+    rc, _, err = cli(["infer", str(bad), "--samples", "2", "--out", out])
     assert rc == 2 and "not a valid HDF5" in err
     wrong = str(tmp_path / "u0.h5")
     write_input_fields(wrong, np.ones((2, 1, 16, 16)), ["u0"])
@@ -120,9 +120,9 @@ def test_bad_inputs(ckpt, tmp_path, cli):
     write_input_fields(other, np.ones((2, 2, 16, 16)), ["u0", "t"], problem="burgers")
     rc, _, err = cli(["infer", ckpt, "--inputs", other, "--out", out])
     assert rc == 2 and "made for problem 'burgers'" in err
-    rc, _, err = cli(["infer", ckpt, "--sample", "2", "--grid", "18x18", "--out", out])
+    rc, _, err = cli(["infer", ckpt, "--samples", "2", "--grid", "18x18", "--out", out])
     assert rc == 2 and "not divisible" in err
-    rc, _, err = cli(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "no" / "p.h5")])
+    rc, _, err = cli(["infer", ckpt, "--samples", "2", "--out", str(tmp_path / "no" / "p.h5")])
     assert rc == 2 and "does not exist" in err
     rc, _, err = cli(["solve", "--problem", "burgers", "--inputs", other, "--out", out])
     assert rc == 2 and "not available for problem 'burgers'" in err
@@ -147,14 +147,14 @@ def test_interrupted_write_leaves_no_file(ckpt, tmp_path, cli, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(inf, "run_blocks", boom)
-    rc, _, _ = cli(["infer", ckpt, "--sample", "2", "--out", str(tmp_path / "p.h5")])
+    rc, _, _ = cli(["infer", ckpt, "--samples", "2", "--out", str(tmp_path / "p.h5")])
     assert rc != 0 and os.listdir(tmp_path) == []
 
 
 @pytest.mark.mpi
 def test_p1_and_p2_write_identical_files(ckpt, tmp_path, cli):
     """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds)."""
-    args = ["--sample", "5", "--batch", "2"]
+    args = ["--samples", "5", "--batch", "2", "--threads", "1"]  # 1 thread: the same bytes
     for cmd in (["infer", ckpt], ["infer", ckpt, "--grid", "46x46", "--work-grid", "trained"],
                 ["solve", "--problem", "poisson", "--grid", "16x16"]):
         p1, p2 = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
@@ -169,7 +169,7 @@ def test_p1_and_p2_write_identical_files(ckpt, tmp_path, cli):
 
 @pytest.mark.mpi
 def test_p2_input_error_exits_2_everywhere(tmp_path):
-    res = deepfusion(2, ["infer", str(tmp_path / "nope.h5"), "--sample", "2",
+    res = deepfusion(2, ["infer", str(tmp_path / "nope.h5"), "--samples", "2",
                          "--out", str(tmp_path / "p.h5")], timeout=120, env=REAL_MPI)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("checkpoint not found") == 1
@@ -179,8 +179,8 @@ def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, cli):
     from deepfusion.engine.layout import bf16_supported
 
     p32, p16 = str(tmp_path / "p32.h5"), str(tmp_path / "p16.h5")
-    assert cli(["infer", ckpt, "--sample", "3", "--out", p32])[0] == 0
-    rc, _, err = cli(["infer", ckpt, "--sample", "3", "--out", p16, "--precision", "bf16"])
+    assert cli(["infer", ckpt, "--samples", "3", "--out", p32])[0] == 0
+    rc, _, err = cli(["infer", ckpt, "--samples", "3", "--out", p16, "--precision", "bf16"])
     if not bf16_supported():
         assert rc == 2 and "avx512_bf16 or amx_bf16" in err and not os.path.exists(p16)
         return
@@ -197,8 +197,8 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     from diffnet.resample import resample_nodes
 
     coarse, fine = str(tmp_path / "c.h5"), str(tmp_path / "f.h5")
-    assert cli(["infer", ckpt, "--sample", "3", "--out", coarse])[0] == 0
-    rc, _, err = cli(["infer", ckpt, "--sample", "3", "--grid", "46x46", "--work-grid",
+    assert cli(["infer", ckpt, "--samples", "3", "--out", coarse])[0] == 0
+    rc, _, err = cli(["infer", ckpt, "--samples", "3", "--grid", "46x46", "--work-grid",
                       "trained", "--out", fine])
     assert rc == 0 and "note:" not in err
     with h5py.File(coarse) as fc, h5py.File(fine) as ff:
@@ -210,20 +210,20 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     # 40x40 shares no interior nodes with 16x16, so resampled 40x40 inputs would differ from
     # the 16x16 ones: parameter draws are rendered on the work grid instead, as in training
     odd = str(tmp_path / "o.h5")
-    assert cli(["infer", ckpt, "--sample", "3", "--grid", "40x40", "--work-grid", "trained",
+    assert cli(["infer", ckpt, "--samples", "3", "--grid", "40x40", "--work-grid", "trained",
                 "--out", odd])[0] == 0
     with h5py.File(coarse) as fc, h5py.File(odd) as fo:
         want = resample_nodes(torch.from_numpy(fc["u"][:])[:, None], (40, 40))[:, 0].numpy()
         np.testing.assert_allclose(fo["u"][:], want, rtol=0, atol=2e-6)
     # compare names the work grid: the speed-up is a coarse model's plus interpolation
     ref = str(tmp_path / "r.h5")
-    assert cli(["solve", "--problem", "poisson", "--grid", "46x46", "--sample", "3",
+    assert cli(["solve", "--problem", "poisson", "--grid", "46x46", "--samples", "3",
                 "--method", "direct", "--out", ref])[0] == 0
     rc, out, _ = cli(["compare", fine, ref, "--out", str(tmp_path)])
     assert rc == 0 and "ran on a 16x16 work grid, interpolated to 46x46" in out
     assert json.loads((tmp_path / "compare.json").read_text())["pred_work_grid"] == GRID
     # without --work-grid the network runs on the inference grid itself, with a note saying so
-    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "48x48",
+    rc, _, err = cli(["infer", ckpt, "--samples", "1", "--grid", "48x48",
                       "--out", str(tmp_path / "n.h5")])
     assert rc == 0 and "trained on 16x16" in err and "--work-grid trained" in err
 
@@ -233,7 +233,7 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     ("18x18", "--work-grid 18x18: grid 18x18 is not divisible by 2**depth = 4"),
 ])
 def test_bad_work_grid(ckpt, tmp_path, cli, value, message):
-    rc, _, err = cli(["infer", ckpt, "--sample", "1", "--grid", "32x32", "--work-grid", value,
+    rc, _, err = cli(["infer", ckpt, "--samples", "1", "--grid", "32x32", "--work-grid", value,
                       "--out", str(tmp_path / "x.h5")])
     assert rc == 2 and message in err and not os.path.exists(tmp_path / "x.h5")
 

@@ -90,7 +90,7 @@ def test_infer_refuses_the_corrupt_checkpoint(corrupt_run, tmp_path):
     *_, name, _, copy = corrupt_run
     bad = os.path.join(copy, "step_00000010.h5")
     out = tmp_path / "preds.h5"
-    p = deepfusion(2, ["infer", bad, "--sample", "2", "--out", str(out)])
+    p = deepfusion(2, ["infer", bad, "--samples", "2", "--out", str(out)])
     assert p.returncode == 2, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, p.stderr

@@ -200,7 +200,7 @@ def test_bad_config_fails_clearly_and_is_not_requeued(slurm):
 def test_srun_mpi_types_with_the_pip_mpich(slurm):
     """The measured launcher rule: `srun --mpi=pmi2` gives the pip mpich one world of 2 ranks;
     `--mpi=none` starts 2 separate 1-rank worlds (each would train alone), so srun profiles for this
-    MPI must set srun_mpi = "pmi2". (PMIx: see jobs/README.md; not asserted here.)"""
+    MPI must set srun_mpi = "pmi2". (PMIx: see docs/clusters.md; not asserted here.)"""
     code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print('world', c.rank, c.size, flush=True)"
     sizes = {}
     for mpi in ("pmi2", "none"):

@@ -1,5 +1,5 @@
 """`deepfusion jobs sweep` under a real Slurm: each layout as its own sbatch job, or the whole sweep
-inside one allocation (the batch script shown in jobs/README.md). Skipped unless
+inside one allocation (the batch script shown in docs/clusters.md). Skipped unless
 `make test-slurm` started a cluster (DEEPFUSION_SLURM=1). Timeouts are hang guards only."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_sweep_submits_each_layout_through_sbatch(slurm):  # noqa: F811
     out = slurm.work / "sweep-sbatch"
     argv = [sys.executable, "-m", "deepfusion", "jobs", "sweep", "--cluster", "generic-slurm", "--profiles",
             str(slurm.profiles), "--nodes", "1", "--config", str(slurm.config), "--out", str(out), "--sbatch",
-            "--time-limit", "00:10:00", *SWEEP_ARGS]
+            "--time", "00:10:00", *SWEEP_ARGS]
     if slurm.part:
         argv += ["--sbatch-args", f"-p {slurm.part}"]
     res = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=slurm.env, timeout=3 * HANG_GUARD)

@@ -1,4 +1,4 @@
-"""``deepfusion`` command line: train, demo, evaluate, config, infer, solve, compare, jobs.
+"""``deepfusion``: train, demo, evaluate, infer, solve, compare, config, problems, jobs.
 
 The parser is built here from every subcommand's own ``register``; each command module is
 imported when its command runs, because torch must be imported only after the thread layout is
@@ -7,51 +7,90 @@ set (OpenMP reads OMP_NUM_THREADS once). Exit codes and the error policy: :mod:`
 from __future__ import annotations
 
 import argparse
+import configparser
+import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from jobs.cli import register as register_jobs
 
-from . import inference_cli
+from . import inference_cli, problems_cli
+from .cli_options import ANSWER_SET_HELP, add_set, add_threads
 from .policy import run_distributed, run_local
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepfusion", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(
+        prog="deepfusion", epilog="deepfusion COMMAND --help: the options of one command",
+        description="Train DiffNet generators (data-free neural PDE solvers) on CPU clusters "
+                    "with MPI ranks and threads, and evaluate, infer and solve with them.")
+    p.add_argument("--version", action="version", version=f"deepfusion {package_version()}",
+                   help="print the version of deepfusion and exit")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     t = sub.add_parser("train", help="train a DiffNet generator (any number of MPI ranks)")
     t.add_argument("config", nargs="?", default=None,
                    help="TOML config (keys not in it take their defaults; problem.name has none; "
                         "with --resume, RUN_DIR/config.toml is read if no config is given)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, VALUE in TOML, e.g. train.max_steps=100 or "
+                        "problem.options.c_range=[3, 6] (repeatable; 'deepfusion config' lists "
+                        "the keys)")
     t.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest complete checkpoint (on any "
                         "number of ranks that divides data.global_batch)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run in run.dir")
     t.set_defaults(run=_distributed("cmd_train"))
-    d = sub.add_parser("demo", help="the demo config on mpiexec -n 2")
-    d.add_argument("--np", type=int, default=2)
-    d.add_argument("--run-dir", default="runs/demo")
-    d.add_argument("--set", action="append", metavar="KEY=VALUE")
+    d = sub.add_parser("demo", help="train configs/demo.toml on mpiexec -n NP, one thread per "
+                                    "rank, and print its validation error")
+    d.add_argument("--np", type=int, default=2, metavar="NP",
+                   help="number of MPI ranks to launch (default 2)")
+    d.add_argument("--run-dir", default="runs/demo",
+                   help="run directory, replaced if it exists (default runs/demo)")
+    d.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key of the demo config, as 'deepfusion train --set' "
+                        "(repeatable)")
     d.set_defaults(run=_local("cmd_demo"))
     e = sub.add_parser("evaluate", help="relative L2 of a checkpoint on a test draw never used "
                                         "for tuning (any number of ranks)")
     e.add_argument("checkpoint", help="a checkpoint file, or a run directory (its newest one)")
     e.add_argument("--seed", type=int, default=None,
                    help="seed of the draws (default: the run's data.test_seed)")
-    e.add_argument("--samples", type=int, default=None,
+    e.add_argument("--samples", type=int, default=None, metavar="N",
                    help="number of draws (default: the run's data.test_samples)")
     e.add_argument("--out", metavar="FILE.json",
                    help="summary file (default RUN_DIR/eval_seed<SEED>.json)")
-    e.add_argument("--threads", type=int, default=0, help="threads per rank (0 = auto)")
-    e.add_argument("--option", action="append", metavar="KEY=VALUE", help=inference_cli.ANSWER_OPTION_HELP)
+    add_threads(e)
+    add_set(e, ANSWER_SET_HELP)
     e.set_defaults(run=_distributed("cmd_evaluate"))
-    c = sub.add_parser("config", help="list config keys, or print a resolved config")
-    c.add_argument("config", nargs="?")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE")
+    c = sub.add_parser("config", help="list every config key, or print a resolved config")
+    c.add_argument("config", nargs="?", metavar="FILE",
+                   help="a TOML config: print it resolved (every key, defaults filled in) after "
+                        "checking it, problem and model options included; without FILE or --set: "
+                        "list every key with its type, default and help")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key before printing, as 'deepfusion train --set' "
+                        "(repeatable)")
+    c.add_argument("--markdown", action="store_true",
+                   help="print the reference of every key as Markdown (the reference of "
+                        "docs/configuration.md)")
     c.set_defaults(run=_local("cmd_config"))
     inference_cli.register(sub)
+    problems_cli.register(sub)
     register_jobs(sub)
     return p
+
+
+def package_version() -> str:
+    """The installed distribution's version, else (a source tree run without installing) the
+    one setup.cfg states."""
+    try:
+        return version("deepfusion")
+    except PackageNotFoundError:
+        cfg = configparser.ConfigParser()
+        cfg.read(os.path.join(ROOT, "setup.cfg"))
+        return cfg.get("metadata", "version", fallback="unknown")
 
 
 def _local(name: str):

@@ -33,7 +33,7 @@ def _check_same(a: dict, b: dict, pa, pb) -> None:
         differ("parameter sets (shape of /params)", a["params"].shape, b["params"].shape)
     if a["params"].size and not np.array_equal(a["params"], b["params"]):
         j = int(np.argmax(np.any(a["params"] != b["params"], axis=1)))
-        differ("samples (params differ; use the same --sample N --seed S, --params or "
+        differ("samples (params differ; use the same --samples N --seed S, --params or "
                f"--inputs for both; first at sample {j})", a["params"][j].tolist(),
                b["params"][j].tolist())
     if not a["params"].size and a["inputs"] is not None and b["inputs"] is not None:

@@ -6,25 +6,25 @@ exit code 2 and one message; out-of-range parameters are a WARNING; anything els
 """
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import sys
 import time
 
+from .cli_options import (ANSWER_SET_HELP, SOLVE_SET_HELP, add_set, add_threads,
+                          deprecated_spellings, problem_options)
 from .policy import ExitCode, collective_check, run_distributed, say_note, say_once
 
 DEFAULT_SEED = 12345
-ANSWER_OPTION_HELP = ("replace a problem option of the checkpoint (VALUE as JSON), e.g. how the "
-                      "answer is formed from the network's output; refused if it changes the "
-                      "channels the network was built for")
 
 
 def _input_args(p, what: str) -> None:
-    g = p.add_argument_group("inputs (exactly one of --sample / --params / --inputs)")
-    g.add_argument("--sample", type=int, metavar="N",
+    g = p.add_argument_group("inputs (exactly one of --samples / --params / --inputs)")
+    g.add_argument("--samples", type=int, metavar="N",
                    help="N fresh draws from the problem's parameter range")
+    g.add_argument("--sample", type=int, help=argparse.SUPPRESS)  # deprecated: --samples
     g.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                   help=f"seed of the --sample draws (default {DEFAULT_SEED}; draw j depends "
+                   help=f"seed of the --samples draws (default {DEFAULT_SEED}; draw j depends "
                         f"only on (seed, j), so infer and solve with the same seed match)")
     g.add_argument("--params", metavar="FILE",
                    help="parameter vectors, one per line (text/CSV, optional header of names) "
@@ -39,10 +39,7 @@ def _input_args(p, what: str) -> None:
                    help="solve on another grid (rebuilds the problem; DxHxW for 3-D problems)")
     p.add_argument("--batch", type=int, default=8, metavar="B",
                    help="samples per batch and rank (bounds memory; default 8)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads per rank (default 1, which makes the output bytes identical for "
-                        "any number of ranks; more threads are faster on few ranks but change "
-                        "the last float32 bits of predictions; 0 = the host's cores / ranks)")
+    add_threads(p)
 
 
 def register(sub) -> None:
@@ -58,7 +55,7 @@ def register(sub) -> None:
                    help="run the network on this grid and interpolate its output to --grid "
                         "(resolution transfer; 'trained' = the checkpoint's training grid; "
                         "default 'none': the network runs on the inference grid itself)")
-    i.add_argument("--option", action="append", metavar="KEY=VALUE", help=ANSWER_OPTION_HELP)
+    add_set(i, ANSWER_SET_HELP)
     i.add_argument("--domain", metavar="PRxPC|PDxPRxPC",
                    help="split every field over ranks (domain parallelism, exact): blocks per "
                         "axis, e.g. 1x2; the ranks form groups of that many, each group "
@@ -67,9 +64,8 @@ def register(sub) -> None:
     i.set_defaults(run=run_infer)
     s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
     s.add_argument("--problem", required=True,
-                   help="a name from the problem registry (diffnet.problems.PROBLEMS)")
-    s.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="problem option (VALUE as JSON, e.g. n_terms=6, omega_range=[-2,2])")
+                   help="a registered problem ('deepfusion problems' lists them)")
+    add_set(s, SOLVE_SET_HELP)
     s.add_argument("--method", default="auto",
                    help="reference solver method, one of the problem's reference_methods "
                         "(default auto; e.g. the linear solver where the problem has a choice)")
@@ -99,6 +95,12 @@ def _threads(comm, requested: int, split: bool = False) -> None:
     say_note(comm, reuse_freed_memory(not split))
 
 
+def _warn_deprecated(comm, args) -> None:
+    """One warning per old spelling used (rank 0), after moving it to the new one."""
+    for w in collective_check(comm, deprecated_spellings, args):
+        say_once(comm, w)
+
+
 def _check_batch(args) -> None:
     if args.batch is None or args.batch < 1:
         raise ValueError(f"--batch must be a positive integer, got {args.batch}")
@@ -115,7 +117,7 @@ def _inputs_note(args) -> str:
         return f"inputs:{os.path.abspath(args.inputs)}"
     if args.params:
         return f"params:{os.path.abspath(args.params)}"
-    return f"sample:{args.sample} seed:{args.seed}"
+    return f"sample:{args.samples} seed:{args.seed}"
 
 
 def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) -> int:
@@ -155,7 +157,7 @@ def _samples(comm, args, problem):
     from .samples import resolve_samples
 
     problem, samples, warns = collective_check(
-        comm, lambda: resolve_samples(problem, sample=args.sample, seed=args.seed,
+        comm, lambda: resolve_samples(problem, sample=args.samples, seed=args.seed,
                                       params=args.params, inputs=args.inputs))
     for w in warns:
         say_once(comm, f"deepfusion: WARNING: {w}")
@@ -175,7 +177,7 @@ def _load(args):
 
         check_precision("bf16", setting="--precision {}")
     args.checkpoint = checkpoint_file(args.checkpoint)
-    args.options = parse_options(args.option)
+    args.options = problem_options(args, "infer")
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
                                             work_grid=args.work_grid, options=args.options)
     if args.precision == "bf16":
@@ -189,6 +191,7 @@ def _infer(args, comm) -> int:
     from .inference import (grid_text, predictor, trained_config, training_grid, warmup_pays,
                             work_problem)
 
+    _warn_deprecated(comm, args)
     _threads(comm, args.threads, split=bool(args.domain))
     model, problem, work, meta = collective_check(comm, _load, args)
     problem, samples = _samples(comm, args, problem)
@@ -196,7 +199,7 @@ def _infer(args, comm) -> int:
         work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,
                                 f"--inputs {args.inputs} holds {grid_text(problem.grid)} fields")
     data_seed = trained_config(meta, "data").get("seed")
-    if args.sample is not None and data_seed is not None and args.seed == data_seed:
+    if args.samples is not None and data_seed is not None and args.seed == data_seed:
         say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
                        f"(data.seed): these samples are the training pool, not unseen inputs")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
@@ -255,34 +258,20 @@ def run_infer(args) -> int:
 # solve
 # ---------------------------------------------------------------------------------------------
 
-def parse_options(items) -> dict:
-    """['key=value', ...] -> dict; values parsed as JSON when possible, else kept as strings."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--option must look like KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-
 def _build_solve(args):
     from .inference import build_problem, parse_grid
 
     _check_batch(args)
-    opts = parse_options(args.option)
-    if "grid" in opts and args.grid:
-        raise ValueError("give the grid once: --grid HxW (DxHxW) or --option grid=[H,W] "
-                         "([D,H,W]), not both")
+    opts = problem_options(args, "solve")
+    if "grid" in opts:
+        raise ValueError("problem.options.grid: give the grid with --grid HxW (DxHxW)")
     return build_problem(args.problem, opts, parse_grid(args.grid))
 
 
 def _solve(args, comm) -> int:
     from .inference import make_solver, solver_compute
 
+    _warn_deprecated(comm, args)
     _threads(comm, args.threads)
     problem = collective_check(comm, _build_solve, args)
     problem, samples = _samples(comm, args, problem)

@@ -92,11 +92,11 @@ def _fields_from_file(problem, path):
 
 
 def resolve_samples(problem, *, sample=None, seed=0, params=None, inputs=None):
-    """(problem, Samples, warnings) from exactly one of --sample / --params / --inputs."""
-    given = [o for o, v in (("--sample", sample), ("--params", params), ("--inputs", inputs))
+    """(problem, Samples, warnings) from exactly one of --samples / --params / --inputs."""
+    given = [o for o, v in (("--samples", sample), ("--params", params), ("--inputs", inputs))
              if v is not None]
     if len(given) != 1:
-        raise ValueError("choose the inputs with exactly one of --sample N, --params FILE, "
+        raise ValueError("choose the inputs with exactly one of --samples N, --params FILE, "
                          f"--inputs FILE.h5 (got {given or 'none'})")
     if inputs is not None:
         problem, x = _fields_from_file(problem, inputs)
@@ -105,5 +105,5 @@ def resolve_samples(problem, *, sample=None, seed=0, params=None, inputs=None):
         p = _params_from_file(problem, params)
         return problem, Samples(p), range_warnings(problem, p)
     if isinstance(sample, bool) or int(sample) < 1:
-        raise ValueError(f"--sample must be a positive integer, got {sample!r}")
+        raise ValueError(f"--samples must be a positive integer, got {sample!r}")
     return problem, Samples(problem.sample_params(int(seed), np.arange(int(sample)))), []

@@ -16,6 +16,7 @@ from dataclasses import replace
 from ..config import load_config
 from ..engine.layout import agreed_precision, precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
+from .cli_options import as_set_flags, deprecated_spellings, problem_options
 from .policy import collective_check, say_note, say_once
 from .preflight import check_run
 
@@ -105,10 +106,25 @@ def cmd_demo(args) -> int:
 
 
 def cmd_config(args) -> int:
+    """The resolved config of FILE (checked against the problem and model registries), the
+    list of every key, or (``--markdown``) the reference of every key."""
     from ..config import describe, dump_toml
 
-    if args.config:
-        print(dump_toml(load_config(args.config, args.set or [])))
+    if args.markdown:
+        if args.config or args.set:
+            raise ValueError("--markdown prints the reference of every key: give no FILE and "
+                             "no --set with it")
+        from ..config.reference import markdown_reference
+
+        print(markdown_reference(), end="")
+    elif args.config or args.set:
+        from .problems_cli import check_registry_options
+
+        cfg = load_config(args.config, args.set or [])
+        notes = check_registry_options(cfg)
+        print(dump_toml(cfg))
+        for note in notes:
+            print(f"deepfusion: note: {note}", file=sys.stderr)
     else:
         print(describe())
     return 0
@@ -122,10 +138,9 @@ def _evaluation_target(args):
     """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
     from ..config import DataConfig
     from .inference import checkpoint_file, load_model, trained_config
-    from .inference_cli import parse_options
 
     path = checkpoint_file(args.checkpoint)
-    args.options = parse_options(args.option)     # parsed once, here, under collective_check
+    args.options = problem_options(args, "evaluate")  # parsed once, here, under collective_check
     model, problem, _work, meta = load_model(path, options=args.options)
     data = {**vars(DataConfig()), **trained_config(meta, "data")}
     seed = data["test_seed"] if args.seed is None else args.seed
@@ -143,6 +158,8 @@ def _evaluation_target(args):
 
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
+    for w in collective_check(comm, deprecated_spellings, args):
+        say_once(comm, w)
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
     from ..engine.evaluate import evaluate, summary_text
@@ -165,7 +182,7 @@ def cmd_evaluate(args, comm) -> int:
         json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"),
                    "options": args.options, **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
-    given = " ".join(f"--option {k}={json.dumps(v)}" for k, v in args.options.items())
+    given = as_set_flags(args.options)
     print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}"
           f"{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)
