@@ -1,24 +1,22 @@
 """The problems' losses on blocks of a split grid (issue #15), in one process without MPI.
 
-``ThreadBlock`` is a test-only ``diffnet.domain.Block`` whose blocks run in threads of this
-process, like ranks: a collective posts the caller's tensor, waits at a barrier for every block
-and builds its result from all the posted tensors by differentiable slicing and concatenation
-(halo: the window of ``F.pad`` of the assembled global field). Every block computes on views of
-the SAME global autograd leaf, so summing the blocks' terms and backpropagating once carries
-the gradient across the blocks exactly as the collectives' adjoint exchange would. The check:
-for every problem, loss form / scheme and split, the sum over the blocks of each per-sample
-term equals the undivided term, and so does its gradient w.r.t. the global raw field.
+The blocks run in threads of this process, like ranks (``diffnet.problems.check_split``, the
+emulation ``deepfusion check-problem`` uses for a user's problem): every block computes on
+views of the SAME global autograd leaf, so summing the blocks' terms and backpropagating once
+carries the gradient across the blocks exactly as the collectives' adjoint exchange would. The
+check: for every problem, loss form / scheme and split, the sum over the blocks of each
+per-sample term equals the undivided term, and so does its gradient w.r.t. the global raw
+field.
 """
 from __future__ import annotations
-
-import itertools
-import threading
 
 import pytest
 import torch
 
-from diffnet.domain import Block, check_split
+from diffnet.domain import Block
 from diffnet.problems import get_problem
+from diffnet.problems.check_split import (ThreadSplit, compare_split, run_blocks, split_run,
+                                          terms_and_grads, undivided)
 from diffnet.stencils import (DERIVATIVES, DERIVATIVES_3D, FiniteDifference, FiniteDifference3D,
                               pad_cubic, pad_cubic_3d, pad_cubic_block)
 
@@ -29,86 +27,7 @@ SPLITS3 = [[1, 2, 2], [2, 1, 1], [2, 2, 2]]
 RTOL, ATOL = 1e-10, 1e-13
 
 
-class ThreadSplit:
-    """The blocks of one split, each to be driven by its own thread."""
-
-    def __init__(self, grid, split):
-        check_split(grid, split)
-        self.grid, self.split = tuple(grid), tuple(split)
-        self.coords = list(itertools.product(*(range(s) for s in split)))
-        self.barrier = threading.Barrier(len(self.coords), timeout=60)
-        self.posted: dict = {}
-
-    def blocks(self) -> list["ThreadBlock"]:
-        return [ThreadBlock(self, c) for c in self.coords]
-
-    def assemble(self, pieces: dict, lead: int) -> torch.Tensor:
-        """The global tensor from the blocks' pieces (grid axes after ``lead`` dims)."""
-        def rec(prefix):
-            a = len(prefix)
-            if a == len(self.split):
-                return pieces[prefix]
-            return torch.cat([rec(prefix + (i,)) for i in range(self.split[a])], dim=lead + a)
-        return rec(())
-
-
-class ThreadBlock(Block):
-    def __init__(self, split: ThreadSplit, coord):
-        shape = tuple(g // s for g, s in zip(split.grid, split.split))
-        super().__init__(split.grid, tuple(c * n for c, n in zip(coord, shape)), shape)
-        self.group, self.coord, self.calls = split, coord, 0
-
-    def _all(self, t: torch.Tensor) -> dict:
-        """Post t, wait for every block, return every block's posted tensor by coordinate."""
-        key, self.calls = self.calls, self.calls + 1
-        self.group.posted[key, self.coord] = t
-        self.group.barrier.wait()
-        return {c: self.group.posted[key, c] for c in self.group.coords}
-
-    def halo(self, x, width=1, fill="zeros"):
-        if width > min(self.shape):    # as the MPI block: ghosts from the neighbours' own nodes
-            raise ValueError(f"halo width {width} exceeds the block {self.shape}")
-        glob = self.group.assemble(self._all(x), x.dim() - self.dims)
-        p = Block(self.grid).halo(glob, width, fill)
-        for a, (s, n) in enumerate(zip(self.start, self.shape)):
-            p = p.narrow(x.dim() - self.dims + a, s, n + 2 * width)
-        return p
-
-    def sum(self, t):
-        pieces = self._all(t)
-        return sum(pieces[c] for c in self.group.coords)
-
-    def gather(self, t, axis):
-        pieces = self._all(t)
-        line = [c for c in self.group.coords
-                if all(c[b] == self.coord[b] for b in range(self.dims) if b != axis)]
-        return torch.cat([pieces[c] for c in sorted(line, key=lambda c: c[axis])], dim=-1)
-
-
-def run_blocks(split: ThreadSplit, work):
-    """``work(block)`` on every block, each in its own thread; the results in block order."""
-    blocks = split.blocks()
-    results, errors = [None] * len(blocks), []
-
-    def run(i):
-        try:
-            results[i] = work(blocks[i])
-        except BaseException as e:                 # noqa: BLE001 -- re-raised below
-            errors.append(e)
-            split.barrier.abort()                  # the others fail fast, not at the timeout
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(blocks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)),
-                   errors[0])
-    return blocks, results
-
-
-# -- the fixtures: a raw field, the inputs, the undivided terms and gradients ---------------------
+# -- the fixtures: a raw field, the inputs ------------------------------------------------------
 def data(p, grid, seed=0, batch=2):
     p.set_progress(0.25)
     x = p.build_input(p.sample_params(seed, range(batch)), dtype=torch.float64)
@@ -119,52 +38,16 @@ def data(p, grid, seed=0, batch=2):
     return raw.requires_grad_(), x
 
 
-def terms_and_grads(terms: dict, raw: torch.Tensor) -> dict:
-    """Per term: (value (B,), d(sum of the term over the batch)/d raw)."""
-    out = {}
-    for k, v in terms.items():
-        grad = (torch.autograd.grad(v.sum(), raw, retain_graph=True)[0] if v.requires_grad
-                else torch.zeros_like(raw))
-        out[k] = (v.detach(), grad)
-    return out
-
-
-def undivided(make, grid):
+def check_split_exact(make, grid, split, exact_impose=True):
+    """``exact_impose``: the blocks impose bit for bit as undivided (False: a global reduction
+    inside impose, the Ritz solve, sums in another order)."""
     p = make()
     raw, x = data(p, grid)
-    u = p.impose(raw, x)
-    return raw, x, u.detach(), terms_and_grads(p.loss_terms(u, x), raw)
-
-
-def split_run(make, grid, split, raw, x):
-    """The blocks' terms summed over the blocks, with their gradients, and the imposed field."""
-    ts = ThreadSplit(grid, split)
-
-    def work(blk):
-        p = make().on_block(blk)
-        p.set_progress(0.25)
-        u = p.impose(blk.local(raw), blk.local(x))
-        return u, p.loss_terms(u, blk.local(x))
-
-    blocks, results = run_blocks(ts, work)
-    u = ts.assemble({b.coord: r[0] for b, r in zip(blocks, results)}, 2)
-    total = {k: sum(r[1][k] for r in results) for k in results[0][1]}
-    return u.detach(), terms_and_grads(total, raw)
-
-
-def check_split_exact(make, grid, split, exact_impose=True):
-    raw, x, u_ref, ref = undivided(make, grid)
-    u, got = split_run(make, grid, split, raw, x)
-    if exact_impose:
-        assert torch.equal(u, u_ref), "impose on the blocks differs from the undivided impose"
-    else:  # a global reduction inside impose (the Ritz solve) sums in another order
-        torch.testing.assert_close(u, u_ref, rtol=RTOL, atol=ATOL)
-    assert got.keys() == ref.keys()
-    for k in ref:
-        torch.testing.assert_close(got[k][0], ref[k][0], rtol=RTOL, atol=ATOL, msg=f"term {k}")
-        scale = ref[k][1].abs().max().item() + 1e-300
-        torch.testing.assert_close(got[k][1] / scale, ref[k][1] / scale, rtol=RTOL, atol=RTOL,
-                                   msg=f"gradient of term {k}")
+    u_ref, ref = undivided(p, raw, x)
+    u, got = split_run(make, split, raw, x)
+    n = len(ThreadSplit(grid, split).coords)
+    bad = compare_split(u_ref, ref, u, got, n, exact_impose=exact_impose, rtol=RTOL, atol=ATOL)
+    assert bad is None, f"{bad.method} returned {bad.got}; expected {bad.expected}"
     # the check is not vacuous: the terms and their gradients are not all zero
     assert any(v[0].abs().max() > 0 for v in ref.values())
     assert any(v[1].abs().max() > 0 for v in ref.values())

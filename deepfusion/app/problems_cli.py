@@ -1,8 +1,11 @@
-"""``deepfusion problems [NAME] [--markdown]``: the registered problems, and the check of a
-config's problem and model options against the registries (``deepfusion config FILE``).
+"""``deepfusion problems [NAME] [--markdown]``: the registered problems and installed plugins,
+or one problem (any name ``problem.name`` takes, e.g. ``package.module:ClassName``), and the
+check of a config's problem and model options against the registries (``deepfusion config
+FILE``).
 
-Everything here is read from the registries (``diffnet.problems.PROBLEMS``,
-``diffnet.generators.GENERATORS``): a problem's options and their defaults from its
+Everything here is read from the registries (``diffnet.problems``: registered names, plugins'
+entry points and ``module:Class`` paths; ``diffnet.generators.GENERATORS``): a problem's
+options and their defaults from its
 constructor's signature, one line on each from its docstring, its input channels, output,
 dimension and reference methods from its class attributes (and a default instance, for the
 axes and parameters, which some options decide). No problem is named here.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import sys
 import textwrap
 
 from ..config.schema import toml_value
@@ -22,23 +26,22 @@ GRID = "grid"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("problems", help="the registered problems: options, input channels, "
-                                        "output, reference methods")
-    p.add_argument("name", nargs="?", help="one problem, in detail (default: all, one line each)")
+    p = sub.add_parser("problems", help="the registered problems and installed plugins: "
+                                        "options, input channels, output, reference methods")
+    p.add_argument("name", nargs="?", help="one problem, in detail (default: all, one line "
+                                           "each): a registered name, a plugin's entry point, "
+                                           "or package.module:ClassName")
     p.add_argument("--markdown", action="store_true",
                    help="print the reference of every problem (or of NAME) as Markdown")
     p.set_defaults(run=lambda args: run_local(cmd_problems, args))
 
 
 def cmd_problems(args) -> int:
-    from diffnet.problems import PROBLEMS
+    from diffnet.problems import PROBLEMS, entry_point_names, resolve
 
-    names = sorted(PROBLEMS)
-    if args.name is not None and args.name not in PROBLEMS:
-        hint = difflib.get_close_matches(args.name, names, n=1)
-        raise ValueError(f"unknown problem {args.name!r}"
-                         f"{f' (did you mean {hint[0]!r}?)' if hint else ''}; registered "
-                         f"problems: {', '.join(names)}")
+    names = sorted(PROBLEMS) + [n for n in entry_point_names() if n not in PROBLEMS]
+    if args.name is not None:
+        resolve(args.name)   # ValueError: unknown, or a plugin that cannot be imported
     chosen = names if args.name is None else [args.name]
     if args.markdown:
         print(markdown(chosen), end="")
@@ -54,16 +57,18 @@ def cmd_problems(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def facts(name: str) -> dict:
-    """Everything ``problems`` prints about problem ``name``."""
-    from diffnet.problems import PROBLEMS
+    """Everything ``problems`` prints about problem ``name`` (anything ``resolve`` takes)."""
+    from diffnet.problems import problem_spec, resolve
 
-    cls = PROBLEMS[name]
+    cls = resolve(name)
     doc = inspect.cleandoc(cls.__doc__ or "")
     params = inspect.signature(cls.__init__).parameters.values()
     options = [(p.name, p.default) for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
     inst = cls()
     return {
         "name": name,
+        "spec": problem_spec(cls),
+        "source": "" if cls.__module__.split(".")[0] == "diffnet" else _where(cls),
         "summary": " ".join(doc.split("\n\n")[0].split()).replace("``", ""),
         "doc": doc,
         "dims": cls.dims,
@@ -77,6 +82,25 @@ def facts(name: str) -> dict:
         "from_inputs": bool(cls.solves_from_inputs),
         "options": [(k, _default(v), option_note(doc, k)) for k, v in options if k != GRID],
     }
+
+
+def _where(cls) -> str:
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None) or "?"
+    return f"{cls.__module__}:{cls.__qualname__} ({path})"
+
+
+def _loadable(names) -> tuple[list[dict], list[str]]:
+    """The facts of every problem that loads, and a line for each plugin that does not (a
+    plugin's code may fail in any way: one broken plugin does not hide the others)."""
+    rows, broken = [], []
+    for n in names:
+        try:
+            rows.append(facts(n))
+        except ValueError as e:
+            broken.append(f"{n}: {e}")
+        except Exception as e:  # noqa: BLE001 -- e.g. its default constructor fails
+            broken.append(f"{n}: {type(e).__name__}: {e}")
+    return rows, broken
 
 
 def _default(value) -> str:
@@ -119,8 +143,15 @@ def _hint(f: dict) -> str:
     return f" {f['fields_hint']}" if f["fields_hint"] else ""
 
 
+def _methods_short(f: dict) -> str:
+    return ", ".join(f["methods"]) or "none (no reference solver)"
+
+
 def _methods_text(f: dict) -> str:
-    return (", ".join(f["methods"]) + "; from given fields (--inputs): "
+    if not f["methods"]:
+        return ("none: no reference solver (it trains and infers; solve and compare refuse, "
+                "evaluate reports the loss and its terms)")
+    return (_methods_short(f) + "; from given fields (--inputs): "
             + ("yes" if f["from_inputs"] else "no, parameter vectors only"))
 
 
@@ -129,23 +160,32 @@ def _methods_text(f: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def listing(names) -> str:
-    rows = [facts(n) for n in names]
+    rows, broken = _loadable(names)
     w = max(len(f["name"]) for f in rows)
     out = []
     for f in rows:
         out.append(f"{f['name']:<{w}}  {f['dims']}-D  inputs: {', '.join(f['inputs'])}  "
-                   f"reference methods: {', '.join(f['methods'])}")
+                   f"reference methods: {_methods_short(f)}")
+        if f["source"]:
+            out.append(f"    plugin: {f['source']}")
         out.append(textwrap.fill(f["summary"], 96, initial_indent="    ",
                                  subsequent_indent="    "))
+    for line in broken:
+        out.append(f"(plugin that cannot be loaded) {line}")
     out.append("")
     out.append("deepfusion problems NAME: one problem's options and details; "
-               "--markdown: the reference as Markdown")
+               "--markdown: the reference as Markdown; your own PDE: deepfusion problems "
+               "package.module:ClassName (docs/your-own-pde.md)")
     return "\n".join(out) + "\n"
 
 
 def detail(name: str) -> str:
     f = facts(name)
-    lines = [f"{name}: {f['summary']}", "",
+    lines = [f"{name}: {f['summary']}", ""]
+    if f["source"]:
+        lines += [f"  class:              {f['source']}",
+                  f"  checkpoints record: {f['spec']!r} (how a new process finds it again)"]
+    lines += [
              f"  dimension:          {f['dims']}-D, axes {_axes_text(f)}; default grid "
              f"{'x'.join(map(str, f['grid']))} (problem.grid, --grid)",
              f"  input channels:     {', '.join(f['inputs'])}{_hint(f)}",
@@ -167,13 +207,13 @@ def _cell(text: str) -> str:
 
 
 def markdown(names) -> str:
-    rows = [facts(n) for n in names]
+    rows, _broken = _loadable(names)
     out = ["| Problem | Dimension | Input channels | Reference methods | Equation |",
            "|---|---|---|---|---|"]
     for f in rows:
         out.append(f"| [`{f['name']}`](#{f['name']}) | {f['dims']}-D | "
                    f"{', '.join(f'`{c}`' for c in f['inputs'])} | "
-                   f"{', '.join(f['methods'])} | {_cell(f['summary'])} |")
+                   f"{_methods_short(f)} | {_cell(f['summary'])} |")
     for f in rows:
         out += ["", f"### {f['name']}", "", _cell(f["summary"]), "",
                 f"- Dimension: {f['dims']}-D, axes {_axes_text(f)}; default grid "
@@ -200,15 +240,18 @@ def check_registry_options(cfg) -> list[str]:
     name something the registries do not have (no problem or model is built); the notes to
     print (a config without ``problem.name``)."""
     from diffnet.generators import GENERATORS
-    from diffnet.problems import PROBLEMS, problem_options
+    from diffnet.problems import available_text, problem_options, resolve
 
     notes = []
     if not cfg.problem.name:
-        notes.append(f"problem.name is not set: 'deepfusion train' needs one of "
-                     f"{', '.join(sorted(PROBLEMS))} (deepfusion problems)")
+        notes.append(f"problem.name is not set: 'deepfusion train' needs one; "
+                     f"{available_text()} (deepfusion problems)")
     else:
-        _known("problem.name", cfg.problem.name, sorted(PROBLEMS), "registered problems")
-        valid = [k for k in problem_options(cfg.problem.name) if k != GRID]
+        try:
+            cls = resolve(cfg.problem.name)
+        except ValueError as e:
+            raise ValueError(f"problem.name: {e}") from None
+        valid = [k for k in problem_options(cls) if k != GRID]
         for key in cfg.problem.options:
             _known(f"problem.options.{key}", key, valid,
                    f"options of problem {cfg.problem.name!r}", option=True)

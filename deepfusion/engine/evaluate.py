@@ -4,6 +4,10 @@ Held-out parameters are drawn with ``data.eval_seed`` (never the training seed),
 in the training pool. The samples are divided over ranks (the reference solves dominate) and
 gathered on rank 0, which writes ``eval.json`` and ``eval.png`` (:mod:`.plots`: 2-D fields
 whole, 3-D fields as three orthogonal mid-slices).
+
+A problem without a reference solver (empty ``reference_methods``) has no error to measure:
+its evaluation reports the loss of each prediction and its terms (the PDE residual, the
+boundary terms) on the same draws instead, and says so (:func:`quantity`); no figure.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 
 from diffnet.metrics import max_error, relative_l2
+from diffnet.problems import has_reference
 
 from .memformat import as_format
 from .plots import fields_figure, views
@@ -22,23 +27,29 @@ from .plots import fields_figure, views
 
 @torch.no_grad()
 def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True, block=None) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches.
+            channels_last: bool = True, block=None, terms: bool = False) -> tuple:
+    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches;
+    with ``terms``, a third item: each loss term of each prediction ({name: (n,)}).
 
     With a split ``block`` the network and the problem compute on this rank's block: the
-    inputs are whole, the predictions are the block's (n, *block.shape)."""
+    inputs are whole, the predictions are the block's (n, *block.shape), the terms the whole
+    field's (summed over the blocks: collective within the block's group)."""
     model.eval()
-    xs, us = [], []
+    xs, us, ts = [], [], []
     for lo in range(0, len(params), batch):
         x = task.build_input(params[lo:lo + batch], dtype=dtype)
         xin = as_format(x if block is None else block.local(x).contiguous(), channels_last)
         u = task.impose(model(xin), xin)
         xs.append(x.float().numpy())
         us.append(u[:, 0].float().contiguous().numpy())
+        if terms:
+            ts.append({k: task.block.sum(v.detach().contiguous()).double().numpy()
+                       for k, v in task.loss_terms(u, xin).items()})
     model.train()
     if not xs:  # this rank got no samples (more ranks than held-out draws)
-        return np.zeros((0,)), np.zeros((0,))
-    return np.concatenate(xs), np.concatenate(us)
+        return (np.zeros((0,)), np.zeros((0,))) + (({},) if terms else ())
+    out = (np.concatenate(xs), np.concatenate(us))
+    return out + (({k: np.concatenate([t[k] for t in ts]) for k in ts[0]},) if terms else ())
 
 
 def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
@@ -47,7 +58,11 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
 
     Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.Domain`,
     ``task`` on its block) each group predicts its draws block by block and its first rank
-    assembles the fields and compares them with the reference."""
+    assembles the fields and compares them with the reference. A problem without a reference
+    solver: :func:`evaluate_loss`."""
+    if not has_reference(task):
+        return evaluate_loss(model, task, comm, n=n, seed=seed, dtype=dtype,
+                             channels_last=channels_last, domain=domain)
     unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
     idx = np.arange(n)[unit::units]
     params = task.sample_params(seed, idx)
@@ -85,6 +100,39 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "_examples": [e for p in parts for e in p["examples"]]}
 
 
+def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
+                  channels_last: bool = True, domain=None) -> dict | None:
+    """The loss of each prediction and its terms on ``n`` held-out draws, for a problem with no
+    reference solver (no error to measure); the summary on rank 0, None elsewhere."""
+    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
+    idx = np.arange(n)[unit::units]
+    params = task.sample_params(seed, idx)
+    t0 = time.perf_counter()
+    _inputs, _preds, terms = predict(model, task, params, dtype=dtype, terms=True,
+                                     channels_last=channels_last,
+                                     block=domain.block if domain else None)
+    if domain is not None and domain.comm.rank != 0:  # the group's first rank reports
+        idx, params, terms = idx[:0], params[:0], {}
+    local = {"idx": idx.tolist(), "params": params.tolist(), "t_inf": time.perf_counter() - t0,
+             "terms": {k: v.tolist() for k, v in terms.items()}}
+    parts = comm.gather_obj(local)
+    if parts is None:  # not rank 0
+        return None
+    order = np.argsort(sum((p["idx"] for p in parts), []))
+    names = next(list(p["terms"]) for p in parts if p["terms"])
+    terms = {k: np.array(sum((p["terms"][k] for p in parts if p["terms"]), []))[order]
+             for k in names}
+    loss = sum(terms.values())
+    return {"n": int(n), "seed": int(seed), "reference": False,
+            "loss_mean": float(loss.mean()), "loss_median": float(np.median(loss)),
+            "loss_max": float(loss.max()), "worst_index": int(loss.argmax()),
+            "terms_mean": {k: float(v.mean()) for k, v in terms.items()},
+            "loss": loss.tolist(), "terms": {k: v.tolist() for k, v in terms.items()},
+            "params": np.array(sum((p["params"] for p in parts), []))[order].tolist(),
+            "seconds_per_sample_inference": sum(p["t_inf"] for p in parts) / n,
+            "_examples": []}
+
+
 def assemble(pieces: np.ndarray, domain) -> np.ndarray | None:
     """The whole fields (n, *grid) from every rank's block (n, *block.shape), on the group's
     first rank (None elsewhere)."""
@@ -101,9 +149,29 @@ def assemble(pieces: np.ndarray, domain) -> np.ndarray | None:
 
 
 def summary_text(summary: dict) -> str:
-    """'mean M median D worst W' of a summary's relative L2 (the one wording every report uses)."""
-    return (f"mean {summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} "
-            f"worst {summary['rel_l2_max']:.4f}")
+    """'mean M median D worst W' of a summary's relative L2 (the one wording every report uses);
+    of its loss, with each term's mean, for a problem without a reference solver."""
+    if summary.get("reference", True):
+        return (f"mean {summary['rel_l2_mean']:.4f} median {summary['rel_l2_median']:.4f} "
+                f"worst {summary['rel_l2_max']:.4f}")
+    terms = ", ".join(f"{k} {v:.4g}" for k, v in summary["terms_mean"].items())
+    return (f"mean {summary['loss_mean']:.4g} median {summary['loss_median']:.4g} "
+            f"worst {summary['loss_max']:.4g} (term means: {terms})")
+
+
+def quantity(summary: dict, short: bool = False) -> str:
+    """What a summary measures, for the report line: the relative L2 error, or (no reference
+    solver) the loss."""
+    if summary.get("reference", True):
+        return "rel L2" if short else "relative L2"
+    return "loss (no reference solver, so no error)"
+
+
+def eval_record(summary: dict) -> dict:
+    """The summary's mean, median and worst, for the run log's eval record."""
+    keys = ("rel_l2_mean", "rel_l2_median", "rel_l2_max") if summary.get("reference", True) \
+        else ("loss_mean", "loss_median", "loss_max")
+    return {k: summary[k] for k in keys}
 
 
 def _examples(idx, inputs, preds, refs, keep: int = 2):
@@ -123,14 +191,15 @@ def write_report(summary: dict, run_dir: str, axes, *, plot: bool = True) -> Non
     samples.
 
     ``axes``: the problem's axes (``name``, ``lo``, ``hi`` each), for names and physical
-    coordinates; a 3-D problem's samples are shown as three orthogonal mid-slices."""
+    coordinates; a 3-D problem's samples are shown as three orthogonal mid-slices. Without a
+    reference solver: eval.json only."""
     ex = sorted(summary.pop("_examples"), key=lambda e: e["i"])
-    worst = max(ex, key=lambda e: e["rel_l2"])
-    show = ex[:3] + ([worst] if worst not in ex[:3] else [])
     with open(os.path.join(run_dir, "eval.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    if not plot:
+    if not plot or not ex:
         return
+    worst = max(ex, key=lambda e: e["rel_l2"])
+    show = ex[:3] + ([worst] if worst not in ex[:3] else [])
     rows = [{**e, "error_title": f"error (held-out #{e['i']}, rel L2 {e['rel_l2']:.3f})"}
             for e in show]
     fields_figure(os.path.join(run_dir, "eval.png"), rows, names=[a.name for a in axes],

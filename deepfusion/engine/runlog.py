@@ -98,7 +98,7 @@ def plot_loss_curve(metrics_path: str, out_png: str):
     with open(metrics_path) as f:
         for line in f:
             rec = json.loads(line)
-            if rec.get("kind") == "eval":
+            if rec.get("kind") == "eval" and "rel_l2_mean" in rec:  # (no reference: no error)
                 evals.append((rec["step"], rec["rel_l2_mean"]))
             if rec.get("kind") != "step":
                 continue

@@ -1,8 +1,10 @@
-"""The contract every PDE family implements (one module per PDE, registered by name).
+"""The contract every PDE family implements: a subclass of :class:`Problem`.
 
 A problem is a *parametric family* of PDEs on a fixed rectangular node grid. The engine only
-ever calls the methods below, so adding a PDE means adding one module under
-``diffnet/problems/`` and one line in the registry (``diffnet/problems/__init__.py``).
+ever calls the methods below, so a PDE lives in any importable module: ``problem.name =
+"package.module:ClassName"`` or an entry point of group ``diffnet.problems`` finds it
+(``diffnet.problems.registry``), with no edit of this package; ``deepfusion check-problem``
+checks a class against this contract (docs/your-own-pde.md).
 
 Grid convention: a field is a tensor (B, 1, H, W). Rows run along ``axes[0]`` and columns along
 ``axes[1]`` (Burgers: ("t", "x"), so row 0 is t=0; Poisson: ("y", "x")). Nodes include the
@@ -76,6 +78,8 @@ class Problem(abc.ABC):
         loss_term_names: the keys of ``loss_terms``, in the order they are logged.
         reference_methods: the ``method`` values ``reference_solution`` and
             ``solve_from_inputs`` accept; "auto" (the solver's own choice) always comes first.
+            Empty: the family has no reference solver (it trains and infers; the application
+            refuses solve and compare, and evaluation reports the loss instead of an error).
         solves_from_inputs: whether ``solve_from_inputs`` is available (False: the reference
             solver needs parameter vectors).
         fields_hint: optional text for the message of missing channels in
@@ -228,12 +232,17 @@ class Problem(abc.ABC):
         """
 
     # -- reference solutions ----------------------------------------------------------------
-    @abc.abstractmethod
     def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
         """(H, W) float64 solution of one parameter vector (k,) by the classical solver.
 
-        ``method`` is one of ``reference_methods`` (ValueError listing them otherwise).
+        ``method`` is one of ``reference_methods`` (ValueError listing them otherwise). A family
+        without a classical solver sets ``reference_methods = ()`` and need not define this:
+        it trains and infers, and this default says it has no reference solver.
         """
+        self.check_method(method)
+        raise NotImplementedError(f"{type(self).__name__} lists reference methods "
+                                  f"{self.reference_methods} but does not implement "
+                                  f"reference_solution")
 
     def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
         """(H, W) float64 reference solution of one sample's input fields (C, H, W).
@@ -253,6 +262,9 @@ class Problem(abc.ABC):
 
         Called before any solve, so a bad choice is refused up front, not on the first sample.
         """
+        if not self.reference_methods:
+            raise ValueError(f"problem {self.name!r} has no reference solver (its "
+                             f"reference_methods is empty)")
         if from_inputs and not self.solves_from_inputs:
             raise ValueError(
                 f"solving from given input fields is not available for problem {self.name!r}: "

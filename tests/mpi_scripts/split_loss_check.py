@@ -16,13 +16,15 @@ import torch
 from deepfusion.engine.comm import world
 from tests.mpi_scripts.cases import report_ok, run_cases
 from deepfusion.engine.halo import domain_groups, make_block
-from diffnet.problems import get_problem
+from diffnet.problems import PROBLEMS, get_problem
 
 torch.set_num_threads(1)
 WORLD = world()
 RTOL, ATOL = 1e-10, 1e-13
 
-CONFIGS_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw in (
+# Every registered problem with its default options (never a fixed list of names), and the option
+# sets below of the problems that have them.
+EXTRA_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw in (
     dict(), dict(form="advective", viscosity=0.02, row_weight=1.0), dict(scheme="upwind",
                                                                           horizon=2),
     dict(scheme="muscl", horizon=2), dict(scheme="lax-oleinik", smoothing=0.1))] + [
@@ -31,8 +33,17 @@ CONFIGS_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw
     ("reaction_diffusion", dict(quadrature="nodes", bc_mode="lift")), ("darcy", dict()),
     ("darcy", dict(ritz=True)), ("reaction_diffusion", dict(ritz=True, bc_mode="lift")),
     ("darcy", dict(ritz=True, ritz_fields=3))]
-CONFIGS_3D = [("poisson3d", dict()), ("poisson3d", dict(quadrature="nodes", bc_mode="lift")),
-              ("poisson3d", dict(loss="residual"))]
+EXTRA_3D = [("poisson3d", dict(quadrature="nodes", bc_mode="lift")),
+            ("poisson3d", dict(loss="residual"))]
+
+
+def configs(dims, extra):
+    """(name, options) of every registered problem of ``dims`` axes, then the extra sets."""
+    default = [(n, {}) for n in sorted(PROBLEMS) if PROBLEMS[n].dims == dims]
+    return default + [(n, kw) for n, kw in extra if n in PROBLEMS and (n, kw) not in default]
+
+
+CONFIGS_2D, CONFIGS_3D = configs(2, EXTRA_2D), configs(3, EXTRA_3D)
 
 
 def data(p, grid, batch=2):
