@@ -78,12 +78,12 @@ def test_same_losses_on_one_and_two_ranks_in_either_layout(run3d, tmp_path):
 
 @pytest.mark.mpi
 def test_resume_after_a_failure_continues_the_same_trajectory(run3d, tmp_path):
-    """Rank 1 fails at step 5; the resume from the step-4 checkpoint gives the uninterrupted
+    """Rank 1 fails during step 6; the resume from the step-4 checkpoint gives the uninterrupted
     run's losses bit for bit (the inputs the resumed run rebuilds are the same bits)."""
     config, full = run3d
     cut = str(tmp_path / "cut")
-    p = train(2, config, cut, "data.eval_samples=0", env={**REAL_MPI, FAULT: "raise@5:1"})
-    assert p.returncode != 0 and "injected failure at step 5 on rank 1" in p.stderr
+    p = train(2, config, cut, "data.eval_samples=0", env={**REAL_MPI, FAULT: "raise@6:1"})
+    assert p.returncode != 0 and "injected failure at step 6 on rank 1" in p.stderr
     p = deepfusion(2, ["train", "--resume", cut], env=REAL_MPI)
     assert p.returncode == 0, p.stderr
     assert "step_00000004" in p.stdout

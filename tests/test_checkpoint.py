@@ -22,6 +22,7 @@ from deepfusion.engine.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from tests.faults.files import make_unsealed, unseal
 
 
 def _model(channels_last=False):
@@ -277,10 +278,20 @@ def test_truncated_file_gives_clear_error(tmp_path):
 
 
 def test_file_without_marker_is_incomplete(tmp_path):
+    """The completion mark is the seal; an unsealed file of an earlier DeepFusion has its
+    ``complete`` attribute."""
     good = checkpoint_path(tmp_path, 5)
     _save_small(good, 5)
     bad = checkpoint_path(tmp_path, 6)
     _save_small(bad, 6)
+    unseal(bad)
+    with pytest.raises(CheckpointError, match=r"incomplete or damaged checkpoint "
+                                              r".*step_00000006\.h5: it does not end with the "
+                                              r"whole-file digest .*; "
+                                              r"use an earlier one: .*step_00000005\.h5"):
+        load_checkpoint(bad)
+    assert latest_checkpoint(tmp_path) == good
+    make_unsealed(bad, version=2)
     with h5py.File(bad, "a") as f:
         del f.attrs["complete"]
     with pytest.raises(CheckpointError, match=r"incomplete checkpoint .*step_00000006\.h5 "

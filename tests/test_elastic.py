@@ -49,7 +49,7 @@ def test_p2_checkpoint_resumes_bit_for_bit_on_p2_and_on_the_same_trajectory_on_p
                                                                                     tmp_path):
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
     assert train(2, tiny, full).returncode == 0
-    _cut(tiny, cut, 8, 13)
+    _cut(tiny, cut, 8, 14)
     elsewhere = _copies(cut)
     p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr
@@ -77,8 +77,8 @@ def test_adam_then_lbfgs_resumes_across_the_switch_on_p2_and_elsewhere(tmp_path)
     assert [r.get("optimizer", "adam") for r in steps] == ["adam"] * 4 + ["lbfgs"] * 6
     assert all(r["func_evals"] >= 1 and r["lr"] == 1.0 for r in steps[4:])
     assert steps[-1]["loss"] < steps[4]["loss"] < steps[0]["loss"]
-    _cut(str(cfg), cut, 3, 5)
-    p = deepfusion(2, ["train", "--resume", cut], env={FAULT: "raise@8:1"})
+    _cut(str(cfg), cut, 3, 6)
+    p = deepfusion(2, ["train", "--resume", cut], env={FAULT: "raise@9:1"})
     assert p.returncode != 0 and "step_00000003" in p.stdout
     st = ckpt.load_checkpoint(os.path.join(cut, "checkpoints", "step_00000006.h5"))
     assert st["meta"]["optimizer"] == "lbfgs" and st["optim_state"]["state"][0]["old_dirs"]

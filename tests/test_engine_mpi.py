@@ -68,7 +68,7 @@ def test_same_losses_for_any_number_of_ranks(tiny, tmp_path):
 
 
 def test_failing_rank_ends_the_whole_job(tiny, tmp_path):
-    p = train(2, tiny, str(tmp_path / "r"), env={FAULT: "raise@3:1"}, timeout=120)
+    p = train(2, tiny, str(tmp_path / "r"), env={FAULT: "raise@4:1"}, timeout=120)
     assert p.returncode != 0
     assert "error on rank 1" in p.stderr and "InjectedFailure" in p.stderr
 

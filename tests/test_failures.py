@@ -53,12 +53,12 @@ def test_rollback_lowers_the_rate_until_the_floor_then_stops_with_exit_3(tiny, t
 
 
 def test_transient_nan_rolls_back_once_and_finishes(tiny, tmp_path):
-    """A NaN at step 6 (injected once): back to the step-4 checkpoint at half the rate, then
+    """A NaN at step 7 (injected once): back to the step-4 checkpoint at half the rate, then
     the run finishes; the steps before the checkpoint are those of the uninterrupted run."""
     full, d = str(tmp_path / "full"), str(tmp_path / "r")
     assert train(2, tiny, full).returncode == 0
     p = train(2, tiny, d, "train.on_nonfinite=\"rollback\"", "train.checkpoint_every=4",
-              env={FAULT: "nan@6"})
+              env={FAULT: "nan@7"})
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("rolled back to step_00000004.h5") == 1
     steps = records(d, "step")
@@ -140,7 +140,7 @@ def test_a_refused_launch_creates_nothing(tiny, tmp_path):
 
 @pytest.mark.parametrize("sets,needle", [
     (["model.options={depth=9, base_width=4}", "problem.grid=[32,32]"], "not divisible by 2**depth"),
-    (["problem.name=\"no_such_pde\""], "problem name must be one of"),
+    (["problem.name=\"no_such_pde\""], "unknown problem 'no_such_pde'"),
 ])
 def test_bad_model_or_problem_refused_up_front(tiny, tmp_path, sets, needle):
     d = tmp_path / "bad"

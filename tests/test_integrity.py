@@ -1,5 +1,5 @@
-"""Failures that cannot lose a run: a checkpoint damaged on disk is refused (resume falls back to
-the previous one, infer exits 2), temp files of killed writers are cleaned up, and the atomic
+"""Failures that cannot lose a run: a checkpoint damaged on disk is refused by its seal (resume
+falls back to the previous one, infer exits 2), temp files of killed writers are cleaned up, and the atomic
 write helper publishes whole files or nothing."""
 import json
 import math
@@ -70,12 +70,12 @@ def corrupt_run(tmp_path_factory):
 
 @pytest.mark.mpi
 def test_resume_skips_the_corrupt_checkpoint(corrupt_run):
-    run, bad, name, stale, _ = corrupt_run
+    run, _, _, stale, _ = corrupt_run
     p = deepfusion(2, ["train", "--resume", run, "--set", "train.max_steps=15"])
     assert p.returncode == 0, p.stderr
     warnings = [line for line in p.stderr.splitlines() if "skipped checkpoint" in line]
     assert len(warnings) == 1, p.stderr  # rank 0 only, once
-    assert "step_00000010.h5" in warnings[0] and name in warnings[0]
+    assert "step_00000010.h5" in warnings[0] and "whole-file digest" in warnings[0]
     assert "using step_00000005.h5" in warnings[0]
     assert "resumed from" in p.stdout and "step_00000005" in p.stdout
     with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -87,14 +87,14 @@ def test_resume_skips_the_corrupt_checkpoint(corrupt_run):
 
 @pytest.mark.mpi
 def test_infer_refuses_the_corrupt_checkpoint(corrupt_run, tmp_path):
-    *_, name, _, copy = corrupt_run
+    *_, copy = corrupt_run
     bad = os.path.join(copy, "step_00000010.h5")
     out = tmp_path / "preds.h5"
     p = deepfusion(2, ["infer", bad, "--samples", "2", "--out", str(out)])
     assert p.returncode == 2, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, p.stderr
-    assert bad in lines[0] and name in lines[0] and "step_00000005.h5" in lines[0]
+    assert bad in lines[0] and "whole-file digest" in lines[0] and "step_00000005.h5" in lines[0]
     assert "Traceback" not in p.stderr
     assert os.listdir(tmp_path) == []  # no output, no temp file
 

@@ -141,12 +141,12 @@ def test_same_losses_on_any_p_across_level_changes(mg, full, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("every, fail_at, resumed_at", [(3, 7, 6), (5, 6, 5)])
+@pytest.mark.parametrize("every, fail_at, resumed_at", [(3, 8, 6), (5, 7, 5)])
 def test_kill_mid_level_resumes_in_the_same_level_on_the_same_trajectory(
         mg, full, tmp_path, every, fail_at, resumed_at):
     """A checkpoint inside level 1 (step 6: its optimiser state restored) and one at the 0 -> 1
     boundary (step 5: the next visit starts with a fresh optimiser);
-    a rank dies later (the fault fires before step ``fail_at + 1``); --resume gives the
+    a rank dies later (during step ``fail_at``); --resume gives the
     uninterrupted run's losses bit for bit."""
     cut = str(tmp_path / "cut")
     p = train(2, mg, cut, f"train.checkpoint_every={every}", env={FAULT: f"raise@{fail_at}:1"})
@@ -193,7 +193,7 @@ def test_sigusr1_mid_level_checkpoints_and_the_resume_finishes_the_cycle(mg, tmp
 @pytest.mark.mpi
 def test_a_changed_plan_is_refused_on_resume(mg, tmp_path):
     d = str(tmp_path / "r")
-    p = train(2, mg, d, "train.checkpoint_every=3", env={FAULT: "raise@4:1"})
+    p = train(2, mg, d, "train.checkpoint_every=3", env={FAULT: "raise@5:1"})
     assert p.returncode != 0
     p = deepfusion(2, ["train", "--resume", d, "--set", "train.levels[0].steps=6"])
     assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr

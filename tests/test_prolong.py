@@ -181,7 +181,7 @@ def test_same_losses_on_any_p_across_growths_and_the_grown_network_answers(mgp, 
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("every, fail_at", [(6, 8), (5, 6)])
+@pytest.mark.parametrize("every, fail_at", [(6, 9), (5, 7)])
 def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path, every, fail_at):
     """Resumed from inside the grown 32x32 visit (step 6: the grown network's weights), and from
     the 16x16 -> 32x32 boundary (step 5: the growth is replayed on entering)."""
@@ -225,7 +225,7 @@ def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mg
     whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
     p = train(2, mgp, whole, *level)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = train(2, mgp, cut, "train.checkpoint_every=7", env={FAULT: "raise@8:1"})
+    p = train(2, mgp, cut, "train.checkpoint_every=7", env={FAULT: "raise@9:1"})
     assert p.returncode != 0
     p = deepfusion(2, ["train", "--resume", cut] + [a for s in level for a in ("--set", s)])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -259,7 +259,7 @@ def test_a_rollback_to_before_a_growth_regrows_the_same_network(mgp, tmp_path):
     (the 16x16 network): the network is unwrapped, reloaded, and grown again."""
     d = str(tmp_path / "nan")
     p = train(2, mgp, d, "train.checkpoint_every=5", 'train.on_nonfinite="rollback"',
-              env={FAULT: "nan@5"})
+              env={FAULT: "nan@6"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rolled back to step_00000005.h5" in p.stderr
     assert len(losses(d)) == 11

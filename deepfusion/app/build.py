@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 
 import torch
 
 from diffnet.generators import build_generator
 from diffnet.split_layers import check_generator_split
-from diffnet.problems import PROBLEMS, get_problem
+from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
 from ..config import dump_toml
 from ..engine.checkpoint import load_checkpoint
 from ..engine.levels import plan
 from ..engine.memformat import convert_model
+from ..engine.runlock import clear_run_dir
 from .preflight import holds_run
 
 
@@ -32,12 +32,17 @@ def torch_dtype(cfg) -> torch.dtype:
 
 def build_problem(cfg, grid=None):
     """The problem of ``[problem]`` on ``grid`` (default ``problem.grid``; a multigrid level
-    asks for its own). The registry lists valid names and options."""
+    asks for its own). ``problem.name`` is a registered name, 'module:Class' or a plugin's
+    entry point (diffnet.problems.resolve); the registry lists valid names and options."""
     if not cfg.problem.name:
-        raise ValueError(f"problem.name is not set: choose one of {sorted(PROBLEMS)} "
-                         f"([problem] name = ... in the config, or --set problem.name=...)")
+        raise ValueError(f"problem.name is not set ([problem] name = ... in the config, or "
+                         f"--set problem.name=...): {available_text()}")
     grid = tuple(cfg.problem.grid if grid is None else grid)
-    return get_problem(cfg.problem.name, grid=grid, **cfg.problem.options)
+    try:
+        cls = resolve(cfg.problem.name)
+    except ValueError as e:
+        raise ValueError(f"problem.name: {e}") from None
+    return get_problem(cls, grid=grid, **cfg.problem.options)
 
 
 def problem_factory(cfg, task):
@@ -71,7 +76,9 @@ def build_model(cfg, task):
         init_from(model, cfg.model.name, cfg.model.init_from)
     model = convert_model(model, cfg.model.channels_last)
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
-             "problem": {"name": task.name, "kwargs": task.config()}}
+             # the name that finds the problem again in a new process: a registered name,
+             # 'module:Class' or 'entry-point:NAME' (diffnet.problems.problem_spec)
+             "problem": {"name": problem_spec(type(task)), "kwargs": task.config()}}
     return model, specs
 
 
@@ -122,6 +129,30 @@ def check_grids(model, cfg, task, grow) -> None:
                              f"{cfg.model.options}: {e}") from None
 
 
+def check_splits(cfg, problems, rank: int) -> None:
+    """ValueError, before the run directory is made, when the problem of a visit's grid cannot
+    compute its loss on this rank's block of ``parallel.domain`` (its ``check_block``, e.g. a
+    user's problem written for the whole grid only), with the problem's reason."""
+    import math
+
+    import numpy as np
+
+    from diffnet.domain import Block
+
+    split = [int(s) for s in cfg.parallel.domain]
+    if cfg.parallel.blocks() <= 1:
+        return
+    # the rank's place in its domain group: groups are consecutive ranks (halo.domain_groups)
+    index = np.unravel_index(rank % math.prod(split), split)
+    for grid in sorted({tuple(v.grid) for v in plan(cfg)}):
+        shape = [int(g) // s for g, s in zip(grid, split)]
+        block = Block(grid, [int(i) * n for i, n in zip(index, shape)], shape)
+        try:
+            problems(grid).check_block(block)
+        except ValueError as e:
+            raise ValueError(f"parallel.domain = {split}: {e}") from None
+
+
 def check_domain(cfg) -> None:
     """What a domain split (parallel.domain) cannot be combined with, refused up front."""
     if cfg.parallel.blocks() <= 1:
@@ -162,7 +193,7 @@ def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
         return
     d = cfg.run.dir
     if overwrite and not resume and holds_run(d):
-        shutil.rmtree(d)
+        clear_run_dir(d)  # all but the lock this job holds
     os.makedirs(os.path.join(d, "checkpoints"), exist_ok=True)
     with open(os.path.join(d, "config.toml"), "w") as f:
         f.write(dump_toml(cfg))

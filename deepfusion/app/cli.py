@@ -1,4 +1,5 @@
-"""``deepfusion``: train, demo, evaluate, infer, solve, compare, config, problems, jobs.
+"""``deepfusion``: train, demo, evaluate, infer, solve, compare, config, problems,
+check-problem, jobs.
 
 The parser is built here from every subcommand's own ``register``; each command module is
 imported when its command runs, because torch must be imported only after the thread layout is
@@ -14,9 +15,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from jobs.cli import register as register_jobs
 
-from . import inference_cli, problems_cli
+from . import check_problem_cli, inference_cli, problems_cli
 from .cli_options import ANSWER_SET_HELP, add_set, add_threads
-from .policy import run_distributed, run_local
+from .policy import ExitCode, run_distributed, run_local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(run=_local("cmd_config"))
     inference_cli.register(sub)
     problems_cli.register(sub)
+    check_problem_cli.register(sub)
     register_jobs(sub)
     return p
 
@@ -106,7 +108,11 @@ def _distributed(name: str):
         if name == "cmd_train":  # a stop signal during start-up is kept for the first step
             from ..engine import stop
 
-            stop.install()
+            try:
+                stop.install()
+            except ValueError as e:  # a malformed DEEPFUSION_STOP_DEADLINE / _START_TIMEOUT
+                print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
+                return ExitCode.INPUT
         from . import train
 
         return run_distributed(getattr(train, name), args)

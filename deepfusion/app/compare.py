@@ -3,6 +3,11 @@ samples): per-sample relative L2 and max errors, a summary with timings and spee
 (``compare.json``), a text table and a figure (``compare.png``: 2-D fields whole, 3-D fields as
 three orthogonal mid-slices).
 
+Before any number is computed the two files are checked to be what their places say (the first
+one written by ``infer``, the second by ``solve``: their ``kind`` attribute) and to hold the same
+draws (problem, grid, coordinates, parameter vectors or input fields): a swapped pair or two of a
+kind would report a meaningless error and speed-up, so they are refused naming the fix.
+
 Files: see :mod:`deepfusion.app.fields`.
 """
 from __future__ import annotations
@@ -13,6 +18,44 @@ import os
 import numpy as np
 
 from . import fields as h5io
+
+
+WRITER = {"prediction": "deepfusion infer", "reference": "deepfusion solve"}
+
+
+def _check_kinds(a: dict, b: dict, pa, pb) -> None:
+    """Raise ValueError unless ``pa`` is a prediction and ``pb`` a reference (their ``kind``
+    attributes), naming the fix: the swapped order, or the file still to be made."""
+    ka, kb = a["kind"], b["kind"]
+    for path, kind in ((pa, ka), (pb, kb)):
+        if kind not in WRITER:
+            raise ValueError(f"{path} records no kind (root attribute 'kind' is {kind!r}, not "
+                             f"'prediction' or 'reference'): compare takes a file written by "
+                             f"'deepfusion infer' and one written by 'deepfusion solve'")
+    if (ka, kb) == ("prediction", "reference"):
+        return
+    if (ka, kb) == ("reference", "prediction"):
+        raise ValueError(f"the files are swapped: {pa} is a reference (written by 'deepfusion "
+                         f"solve') and {pb} a prediction ('deepfusion infer'); give the "
+                         f"prediction first: deepfusion compare {pb} {pa}")
+    other = "reference" if ka == "prediction" else "prediction"
+    raise ValueError(f"{pa} and {pb} are both {ka}s (written by '{WRITER[ka]}'); compare "
+                     f"takes a prediction and a reference of the same draws: make the "
+                     f"{other} with '{WRITER[other]}' on the same inputs "
+                     f"({_draw_flags(a.get('inputs_from'))}) and run "
+                     f"deepfusion compare PREDICTION.h5 REFERENCE.h5")
+
+
+def _draw_flags(note) -> str:
+    """The flags that reproduce a file's draws from its ``inputs_from`` attribute
+    ("sample:N seed:S", "params:PATH" or "inputs:PATH")."""
+    kind, _, rest = str(note or "").partition(":")
+    if kind == "sample":
+        n, _, seed = rest.partition(" seed:")
+        return f"--samples {n} --seed {seed}"
+    if kind in ("params", "inputs"):
+        return f"--{kind} {rest}"
+    return "the same --samples N --seed S, --params or --inputs"
 
 
 def _check_same(a: dict, b: dict, pa, pb) -> None:
@@ -47,6 +90,12 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
     from diffnet.metrics import max_error, relative_l2
 
     a, b = h5io.read_fields(pred_path), h5io.read_fields(ref_path)
+    if a["has_reference"] is not None and not a["has_reference"]:
+        raise ValueError(f"{pred_path}: problem {a['problem']!r} has no reference solver (its "
+                         f"reference_methods is empty), so there is no reference to compare "
+                         f"with; 'deepfusion evaluate RUN_DIR' reports the loss and its terms "
+                         f"on test draws instead")
+    _check_kinds(a, b, pred_path, ref_path)
     _check_same(a, b, pred_path, ref_path)
     if not os.path.isdir(out_dir):
         raise OSError(f"--out {out_dir}: no such directory (create it first)")

@@ -18,7 +18,9 @@ grids and (D, H, W) on 3-D grids)::
         problem             the problem's registry name
         problem_kwargs      JSON of the problem's constructor options (incl. "grid")
         source              the checkpoint path (infer) or "reference:<method>" (solve)
+        inputs_from         the draws: "sample:N seed:S", "params:PATH" or "inputs:PATH"
         kind                "prediction" or "reference"
+        has_reference       whether the problem has a reference solver (False: compare refuses)
         seconds_per_sample  compute seconds per sample (network forward, or solver call),
                             summed over ranks and divided by N; I/O and gathers excluded
         wall_seconds, ranks, batch   the whole command's wall time, MPI ranks, batch size
@@ -168,7 +170,7 @@ def read_fields(path) -> dict:
                "param_names": _param_names(f),
                "axes": axes, "coords": {a: f["coords"][a][()] for a in axes if a in f["coords"]}}
         for k in ("problem", "source", "kind", "seconds_per_sample", "wall_seconds", "ranks",
-                  "batch"):
+                  "batch", "inputs_from", "has_reference"):
             out[k] = _attr(f, k)
         wg = f.attrs.get("work_grid")  # predictions only: the grid the network ran on
         out["work_grid"] = [int(v) for v in wg] if wg is not None else None
@@ -192,9 +194,21 @@ def read_input_fields(path) -> dict:
         if x.ndim not in (4, 5):
             raise ValueError(f"--inputs {path}: /inputs must have shape (N, C, H, W) or, for a "
                              f"3-D problem, (N, C, D, H, W); got {x.shape}")
-        return {"inputs": np.asarray(x[()], dtype=np.float64),
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            what = "samples (N = 0)" if x.shape[0] == 0 else "channels (C = 0)"
+            raise ValueError(f"--inputs {path}: /inputs holds no {what}, shape {x.shape}; "
+                             f"write at least one sample of every input channel")
+        return {"inputs": _numbers(x, f"--inputs {path}: /inputs"),
                 "channels": _str_list(x.attrs.get("channels")),
                 "problem": _attr(f, "problem")}
+
+
+def _numbers(dataset, what: str) -> np.ndarray:
+    """A dataset's values as float64, or ValueError naming it (strings, compound types)."""
+    try:
+        return np.asarray(dataset[()], dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} holds {dataset.dtype} values, not numbers ({e})") from None
 
 
 def write_input_fields(path, inputs, channels, problem: str | None = None) -> None:
@@ -218,11 +232,18 @@ def read_params_file(path) -> tuple[np.ndarray, list[str]]:
         raise OSError(f"--params file {path} not found")
     if path.endswith((".h5", ".hdf5")):
         with _open(path, "--params file") as f:
-            if "params" not in f:
+            if "params" not in f or not isinstance(f["params"], h5py.Dataset):
                 raise ValueError(f"--params {path}: no /params dataset (shape (n, k))")
-            return np.atleast_2d(np.asarray(f["params"][()], dtype=np.float64)), \
-                _str_list(f["params"].attrs.get("names"))
-    return _read_params_text(path)
+            params = np.atleast_2d(_numbers(f["params"], f"--params {path}: /params"))
+            if params.shape[0] == 0:
+                raise ValueError(f"--params {path}: /params holds no parameter vectors, shape "
+                                 f"{f['params'].shape}; write one row per sample")
+            return params, _str_list(f["params"].attrs.get("names"))
+    try:
+        return _read_params_text(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"--params {path} is not a text file; give one vector per line "
+                         f"(text/CSV), or an HDF5 file named .h5 with /params (n, k)") from None
 
 
 def _read_params_text(path: str) -> tuple[np.ndarray, list[str]]:

@@ -49,19 +49,20 @@ def grid_text(grid) -> str:
     return "x".join(str(int(v)) for v in grid)
 
 
-def build_problem(name: str, kwargs: dict, grid=None, where: str = "--grid"):
-    """The problem ``name`` with options ``kwargs``, its grid replaced by ``grid`` if given
-    (one with the wrong number of axes for the problem is refused naming ``where``)."""
-    from diffnet.problems import PROBLEMS, get_problem
+def build_problem(name, kwargs: dict, grid=None, where: str = "--grid"):
+    """The problem ``name`` (a registered name, 'module:Class', a plugin's entry point, or a
+    Problem class) with options ``kwargs``, its grid replaced by ``grid`` if given (one with
+    the wrong number of axes for the problem is refused naming ``where``)."""
+    from diffnet.problems import get_problem, resolve
 
+    cls = name if isinstance(name, type) else resolve(name)
     kwargs = dict(kwargs)
     if grid is not None:
-        dims = getattr(PROBLEMS.get(name), "dims", len(grid))
-        if len(grid) != dims:
+        if len(grid) != cls.dims:
             raise ValueError(f"{where} {grid_text(grid)} has {len(grid)} axes, but problem "
-                             f"{name!r} has {dims}: give {'x'.join('DHW'[-dims:])}")
+                             f"{cls.name!r} has {cls.dims}: give {'x'.join('DHW'[-cls.dims:])}")
         kwargs["grid"] = list(grid)
-    return get_problem(name, **kwargs)
+    return get_problem(cls, **kwargs)
 
 
 def training_grid(meta) -> list[int] | None:
@@ -98,16 +99,35 @@ def resolve_work_grid(text, meta) -> list[int] | None:
                          f"'trained' or 'none', got {text!r}") from None
 
 
-def checkpoint_file(path: str) -> str:
-    """``path`` itself, or for a run directory its newest complete checkpoint (the argument of
-    ``infer`` and ``evaluate`` may be either)."""
-    from ..engine.checkpoint import latest_checkpoint
+def checkpoint_file(path: str, notes: list | None = None) -> str:
+    """``path`` itself, or for a run directory its newest checkpoint that passes its check (the
+    argument of ``infer`` and ``evaluate`` may be either). ``notes`` (a list, if given) gets
+    ``(level, text)`` lines for the user, level "note" or "WARNING": which checkpoint of a run
+    directory is used and why newer ones were skipped, and a file written without a seal."""
+    from ..engine.checkpoint import find_checkpoint, seal_status, unsealed_note
 
+    said = []
     if not os.path.isdir(path):
-        return path
-    found = latest_checkpoint(path)
-    if found is None:
-        raise ValueError(f"{path}: no complete checkpoint in {os.path.join(path, 'checkpoints')}")
+        if seal_status(path) == "unsealed":
+            said.append(("WARNING", unsealed_note(path)))
+        found = path
+    else:
+        unsealed = []
+        found, skipped = find_checkpoint(path, unsealed)
+        where = os.path.join(path, "checkpoints")
+        if found is None:
+            why = f" ({'; '.join(skipped)})" if skipped else ""
+            raise ValueError(f"{path}: no complete checkpoint in {where}{why}")
+        name = os.path.basename(found)
+        if skipped:
+            said.append(("WARNING", f"{path}: using {name}, the newest checkpoint in {where} "
+                                    f"that passes its check; skipped the newer "
+                                    + "; ".join(skipped)))
+        else:
+            said.append(("note", f"{path}: using its newest checkpoint, {name}"))
+        said += [("WARNING", text) for text in unsealed]
+    if notes is not None:
+        notes += said
     return found
 
 
@@ -136,12 +156,24 @@ def load_model(path, grid=None, work_grid=None, options=None):
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
     # default: the grid the network was trained on when the checkpoint was written
-    problem = build_problem(spec_p["name"], answer_options(spec_p, options),
+    problem = build_problem(trained_problem(path, spec_p), answer_options(spec_p, options),
                             grid or training_grid(meta))
     if options:
         check_fits(problem, spec_p, options)
     where = None if grid is None else f"--grid {grid_text(grid)}"
     return model, problem, work_problem(model, problem, meta, work_grid, where), meta
+
+
+def trained_problem(path, spec: dict):
+    """The Problem class a checkpoint's problem spec names (a registered name, 'module:Class'
+    or 'entry-point:NAME': how training found it), or a ValueError naming the checkpoint."""
+    from diffnet.problems import resolve
+
+    try:
+        return resolve(spec["name"])
+    except ValueError as e:
+        raise ValueError(f"checkpoint {path} was trained on problem {spec['name']!r}, which "
+                         f"this process cannot find: {e}") from None
 
 
 def answer_options(spec: dict, options) -> dict:
@@ -158,7 +190,7 @@ def check_fits(problem, spec: dict, options: dict) -> None:
     built for."""
     from diffnet.problems import get_problem
 
-    trained = get_problem(spec["name"], **spec["kwargs"])
+    trained = get_problem(type(problem), **spec["kwargs"])
     for what in ("input_channels", "output_channels"):
         if getattr(problem, what) != getattr(trained, what):
             raise ValueError(f"{as_set_flags(options)} "
@@ -176,7 +208,7 @@ def work_problem(model, problem, meta, work_grid, where=None):
     """
     wg = resolve_work_grid(work_grid, meta)
     work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
-        problem.name, problem.config(), wg, where="--work-grid")
+        type(problem), problem.config(), wg, where="--work-grid")
     on = work or problem
     probe = torch.zeros((1, len(problem.input_channels), *on.grid),
                         dtype=next(model.parameters()).dtype)
@@ -297,6 +329,9 @@ def make_solver(problem, samples: Samples, method: str = "auto"):
     The method, and whether the problem solves from given fields at all, are checked here,
     before any solve (``Problem.check_method``), so a bad choice fails up front on every rank.
     """
+    from diffnet.problems import check_reference
+
+    check_reference(problem, "'deepfusion solve' has no solver to run")
     from_fields = samples.fields is not None
     problem.check_method(method, from_inputs=from_fields)
     if from_fields:

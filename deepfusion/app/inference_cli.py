@@ -64,7 +64,9 @@ def register(sub) -> None:
     i.set_defaults(run=run_infer)
     s = sub.add_parser("solve", help="the classical reference solver on the same inputs")
     s.add_argument("--problem", required=True,
-                   help="a registered problem ('deepfusion problems' lists them)")
+                   help="a registered problem ('deepfusion problems' lists them), "
+                        "'package.module:ClassName' importable from PYTHONPATH, or a "
+                        "plugin's entry-point name")
     add_set(s, SOLVE_SET_HELP)
     s.add_argument("--method", default="auto",
                    help="reference solver method, one of the problem's reference_methods "
@@ -124,6 +126,8 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
     """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
     print one line."""
     from ..engine.memory import peak_rss_mib
+    from diffnet.problems import has_reference
+
     from .inference import grid_text, run_blocks
     from .xdmf import sidecar_path
 
@@ -136,6 +140,7 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
         peaks = [round(m, 1) for m in comm.allgather_obj(peak_rss_mib())]
         if writer is not None:
             writer.close({**attrs, "problem": problem.name, "problem_kwargs": problem.config(),
+                          "has_reference": has_reference(problem),
                           "seconds_per_sample": busy / samples.n, "wall_seconds": wall,
                           "ranks": comm.size, "batch": args.batch, "inputs_from": _inputs_note(args),
                           "peak_rss_mib_per_rank": peaks})
@@ -176,7 +181,8 @@ def _load(args):
         from ..engine.layout import check_precision
 
         check_precision("bf16", setting="--precision {}")
-    args.checkpoint = checkpoint_file(args.checkpoint)
+    args.checkpoint_notes = []  # which checkpoint of a run directory, and why: said once
+    args.checkpoint = checkpoint_file(args.checkpoint, args.checkpoint_notes)
     args.options = problem_options(args, "infer")
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
                                             work_grid=args.work_grid, options=args.options)
@@ -194,6 +200,8 @@ def _infer(args, comm) -> int:
     _warn_deprecated(comm, args)
     _threads(comm, args.threads, split=bool(args.domain))
     model, problem, work, meta = collective_check(comm, _load, args)
+    for level, text in args.checkpoint_notes:
+        say_once(comm, f"deepfusion: {level}: {text}")
     problem, samples = _samples(comm, args, problem)
     if args.inputs:  # the file set the grid: refuse one the network cannot run on, up front
         work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,

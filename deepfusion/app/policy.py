@@ -73,15 +73,28 @@ def run_local(fn, args) -> int:
 def run_distributed(fn, args) -> int:
     """Run ``fn(args, comm)`` on COMM_WORLD under the policy. Python warnings are shown by rank 0
     only: every rank runs the same code on the same shapes, so they would repeat P times."""
+    from ..engine import stop
     from ..engine.comm import launcher_mismatch, world
 
-    comm = world()
+    try:
+        with stop.starting():  # MPI_Init: a watchdog ends a rank whose peers never join
+            comm = world()
+    except ValueError as e:  # a malformed DEEPFUSION_START_TIMEOUT / _STOP_DEADLINE
+        print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
+        return ExitCode.INPUT
     wrong = launcher_mismatch(comm)
     if wrong:
         print(f"deepfusion: error: {wrong}", file=sys.stderr, flush=True)
         return ExitCode.INPUT
     if comm.rank != 0:
         warnings.filterwarnings("ignore")
+    from .agreement import launch_disagreement  # the first collective: same command everywhere
+
+    with stop.starting():  # a process that joined MPI but runs another program never comes
+        differ = launch_disagreement(comm, args)
+    if differ:
+        say_once(comm, f"deepfusion: error: {differ}")
+        return ExitCode.INPUT
     return run_guarded(fn, args, comm)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..engine import faults
 from ..engine.data import check_divisible, group_count
 from ..engine.layout import check_precision
 from ..engine.levels import plan
@@ -22,7 +23,9 @@ def holds_run(d: str) -> bool:
 
 
 def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
-    """Everything about this launch that is not the model: ranks, CPU, run directory."""
+    """Everything about this launch that is not the model: ranks, CPU, run directory, and the
+    test-only fault variable (a malformed one is refused here, not at the first step)."""
+    faults.parse(os.environ.get(faults.ENV, ""))
     units = data_units(cfg, size)
     for v in plan(cfg):
         try:

@@ -84,11 +84,21 @@ def _fields_from_file(problem, path):
                          f"shape {want}")
     if tuple(x.shape[2:]) != tuple(problem.grid):
         from diffnet.problems import get_problem  # (lazy, as in inference.py)
-        problem = get_problem(problem.name, **{**problem.config(), "grid": list(x.shape[2:])})
+        try:
+            problem = get_problem(type(problem), **{**problem.config(), "grid": list(x.shape[2:])})
+        except ValueError as e:
+            raise ValueError(f"--inputs {path}: /inputs holds fields on a "
+                             f"{'x'.join(map(str, x.shape[2:]))} grid, which problem "
+                             f"{problem.name!r} cannot take: {e}") from None
     try:
-        return problem, problem.inputs_from_fields({n: x[:, i] for i, n in enumerate(names)})
+        made = problem.inputs_from_fields({n: x[:, i] for i, n in enumerate(names)})
     except ValueError as e:
         raise ValueError(f"--inputs {path}: {e}") from None
+    bad = int(np.size(made) - np.count_nonzero(np.isfinite(made)))
+    if bad:  # a problem's own check should have said which field; never pass NaN to the network
+        raise ValueError(f"--inputs {path}: the network inputs made from /inputs hold {bad} "
+                         f"non-finite value(s) (NaN or inf); give finite fields")
+    return problem, made
 
 
 def resolve_samples(problem, *, sample=None, seed=0, params=None, inputs=None):

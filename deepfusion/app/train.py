@@ -14,10 +14,12 @@ import sys
 from dataclasses import replace
 
 from ..config import load_config
+from ..engine import runlock
 from ..engine.layout import agreed_precision, precision_line, report, setup_threads
 from ..engine.memory import reuse_freed_memory
+from .agreement import check_same_config
 from .cli_options import as_set_flags, deprecated_spellings, problem_options
-from .policy import collective_check, say_note, say_once
+from .policy import ExitCode, collective_check, say_note, say_once
 from .preflight import check_run
 
 
@@ -27,6 +29,35 @@ def cmd_train(args, comm) -> int:
             args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
     cfg = collective_check(comm, load_config, args.config, args.set or [])
+    check_same_config(comm, cfg)  # an MPMD launch or a file that differs between nodes
+    # One live job per run directory: rank 0 holds its lock from before the directory is
+    # looked at until the last file is written (released on every way out)
+    lock = collective_check(comm, lock_run_dir, cfg, comm, " ".join(sys.argv[1:]))
+    with runlock.held(lock, comm, on_lost=lambda why: lost_lock(why, comm)):
+        return train_locked(args, comm, cfg)
+
+
+def lock_run_dir(cfg, comm, command: str):
+    """Rank 0 takes the run directory's lock (refused while a live job holds it; a stale one
+    is taken over, with a warning); None on the other ranks."""
+    if comm.rank != 0:
+        return None
+    lock = runlock.acquire(cfg.run.dir, ranks=comm.size, command=f"deepfusion {command}")
+    if lock.note:
+        print(f"warning: run directory {cfg.run.dir}: {lock.note}", file=sys.stderr, flush=True)
+    return lock
+
+
+def lost_lock(why: str, comm) -> None:
+    """Another job took the lock, having judged this one dead: end every rank at once, so the
+    two never interleave (from the heartbeat thread)."""
+    print(f"deepfusion: error: lost the lock of the run directory: {why}. Ending this job "
+          f"without writing more.", file=sys.stderr, flush=True)
+    comm.abort(ExitCode.ABORT)
+
+
+def train_locked(args, comm, cfg) -> int:
+    """The run, under the run directory's lock."""
     # Ranks, CPU and run directory first: a refused launch exits before any rank imports torch.
     collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
     compile_cache_env(cfg)  # before torch compiles anything
@@ -34,11 +65,11 @@ def cmd_train(args, comm) -> int:
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
     precision = agreed_precision(cfg.train.precision, comm)
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
-    from ..engine.evaluate import evaluate, summary_text, write_report
+    from ..engine.evaluate import evaluate, quantity, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import (build_model, build_problem, model_grower, prepare_run_dir,
-                        problem_factory, torch_dtype)
+    from .build import (build_model, build_problem, check_splits, model_grower,
+                        prepare_run_dir, problem_factory, torch_dtype)
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -50,6 +81,7 @@ def cmd_train(args, comm) -> int:
     task = collective_check(comm, build_problem, cfg)
     model, specs = collective_check(comm, build_model, cfg, task)
     problems = collective_check(comm, problem_factory, cfg, task)
+    collective_check(comm, check_splits, cfg, problems, comm.rank)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile, grid=task.grid)
@@ -72,7 +104,7 @@ def cmd_train(args, comm) -> int:
                            channels_last=cfg.model.channels_last, domain=pmodel.domain)
         if summary is not None:
             write_report(summary, cfg.run.dir, task.axes, plot=cfg.run.plots)
-            print(f"validation relative L2 over {summary['n']} draws (data.eval_seed): "
+            print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed): "
                   f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
                   flush=True)
     return 0
@@ -139,7 +171,8 @@ def _evaluation_target(args):
     from ..config import DataConfig
     from .inference import checkpoint_file, load_model, trained_config
 
-    path = checkpoint_file(args.checkpoint)
+    args.checkpoint_notes = []  # which checkpoint of a run directory, and why: said once
+    path = checkpoint_file(args.checkpoint, args.checkpoint_notes)
     args.options = problem_options(args, "evaluate")  # parsed once, here, under collective_check
     model, problem, _work, meta = load_model(path, options=args.options)
     data = {**vars(DataConfig()), **trained_config(meta, "data")}
@@ -162,11 +195,13 @@ def cmd_evaluate(args, comm) -> int:
         say_once(comm, w)
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
-    from ..engine.evaluate import evaluate, summary_text
+    from ..engine.evaluate import evaluate, quantity, summary_text
     from ..engine.memformat import convert_model
     from .inference import trained_config
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
+    for level, text in args.checkpoint_notes:
+        say_once(comm, f"deepfusion: {level}: {text}")
     for note in notes:
         say_once(comm, f"deepfusion: WARNING: {note}")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
@@ -183,7 +218,7 @@ def cmd_evaluate(args, comm) -> int:
                    "options": args.options, **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
     given = as_set_flags(args.options)
-    print(f"{kind} relative L2 over {n} draws (seed {seed}) of {os.path.basename(path)}"
+    print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
           f"{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)
     return 0

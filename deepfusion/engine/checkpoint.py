@@ -1,58 +1,67 @@
-"""Atomic, self-verifying HDF5 checkpoints. No pickle, ever.
+"""Atomic, sealed, self-verifying HDF5 checkpoints. No pickle, ever.
 
-File layout (``run_dir/checkpoints/step_00001234.h5``)::
+File layout (``run_dir/checkpoints/step_00001234.h5``), groups in the bit-exact encoding of
+:mod:`deepfusion.engine.h5state`::
 
     /model/<param name>     one dataset per state_dict entry (bit-exact, dtype kept)
     /optim/...              the optimiser state_dict, encoded generically (h5state)
     /rng/...                torch CPU RNG state (uint8 dataset), numpy and python states (JSON)
     attrs: format, format_version, created, meta (JSON string), step, epoch,
-           digest_algorithm ("sha256"), digests (JSON string {name: hex digest}),
-           complete (written LAST)
+           digest_algorithm ("sha256"), digests (JSON {dataset name: sha256}), complete (LAST)
+    then, after the HDF5 end of file, the seal: the sha256 of every byte above it
 
-Every group is written with the generic, bit-exact encoding of :mod:`deepfusion.engine.h5state`.
+Integrity (format version 3). Once the HDF5 file is closed, :func:`save_checkpoint` appends
+the seal (:mod:`deepfusion.engine.sealed`), the completion mark. :func:`load_checkpoint` reads
+the file into memory, checks the seal by hashing alone, and only then lets HDF5 parse those very
+bytes: any changed byte (data, structure, a name, the seal) is refused in milliseconds and
+nothing damaged is ever parsed, so no damage can make the loader loop or crash. ``digests``
+(hashed from the arrays in memory as they were written) are still checked as datasets decode.
 
-Integrity (format version 2): ``digests`` holds the sha256 of the dtype, shape and bytes of every
-dataset (keyed by its absolute name, e.g. ``/model/0.weight``) and of the ``meta`` text (key
-``@meta``), hashed from the arrays in memory as they are written; it is written before
-``complete``. :func:`load_checkpoint` hashes each dataset as it reads it, before decoding it, and
-refuses a file whose bytes changed after it was written (a bit flip on disk, a bad copy), even
-one of unchanged size, naming the first dataset that differs. Version 1 files (no digests)
-still load, unverified. :func:`latest_checkpoint`, :func:`prune_checkpoints` and the hint
-naming an earlier checkpoint look at the ``complete`` marker only (cheap: no data read);
-:func:`load_latest` verifies, and skips corrupt files.
+Unsealed files: versions 1 (no digests) and 2 (per-dataset digests), an earlier DeepFusion's,
+still load, with a note: a child process reads them first (``python -m
+deepfusion.engine.checkpoint FILE`` prints ``{"sha256": ...}`` or ``{"error": ...}``; a hang
+ends at :data:`CHECK_SECONDS`, a crash ends only the child) and only the bytes it checked are
+parsed here. A version 3 file without its seal (cut short, changed) is refused.
 
-Atomicity (:mod:`deepfusion.engine.atomic`): the file is written to ``<path>.tmp.<pid>``, closed,
-fsync'ed and ``os.replace``'d onto ``path``, then the directory is fsync'ed. A file without
-``complete`` (a job killed mid-write on a filesystem without atomic rename) is refused by
-:func:`load_checkpoint` and skipped by :func:`latest_checkpoint`. Temp files of killed writers
-are removed by :func:`prune_checkpoints` (which the trainer calls after every save).
+:func:`verify_checkpoint` checks a file without loading it, :func:`find_checkpoint` and
+:func:`latest_checkpoint` return the newest that passes, :func:`load_latest` the newest that
+loads; :func:`prune_checkpoints` counts only sealed, intact files as kept ones.
 
-Pure Python/torch/h5py: no PDE, no model, no MPI here (the caller decides which rank saves).
+Atomicity (:mod:`deepfusion.engine.atomic`): written to ``<path>.tmp.<pid>``, closed, sealed,
+fsync'ed, ``os.replace``'d onto ``path``, the directory fsync'ed: ``path`` is a whole sealed file
+or absent, whenever the job is killed. :func:`prune_checkpoints` (after every save) removes the
+temp files of killed writers. No PDE, no model, no MPI here (the caller decides which rank saves).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-import random
 import re
+import sys
 import time
 
 import h5py
-import numpy as np
 import torch
 
 from .atomic import atomic_path, remove_stale_temps
 from .h5state import (DIGEST_ALGORITHM, CheckpointError, attr_str, digest, json_dumps, read_item,
                       write_dict)
+from .rngstate import capture_rng_state, restore_rng_state  # re-exported: part of the API
+from .sealed import (ChildFailed, SealBroken, check_sealed, read_sealed, run_contained, seal,
+                     sha256_hex)
 
 FORMAT = "deepfusion-checkpoint"
-FORMAT_VERSION = 2  # 2: per-dataset digests. Version 1 (no digests) is still read.
+FORMAT_VERSION = 3  # 3: sealed; 2: per-dataset digests; 1: neither. All three are read.
 _STEP_FILE = re.compile(r"^step_(\d+)\.h5$")
 _META = "@meta"  # the digest key of the meta attribute (dataset names start with "/")
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+CHECK_SECONDS = 300.0  # hang guard of the contained check of an unsealed file (it imports torch)
+_PASSED: set[str] = set()  # sha256 of unsealed bytes whose check passed: find, then load, once
 
 
 # ---------------------------------------------------------------------------------------------
-# paths
+# paths, checks and choices
 # ---------------------------------------------------------------------------------------------
 
 def checkpoint_dir(run_dir) -> str:
@@ -92,22 +101,97 @@ def _open(path, mode):
         return h5py.File(path, mode)
 
 
-def _is_complete(path) -> bool:
+def seal_status(path) -> str:
+    """"sealed" (and intact), "unsealed" (not checked further) or "broken": hashing only."""
     try:
-        with _open(path, "r") as f:
-            return bool(f.attrs.get("complete", False)) and f.attrs.get("format") == FORMAT
-    except Exception:
-        return False
+        return "sealed" if check_sealed(path) else "unsealed"
+    except (SealBroken, OSError):
+        return "broken"
 
 
-def load_latest(run_dir) -> tuple[str, dict, list[str]]:
-    """(path, state, skipped) of the newest checkpoint in ``run_dir`` that loads: newer files
-    that are incomplete or corrupt are skipped, each with a one-line reason in ``skipped``.
-    Raises :class:`CheckpointError` naming every file tried when none loads."""
+def _corrupt(path, why) -> CheckpointError:
+    return CheckpointError(f"corrupt checkpoint {path}: {why}; {_alternative(path)}")
+
+
+def _require_hdf5(path, head: bytes) -> None:
+    """Refuse, without parsing, a file that does not even start as HDF5 (empty, overwritten)."""
+    if head[:8] != _HDF5_SIGNATURE:
+        what = "an empty file" if not head else "no HDF5 signature at its start"
+        raise CheckpointError(f"cannot read checkpoint {path}: not a valid HDF5 file "
+                              f"(truncated or corrupt?): {what}; {_alternative(path)}")
+
+
+def _contained_check(path: str, sha: str | None = None) -> None:
+    """Read the unsealed file ``path`` in a child process; CheckpointError unless it loads
+    there (and, with ``sha``, unless the child read those very bytes)."""
+    try:
+        answer = json.loads(run_contained(["-m", __name__, path],
+                                          CHECK_SECONDS + os.path.getsize(path) / 20e6))
+        if not isinstance(answer, dict):
+            raise ValueError(f"unexpected answer {answer!r}")
+    except (ChildFailed, ValueError) as exc:
+        raise _corrupt(path, exc) from None
+    if "error" in answer:
+        raise CheckpointError(str(answer["error"]))
+    if sha is not None and answer.get("sha256") != sha:
+        raise CheckpointError(f"checkpoint {path} changed while it was being checked: try again")
+    _PASSED.add(str(answer.get("sha256")))
+
+
+def verify_checkpoint(path) -> bool:
+    """Check ``path`` without loading it: True if it is sealed and intact (hashing only), False
+    if it is unsealed (an earlier DeepFusion's) and loads in a contained check. Raises
+    :class:`CheckpointError` saying why it cannot be used."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        if check_sealed(path):
+            return True
+        with open(path, "rb") as fh:
+            _require_hdf5(path, fh.read(8))
+    except SealBroken as exc:
+        raise _corrupt(path, exc) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+    _contained_check(path)
+    return False
+
+
+def unsealed_note(path) -> str:
+    return (f"{path} has no whole-file digest (written by an earlier DeepFusion): it was read "
+            f"in a separate process before it was loaded; checkpoints written from now on have one")
+
+
+def find_checkpoint(run_dir, notes: list | None = None) -> tuple[str | None, list[str]]:
+    """(the newest checkpoint in ``run_dir`` that passes :func:`verify_checkpoint`, or None;
+    one line per newer file skipped, saying why). ``notes`` as for :func:`load_checkpoint`."""
     skipped = []
     for _, path in _step_files(run_dir):
         try:
-            return path, load_checkpoint(path), skipped
+            if not verify_checkpoint(path) and notes is not None:
+                notes.append(unsealed_note(path))
+            return path, skipped
+        except CheckpointError as exc:
+            skipped.append(f"{os.path.basename(path)}: {exc}")
+    return None, skipped
+
+
+def latest_checkpoint(run_dir) -> str | None:
+    """The newest checkpoint in ``run_dir/checkpoints/`` that passes its check (temp files and
+    files that fail are skipped silently: :func:`find_checkpoint` says why), or ``None``."""
+    return find_checkpoint(run_dir)[0]
+
+
+def load_latest(run_dir, notes: list | None = None) -> tuple[str, dict, list[str]]:
+    """(path, state, skipped) of the newest checkpoint in ``run_dir`` that loads: newer files
+    that are incomplete or corrupt are skipped, each with a one-line reason in ``skipped``
+    (``notes``: see :func:`load_checkpoint`). Raises :class:`CheckpointError` naming every file
+    tried when none loads."""
+    skipped = []
+    for _, path in _step_files(run_dir):
+        try:
+            return path, load_checkpoint(path, notes), skipped
         except CheckpointError as exc:
             skipped.append(f"{os.path.basename(path)}: {exc}")
     where = checkpoint_dir(run_dir)
@@ -115,24 +199,11 @@ def load_latest(run_dir) -> tuple[str, dict, list[str]]:
     raise CheckpointError(f"no loadable checkpoint in {where} ({tried})")
 
 
-def latest_checkpoint(run_dir) -> str | None:
-    """The newest complete checkpoint in ``run_dir/checkpoints/`` (temp, incomplete and
-    unreadable files are skipped silently), or ``None``.
-
-    Cheap: it checks the ``complete`` marker only, not the digests, so a file whose bytes were
-    damaged later can still be returned (:func:`load_checkpoint` will refuse it). To get the
-    newest checkpoint that actually loads, use :func:`load_latest`."""
-    for _, path in _step_files(run_dir):
-        if _is_complete(path):
-            return path
-    return None
-
-
 def prune_checkpoints(run_dir, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` complete checkpoints; incomplete or corrupt step files
-    older than the oldest kept one are removed too, and so are the temp files of writers that
-    were killed (:func:`~deepfusion.engine.atomic.remove_stale_temps`: the temp file of a live
-    process, e.g. a save in progress, is left alone). Returns the removed paths."""
+    """Delete all but the newest ``keep`` sealed, intact checkpoints (hashing only); other step
+    files never count as kept ones and are left alone while newer than the oldest kept one.
+    Temp files of killed writers go too (:func:`~deepfusion.engine.atomic.remove_stale_temps`:
+    never a live process's, e.g. a save in progress). Returns the removed paths."""
     keep = int(keep)
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
@@ -140,9 +211,9 @@ def prune_checkpoints(run_dir, keep: int) -> list[str]:
     removed = remove_stale_temps(checkpoint_dir(run_dir), base=_STEP_FILE)
     for _, path in _step_files(run_dir):
         if kept < keep:
-            if _is_complete(path):
+            if seal_status(path) == "sealed":
                 kept += 1
-            continue  # an unreadable file newer than the kept ones: leave it for inspection
+            continue
         try:
             os.remove(path)
             removed.append(path)
@@ -179,7 +250,7 @@ def _write(f, model_state, optim_state, rng_state, meta, meta_json) -> None:
     write_dict(f.create_group("rng"), rng_state, digests)
     f.attrs["digest_algorithm"] = DIGEST_ALGORITHM
     f.attrs["digests"] = json.dumps(digests)  # a variable-length string: no 64 KiB header limit
-    f.attrs["complete"] = True  # LAST: marks the file as fully written
+    f.attrs["complete"] = True  # LAST in the HDF5 file; the seal after it marks the whole file
 
 
 def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: dict,
@@ -196,20 +267,27 @@ def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: di
     with atomic_path(path) as tmp:
         with _open(tmp, "w") as f:
             _write(f, model_state, optim_state, rng_state, meta, meta_json)
+        seal(tmp)  # of the closed file's bytes: published together with them, or not at all
 
 
 def _alternative(path: str) -> str:
-    """A hint naming an earlier usable checkpoint next to ``path``."""
+    """A hint naming an earlier usable checkpoint next to ``path`` (hashing only: a sealed,
+    intact one, else an unsealed one)."""
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     if os.path.basename(d) == "checkpoints":
+        unsealed = []
         for _, other in _step_files(os.path.dirname(d)):
-            if os.path.abspath(other) != path and _is_complete(other):
+            status = "" if os.path.abspath(other) == path else seal_status(other)
+            if status == "sealed":
                 return f"use an earlier one: {other}"
+            unsealed += [other] if status == "unsealed" else []
+        if unsealed:
+            return f"use an earlier one: {unsealed[0]}"
     return f"no other complete checkpoint found in {d}"
 
 
-def _check_header(f, path: str) -> int:
+def _check_header(f, path: str, sealed: bool) -> int:
     """The format version, once the file is known to be a complete DeepFusion checkpoint."""
     if f.attrs.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a DeepFusion checkpoint (no format='{FORMAT}' "
@@ -218,6 +296,11 @@ def _check_header(f, path: str) -> int:
     if version > FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {version}; this "
                               f"DeepFusion reads up to {FORMAT_VERSION}: upgrade it")
+    if version >= 3 and not sealed:
+        raise CheckpointError(f"incomplete or damaged checkpoint {path}: it does not end with "
+                              f"the whole-file digest its format (version {version}) is written "
+                              f"with (cut short, or changed after it was written?); "
+                              f"{_alternative(path)}")
     if not bool(f.attrs.get("complete", False)):
         raise CheckpointError(f"incomplete checkpoint {path} (written while the job was "
                               f"killed?); {_alternative(path)}")
@@ -255,64 +338,74 @@ def _read_states(f, version: int) -> dict:
     return state
 
 
-def load_checkpoint(path) -> dict:
+def _parse(path: str, data: bytes, sealed: bool) -> dict:
+    """The state in ``data`` (the bytes of ``path``, already checked)."""
+    try:
+        f = h5py.File(io.BytesIO(data), "r")
+    except Exception as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: not a valid HDF5 file "
+                              f"(truncated or corrupt?): {exc}; {_alternative(path)}") from None
+    with f:
+        try:
+            version = _check_header(f, path, sealed)  # its messages name the file
+        except CheckpointError:
+            raise
+        except Exception as exc:  # h5py errors of a damaged (unsealed) file's attributes
+            raise _corrupt(path, f"{type(exc).__name__}: {exc}") from None
+        try:
+            return _read_states(f, version)
+        except Exception as exc:  # h5py, JSON or decoding errors of damaged data, digests
+            why = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+            raise _corrupt(path, why) from None
+
+
+def load_checkpoint(path, notes: list | None = None) -> dict:
     """Read a checkpoint: ``{"model_state", "optim_state", "rng_state", "meta"}``.
 
-    Raises :class:`CheckpointError` with a clear message if the file is missing, not HDF5,
-    truncated, incomplete (no ``complete`` marker), damaged after it was written (a dataset
-    whose digest differs) or otherwise unreadable.
+    The bytes are checked against the seal before HDF5 parses them. Raises
+    :class:`CheckpointError` with a clear message if the file is missing, not HDF5, truncated,
+    incomplete, changed after it was written (any byte) or otherwise unreadable. An unsealed
+    file is read in a contained check first, and ``notes`` (a list, if given) gets a line.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        f = _open(path, "r")
-    except Exception as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: not a valid HDF5 file "
-                              f"(truncated or corrupt?): {exc}; {_alternative(path)}") from None
-    with f:
-        version = _check_header(f, path)
-        try:
-            return _read_states(f, version)
-        except Exception as exc:  # h5py, JSON or decoding errors of damaged data, digests
-            why = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-            raise CheckpointError(f"corrupt checkpoint {path}: {why}; "
-                                  f"{_alternative(path)}") from None
+        data, sealed = read_sealed(path)
+    except SealBroken as exc:
+        raise _corrupt(path, exc) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+    if not sealed:
+        _require_hdf5(path, data[:8])
+        sha = sha256_hex(data)
+        if sha not in _PASSED:
+            _contained_check(path, sha)
+        if notes is not None:
+            notes.append(unsealed_note(path))
+    return _parse(path, data, sealed)
 
 
-# ---------------------------------------------------------------------------------------------
-# RNG helpers
-# ---------------------------------------------------------------------------------------------
-
-def capture_rng_state(np_generator: np.random.Generator | None = None) -> dict:
-    """The torch CPU, numpy and python ``random`` states, ready for ``save_checkpoint``.
-
-    ``np_generator``: a ``numpy.random.Generator`` whose bit-generator state is captured (a
-    JSON-able dict); without it the legacy global ``numpy.random`` state is captured.
-    """
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": (np_generator.bit_generator.state if np_generator is not None
-                  else np.random.get_state()),
-        "python": random.getstate(),
-    }
-
-
-def restore_rng_state(state: dict, np_generator: np.random.Generator | None = None) -> None:
-    """Inverse of :func:`capture_rng_state` (missing entries are left alone)."""
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        if np_generator is not None:
-            np_generator.bit_generator.state = state["numpy"]
-        else:
-            np.random.set_state(tuple(state["numpy"]))
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
+def contained_main(argv) -> int:
+    """``python -m deepfusion.engine.checkpoint FILE``: read FILE as :func:`load_checkpoint`
+    reads an unsealed file, in this (child) process; print the verdict as one JSON line."""
+    path = os.fspath(argv[0])
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        _parse(path, data, sealed=False)
+        answer = {"sha256": sha256_hex(data)}
+    except CheckpointError as exc:
+        answer = {"error": str(exc)}
+    print(json.dumps(answer), flush=True)
+    return 0
 
 
 __all__ = [
-    "CheckpointError", "capture_rng_state", "checkpoint_path", "latest_checkpoint", "load_latest",
-    "load_checkpoint", "prune_checkpoints", "restore_rng_state", "save_checkpoint",
+    "CheckpointError", "capture_rng_state", "checkpoint_path", "find_checkpoint",
+    "latest_checkpoint", "load_latest", "load_checkpoint", "prune_checkpoints",
+    "restore_rng_state", "save_checkpoint", "seal_status", "unsealed_note", "verify_checkpoint",
 ]
+
+if __name__ == "__main__":
+    sys.exit(contained_main(sys.argv[1:]))

@@ -19,8 +19,10 @@ Integrity: given a ``digests`` dict, :func:`write_dict` records the :func:`diges
 dtype, shape and bytes) of every dataset it writes under the dataset's absolute name, hashing the
 array in memory (no read-back); :func:`read_item` checks each dataset's bytes against that record
 as it reads them, before decoding, and raises :class:`CheckpointError` naming the first dataset
-that differs. The caller stores the record (:mod:`deepfusion.engine.checkpoint`: a root
-attribute) and re-exports :class:`CheckpointError`.
+that differs; a dict whose keys, member names and members disagree, or a list whose length and
+members disagree, is refused too (the digests cover the data, these the structure around it).
+The caller stores the record (:mod:`deepfusion.engine.checkpoint`: a root attribute) and
+re-exports :class:`CheckpointError`.
 """
 from __future__ import annotations
 
@@ -224,8 +226,18 @@ def read_item(obj, digests: dict | None = None):
     if kind == "dict":
         keys = json.loads(attr_str(obj, "__keys__"))
         names = json.loads(attr_str(obj, "__names__"))
+        # the names are a function of the keys, and they are the members: a changed key, name
+        # or member is refused, not read as another state
+        if not isinstance(keys, list) or names != _member_names(keys) or \
+                sorted(obj.keys()) != sorted(names):
+            raise CheckpointError(f"{obj.name}: its keys, member names and members disagree "
+                                  f"(the structure was damaged)")
         return {k: read_item(obj[n], digests) for k, n in zip(keys, names)}
     if kind in ("list", "tuple"):
-        items = [read_item(obj[str(i)], digests) for i in range(int(obj.attrs["__len__"]))]
+        n = int(obj.attrs["__len__"])
+        if sorted(obj.keys()) != sorted(str(i) for i in range(n)):
+            raise CheckpointError(f"{obj.name}: its length and members disagree (the structure "
+                                  f"was damaged)")
+        items = [read_item(obj[str(i)], digests) for i in range(n)]
         return tuple(items) if kind == "tuple" else items
     raise CheckpointError(f"{obj.name}: unknown stored type {kind!r}")

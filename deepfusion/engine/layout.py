@@ -85,22 +85,55 @@ def _ranges(cpus: list[int]) -> str:
 
 
 def report(layouts: list[RankLayout], mpi_version: str) -> tuple[str, list[str]]:
-    """The start-up layout table and warnings (oversubscribed hosts, overlapping unbound ranks)."""
+    """The start-up layout table and warnings (oversubscribed hosts, ranks bound to fewer CPUs
+    than their threads), each naming the fix that applies."""
     hosts = sorted({l.host for l in layouts})
     lines = [f"layout: {len(layouts)} rank(s) on {len(hosts)} host(s), "
              f"threads per rank {sorted({l.threads for l in layouts})}; MPI: {mpi_version}"]
     for l in layouts:
         lines.append(f"  rank {l.rank:>4} local_rank {l.local_rank:>3} host {l.host} "
                      f"threads {l.threads} affinity {_ranges(l.affinity)}")
-    warnings = []
-    for h in hosts:
-        on = [l for l in layouts if l.host == h]
-        used = sum(l.threads for l in on)
-        if used > on[0].host_cores:
-            warnings.append(f"host {h}: {len(on)} ranks x threads = {used} threads on "
-                            f"{on[0].host_cores} cores (oversubscribed: expect slow steps; set "
-                            f"parallel.threads_per_rank = {max(1, on[0].host_cores // len(on))})")
+    warnings = [w for h in hosts for w in [host_warning(h, [l for l in layouts if l.host == h])]
+                if w]
+    warnings += affinity_warnings(layouts)
     return "\n".join(lines), warnings
+
+
+def host_warning(host: str, on: list[RankLayout]) -> str:
+    """The warning for a host whose ranks run more threads than it has cores, naming the fix
+    that applies: fewer threads per rank while that suffices, else fewer ranks on the host
+    (at one thread per rank, more ranks than cores oversubscribe whatever the setting)."""
+    cores, used = on[0].host_cores, sum(l.threads for l in on)
+    if used <= cores:
+        return ""
+    if len(on) <= cores:
+        fix = f"set parallel.threads_per_rank = {cores // len(on)}"
+    else:
+        fix = (f"more ranks than cores even at one thread each: start at most {cores} ranks "
+               f"on this host (mpiexec -ppn {cores}, srun --ntasks-per-node={cores}) or more "
+               f"hosts")
+        if max(l.threads for l in on) > 1:
+            fix += ", with parallel.threads_per_rank = 1"
+    return (f"host {host}: {len(on)} ranks x threads = {used} threads on {cores} cores "
+            f"(oversubscribed: expect slow steps; {fix})")
+
+
+def affinity_warnings(layouts: list[RankLayout]) -> list[str]:
+    """One warning per kind of rank bound to fewer CPUs than it runs threads (its threads share
+    them), naming the ranks: a large job bound one way prints one line, not one per rank."""
+    kinds: dict[tuple[int, int], list[RankLayout]] = {}
+    for l in layouts:
+        if l.threads > len(l.affinity):
+            kinds.setdefault((l.threads, len(l.affinity)), []).append(l)
+    out = []
+    for (threads, cpus), ls in sorted(kinds.items()):
+        ranks = ", ".join(str(l.rank) for l in ls[:8]) + (f" and {len(ls) - 8} more"
+                                                          if len(ls) > 8 else "")
+        out.append(f"rank {ranks}: {threads} threads on the {cpus} CPU(s) its affinity allows "
+                   f"(rank {ls[0].rank}: {_ranges(ls[0].affinity)}): set "
+                   f"parallel.threads_per_rank = {cpus}, or bind each rank to {threads} cores "
+                   f"(srun --cpus-per-task={threads}, mpiexec -bind-to core:{threads})")
+    return out
 
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")

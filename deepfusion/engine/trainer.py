@@ -25,7 +25,7 @@ from . import checkpoint as ckpt
 from . import stop
 from .data import InputCache, LazyBatch, ShardedPool
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
-from .evaluate import evaluate, summary_text
+from .evaluate import eval_record, evaluate, quantity, summary_text
 from .faults import Faults
 from .levels import Visit, growths, plan, signature, visit_at
 from .optimizers import OptimizerSchedule
@@ -246,9 +246,10 @@ class Trainer:
             v = self.visit
             self.log.record({"kind": "eval", "epoch": epoch, "step": self.step, "level": v.level,
                              "grid": list(v.grid), "elapsed_s": self.elapsed(),
-                             **{k: s[k] for k in ("rel_l2_mean", "rel_l2_median", "rel_l2_max")}})
+                             **eval_record(s)})
             grid = "x".join(map(str, v.grid))
-            self.log.info(f"eval at step {self.step} ({grid}): validation rel L2 {summary_text(s)}")
+            self.log.info(f"eval at step {self.step} ({grid}): validation "
+                          f"{quantity(s, short=True)} {summary_text(s)}")
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
@@ -313,9 +314,12 @@ class Trainer:
         found = error = None
         if self.comm.rank == 0:
             try:
-                path, state, skipped = ckpt.load_latest(self.run_dir)
+                notes = []
+                path, state, skipped = ckpt.load_latest(self.run_dir, notes)
                 for why in skipped:
                     self.log.warn(f"skipped checkpoint {why}; using {os.path.basename(path)}")
+                for note in notes:  # a checkpoint of an earlier DeepFusion, without a seal
+                    self.log.warn(note)
                 found = (path, state)
             except ckpt.CheckpointError as exc:
                 error = str(exc)
@@ -346,7 +350,9 @@ class Trainer:
         try:
             path, state = self.load_newest()
         except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
-            raise InputError(f"--resume {self.run_dir}: {exc}; start without --resume") from None
+            raise InputError(f"--resume {self.run_dir}: {exc}; start over in it with "
+                             f"--overwrite (without --resume), or in another directory with "
+                             f"--set run.dir=PATH") from None
         meta = state["meta"]
         self.check_plan(meta)
         self.apply(state)
