@@ -136,7 +136,7 @@ def test_same_losses_on_any_p_across_level_changes(mg, full, tmp_path):
     evals = records(d, "eval")  # the end of every level but the last (the final one: eval.json)
     assert [(e["step"], e["grid"]) for e in evals] == [(5, [16, 16]), (7, [32, 32])]
     assert "entering level 1 (32x32), visit 1: steps 5..6, global batch 8" in out
-    assert "      6     32x32" in out  # the log line shows the grid
+    assert "   6/11     32x32" in out  # the log line shows step/total and the grid
     assert os.path.exists(os.path.join(d, "loss.png"))
 
 

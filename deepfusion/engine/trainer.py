@@ -62,8 +62,7 @@ class Trainer:
         self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
         self.last_save = time.perf_counter()
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
-                          progress=cfg.run.progress, total_steps=self.total_steps,
-                          term_names=terms)
+                          progress=cfg.run.progress, visits=self.visits, term_names=terms)
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict:
@@ -209,15 +208,9 @@ class Trainer:
                       f"rate scaled by {scale:g}")
 
     def log_step(self, epoch: int, res: StepResult):
-        t = res.times
-        v = self.visit
-        bs = v.global_batch
-        self.log.step({"kind": "step", "step": self.step, "epoch": epoch, "level": v.level,
-                       "grid": list(v.grid), "loss": res.loss,
-                       **res.terms, "terms": res.terms, "grad_norm": res.grad_norm, "lr": res.lr,
-                       **{f"time_{k}": v for k, v in t.items()},
-                       "samples_per_s": bs / t["step"] if t["step"] > 0 else 0.0,
-                       "elapsed_s": self.elapsed(), **res.metrics})
+        segment = time.perf_counter() - self.t_start  # (one reading: elapsed = before + it)
+        self.log.step(self.visit, epoch, self.step, res, elapsed=self.elapsed_before + segment,
+                      segment=segment)
 
     def log_epoch(self, epoch: int, t_epoch):
         if t_epoch is None:  # resumed or rolled back mid-epoch: no whole-epoch time to report
