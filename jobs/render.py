@@ -5,9 +5,12 @@
                            [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
                            [--profiles my_clusters.toml] [--allow-smt]
 
-Cluster profiles live in jobs/clusters.toml (see the comments there); ``--profiles FILE`` merges a
-user file over them. One template per launcher is in jobs/templates/<launcher>.sh.in
-(string.Template with the delimiter ``@@`` so bash's own ``$VAR`` needs no escaping).
+Cluster profiles live in jobs/clusters.toml (see the comments there; their fields and checks:
+jobs/profiles.py); ``--profiles FILE`` merges a user file over them. One template per launcher
+is in jobs/templates/<launcher>.sh.in (string.Template with the delimiter ``@@`` so bash's own
+``$VAR`` needs no escaping). ``main`` checks the job before it writes it (jobs/precheck.py:
+placeholders left in the profile, and the start-up of ``deepfusion train`` on the job's ranks);
+``render`` itself only writes the text.
 
 Public API (also used by jobs.sweep and jobs.model):
     load_profiles(extra=None) -> {name: profile}
@@ -25,173 +28,15 @@ import re
 import shlex
 import string
 import sys
-import tomllib
 from pathlib import Path
 
+from jobs.precheck import absolute, check_job, default_setup, refuse_placeholders, with_site
+from jobs.profiles import get_profile, load_profiles, profile_names
+
+__all__ = ["check_layout", "get_profile", "launch_argv", "load_profiles", "main", "render"]
+
 HERE = Path(__file__).resolve().parent
-DEFAULT_PROFILES = HERE / "clusters.toml"
 TEMPLATES = HERE / "templates"
-LAUNCHERS = ("ibrun", "srun", "mpirun", "mpiexec")
-MPI_IMPLS = ("intel", "openmpi", "mpich", "any")
-
-_INT = (int,)
-_NUM = (int, float)
-# field -> (allowed python types, may be "auto", description)
-REQUIRED_FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
-    "launcher": ((str,), False, f"one of {', '.join(LAUNCHERS)}"),
-    "cores_per_node": (_INT, True, "physical cores per node (integer > 0 or \"auto\")"),
-    "sockets": (_INT, True, "sockets per node (integer > 0 or \"auto\")"),
-    "numa_domains": (_INT, True, "NUMA domains per node (integer > 0 or \"auto\")"),
-    "memory_gb": (_NUM, True, "memory per node in GB (number > 0 or \"auto\")"),
-    "link_bandwidth_GBps": (_NUM, False, "inter-node link bandwidth in GB/s (number > 0)"),
-    "link_latency_us": (_NUM, False, "inter-node MPI latency in microseconds (number > 0)"),
-    "ranks_per_node": (_INT, True, "default MPI ranks per node (integer > 0, or \"auto\": "
-                                   "cores_per_node / threads_per_rank)"),
-    "threads_per_rank": (_INT, True, "default threads per rank (integer > 0 or \"auto\")"),
-    "partition": ((str,), False, "SLURM partition (string, may be empty)"),
-    "account": ((str,), False, "SLURM account (string, may be empty)"),
-    "modules": ((list,), False, "list of shell lines such as \"module load ...\""),
-}
-OPTIONAL_FIELDS: dict[str, tuple[tuple[type, ...], object]] = {
-    "description": ((str,), ""),
-    "mpi_impl": ((str,), "any"),
-    "hw_threads_per_core": (_INT, 1),
-    "shm_bandwidth_GBps": (_NUM, 10.0),
-    "shm_latency_us": (_NUM, 0.5),
-    "max_nodes": (_INT, 0),  # 0 = no limit
-    # srun --mpi=VALUE (pmi2, pmix, ...); "" = the cluster's MpiDefault. Measured on the local Slurm
-    # 22.05 cluster (docs/clusters.md): the pip mpich wheel needs "pmi2"; with "none" every rank
-    # starts its own 1-rank world, and "pmix" is refused by that MPICH build.
-    "srun_mpi": ((str,), ""),
-}
-_POSITIVE = {"cores_per_node", "sockets", "numa_domains", "memory_gb", "link_bandwidth_GBps",
-             "link_latency_us", "ranks_per_node", "threads_per_rank", "hw_threads_per_core",
-             "shm_bandwidth_GBps", "shm_latency_us"}
-
-
-class ProfileError(ValueError):
-    """A cluster profile is missing a field or has a field of the wrong type/value."""
-
-
-# ------------------------------------------------------------------------------------ profiles
-def _read_toml(path: str | os.PathLike) -> dict:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ProfileError(f"profile file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"profile file {path} is not valid TOML: {exc}") from None
-
-
-def _type_name(types: tuple[type, ...]) -> str:
-    return "/".join("number" if t is float else t.__name__ for t in types)
-
-
-def _check_value(label: str, field: str, val, types, desc: str | None = None) -> None:
-    """Type and positivity of one profile field (``label`` names the profile and its file)."""
-    if isinstance(val, bool) or not isinstance(val, types):
-        what = f"{_type_name(types)} ({desc})" if desc else _type_name(types)
-        raise ProfileError(f"{label}: field '{field}' must be {what}, got {type(val).__name__} {val!r}")
-    if field in _POSITIVE and val <= 0:
-        raise ProfileError(f"{label}: field '{field}' must be > 0, got {val!r}")
-
-
-def validate_profile(name: str, prof: dict, source: str = "") -> dict:
-    """Check every field; return a copy with optional defaults filled in. Raises ProfileError."""
-    where = f" in {source}" if source else ""
-    if not isinstance(prof, dict):
-        raise ProfileError(f"cluster profile '{name}'{where} must be a TOML table [{name}]")
-    out = dict(prof)
-    for field, (types, auto_ok, desc) in REQUIRED_FIELDS.items():
-        if field not in prof:
-            raise ProfileError(f"cluster profile '{name}'{where} is missing field '{field}' ({desc})")
-        if not (auto_ok and prof[field] == "auto"):
-            _check_value(f"cluster profile '{name}'{where}", field, prof[field], types, desc)
-    if prof["launcher"] not in LAUNCHERS:
-        raise ProfileError(f"cluster profile '{name}'{where}: field 'launcher' must be one of "
-                           f"{', '.join(LAUNCHERS)}, got {prof['launcher']!r}")
-    if not all(isinstance(m, str) for m in prof["modules"]):
-        raise ProfileError(f"cluster profile '{name}'{where}: field 'modules' must be a list of strings")
-    for field, (types, default) in OPTIONAL_FIELDS.items():
-        if field not in prof:
-            out[field] = default
-            continue
-        _check_value(f"cluster profile '{name}'{where}", field, prof[field], types)
-    if not re.fullmatch(r"[a-z0-9_]*", out["srun_mpi"]):
-        raise ProfileError(f"cluster profile '{name}'{where}: field 'srun_mpi' must be an srun --mpi "
-                           f"type such as pmi2 or pmix (or \"\" for the cluster default), got {out['srun_mpi']!r}")
-    if out["mpi_impl"] not in MPI_IMPLS:
-        raise ProfileError(f"cluster profile '{name}'{where}: field 'mpi_impl' must be one of "
-                           f"{', '.join(MPI_IMPLS)}, got {out['mpi_impl']!r}")
-    unknown = set(prof) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS)
-    if unknown:
-        raise ProfileError(f"cluster profile '{name}'{where} has unknown field(s) "
-                           f"{', '.join(sorted(unknown))} (typo?)")
-    return out
-
-
-def _numa_nodes() -> int:
-    try:
-        return max(1, len([d for d in os.listdir("/sys/devices/system/node") if re.fullmatch(r"node\d+", d)]))
-    except OSError:
-        return 1
-
-
-def _memory_gb() -> float:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
-    return 1.0
-
-
-def _resolve_auto(prof: dict) -> dict:
-    p = dict(prof)
-    cpus = os.cpu_count() or 1
-    if p["cores_per_node"] == "auto":
-        p["cores_per_node"] = max(1, cpus // p.get("hw_threads_per_core", 1))
-    if p["numa_domains"] == "auto":
-        p["numa_domains"] = _numa_nodes()
-    if p["sockets"] == "auto":
-        p["sockets"] = min(p["numa_domains"], p["cores_per_node"])
-    if p["memory_gb"] == "auto":
-        p["memory_gb"] = _memory_gb()
-    if p["ranks_per_node"] == "auto":  # one rank per core unless threads_per_rank says otherwise
-        t = 1 if p["threads_per_rank"] == "auto" else p["threads_per_rank"]
-        p["ranks_per_node"] = max(1, p["cores_per_node"] // t)
-    if p["threads_per_rank"] == "auto":
-        p["threads_per_rank"] = max(1, p["cores_per_node"] // p["ranks_per_node"])
-    return p
-
-
-def load_profiles(extra: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> dict:
-    """All profiles: jobs/clusters.toml, then ``extra`` merged over it (field by field per profile).
-
-    Every profile is validated; "auto" fields are resolved for this machine.
-    """
-    base = base or DEFAULT_PROFILES
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in _read_toml(base).items()}
-    sources = {k: str(base) for k in raw}
-    if extra:
-        for name, prof in _read_toml(extra).items():
-            if isinstance(prof, dict) and isinstance(raw.get(name), dict):
-                raw[name].update(prof)
-            else:
-                raw[name] = prof
-            sources[name] = str(extra)
-    return {name: _resolve_auto(validate_profile(name, prof, sources[name])) for name, prof in raw.items()}
-
-
-def get_profile(name: str, profiles: dict | None = None) -> dict:
-    profiles = load_profiles() if profiles is None else profiles
-    if name not in profiles:
-        raise ValueError(f"unknown cluster '{name}'; valid clusters: {', '.join(sorted(profiles))}")
-    return dict(profiles[name], name=name)
-
 
 # ------------------------------------------------------------------------------------ layout
 def check_layout(prof: dict, nodes: int, ranks_per_node: int, threads_per_rank: int,
@@ -291,7 +136,8 @@ def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_
         raise ValueError(f"time limit must look like HH:MM:SS or D-HH:MM:SS, got {time!r}")
     smt = _smt(prof, r, t, allow_smt)
     launcher = prof["launcher"]
-    run_dir = run_dir or f"runs/{job_name}-${{SLURM_JOB_ID:-local}}"
+    run_dir = absolute(run_dir or default_run_dir(job_name))
+    setup = default_setup() if prof.get("setup") is None else prof["setup"]
     for kv in extra_sets:
         if "=" not in kv:
             raise ValueError(f"--set expects key=value, got {kv!r}")
@@ -312,7 +158,7 @@ def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_
         ntasks_line=f"#SBATCH -n {nodes * r}\n" if launcher == "ibrun" else "",
         partition_line=f"#SBATCH -p {prof['partition']}\n" if prof["partition"] else "",
         account_line=f"#SBATCH -A {prof['account']}\n" if prof["account"] else "",
-        module_lines="".join(line + "\n" for line in prof["modules"]),
+        module_lines="".join(line + "\n" for line in prof["modules"] + setup),
         mpi_impl=prof.get("mpi_impl", "any"), ranks_per_package=rpp, ppr_unit=unit,
         pin_cell="unit" if smt else "core",
     )
@@ -326,18 +172,10 @@ def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_
             values["mpiexec_env"] = (f"# MPICH Hydra: -bind-to core:{t} binds each rank to {t} cores, "
                                      "-ppn places ranks per node.\n")
     values["train_block"] = _template("_train_requeue.sh.in").substitute(
-        values, config=config, run_dir=run_dir, forward_cmd=forward, deepfusion=deepfusion,
+        values, config=absolute(config), run_dir=run_dir, forward_cmd=forward, deepfusion=deepfusion,
         launch=" ".join(shlex.quote(a) for a in launch_argv(prof, nodes, r, t, allow_smt)),
         extra_sets="".join(f" --set {shlex.quote(kv)}" for kv in extra_sets))
     return _template(f"{launcher}.sh.in").substitute(values)
-
-
-def profile_names() -> list[str]:
-    """The names of the profiles in jobs/clusters.toml (for help texts; not validated)."""
-    try:
-        return sorted(_read_toml(DEFAULT_PROFILES))
-    except (OSError, ValueError):
-        return []
 
 
 def cluster_help(what: str) -> str:
@@ -369,20 +207,39 @@ def build_parser(prog: str = "deepfusion jobs render") -> argparse.ArgumentParse
                    help="allow ranks x threads up to cores x hw_threads_per_core (hyper-threads)")
     p.add_argument("--out", default=None, help="write the script here (default: stdout)")
     p.add_argument("--profiles", default=None, help="extra TOML profile file merged over jobs/clusters.toml")
+    p.add_argument("--partition", default=None, metavar="NAME",
+                   help="the Slurm partition (#SBATCH -p), over the profile's; \"\" leaves it out")
+    p.add_argument("--account", default=None, metavar="NAME",
+                   help="the Slurm account (#SBATCH -A), over the profile's; \"\" leaves it out")
+    p.add_argument("--no-check", action="store_true",
+                   help="write the script without checking the config against the job's ranks "
+                        "(a config only the compute nodes can read)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        profs = load_profiles(args.profiles)
+        prof = get_profile(args.cluster, profs)
+        profs[args.cluster] = prof = with_site(prof, args.partition, args.account)
+        refuse_placeholders(prof)
         if args.layout_from:
             args.ranks_per_node, args.threads_per_rank = _measured_layout(args)
-        text = render(args.cluster, args.nodes, args.ranks_per_node, args.threads_per_rank, time=args.time,
-                      config=args.config, run_dir=args.run_dir, job_name=args.job_name, profiles=args.profiles,
-                      allow_smt=args.allow_smt, deepfusion=args.deepfusion, extra_sets=tuple(args.extra_sets))
+        r = prof["ranks_per_node"] if args.ranks_per_node is None else args.ranks_per_node
+        t = prof["threads_per_rank"] if args.threads_per_rank is None else args.threads_per_rank
+        run_dir = absolute(args.run_dir or default_run_dir(args.job_name))
+        text = render(args.cluster, args.nodes, r, t, time=args.time, config=args.config,
+                      run_dir=run_dir, job_name=args.job_name, profiles=profs,
+                      allow_smt=args.allow_smt, deepfusion=args.deepfusion,
+                      extra_sets=tuple(args.extra_sets))
+        warns = [] if args.no_check else check_job(
+            args.config, args.extra_sets, args.nodes, r, t, run_dir)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(text)
         os.chmod(args.out, 0o755)
@@ -390,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def default_run_dir(job_name: str) -> str:
+    """RUN_DIR unless --run-dir: one per job, the same across its requeues."""
+    return f"runs/{job_name}-${{SLURM_JOB_ID:-local}}"
 
 
 def _measured_layout(args) -> tuple[int, int]:

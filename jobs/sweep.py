@@ -9,7 +9,9 @@
 A layout is ``RxT`` (R ranks x T threads per rank; on a cluster R is ranks per node). Strong
 scaling keeps the global batch fixed; weak scaling keeps the local batch fixed (global = local * P).
 Every layout runs in DIR/runs/<nodes>n<R>x<T>/ and writes metrics.jsonl; the aggregation below is a
-pure function of those files and writes DIR/sweep.json, DIR/sweep.csv and DIR/sweep.png.
+pure function of those files and writes DIR/sweep.json, DIR/sweep.csv and DIR/sweep.png. Before any
+layout runs or is submitted, each one's `deepfusion train` start-up is checked (jobs.precheck);
+--sbatch is in jobs.sweep_sbatch.
 
 Definitions (all per layout, steps after the first ``--warmup`` steps only):
     median_time_step   median over steps of the step time (slowest rank if several ranks log)
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -245,11 +248,14 @@ def run_sweep(args) -> list[dict]:
         gb = args.global_batch if args.mode == "strong" else args.local_batch * p
         if gb % p:
             raise ValueError(f"global batch {gb} is not divisible by {p} ranks (layout {r}x{t})")
-        rd = layout_dir(out, args.nodes, r, t)
+        plan.append((r, t, gb, layout_dir(out, args.nodes, r, t)))
+    check_plan(args, plan)  # every layout, before anything runs or is submitted
+    for *_, rd in plan:
         rd.mkdir(parents=True, exist_ok=True)
         (rd / "metrics.jsonl").unlink(missing_ok=True)
-        plan.append((r, t, gb, rd))
+        shutil.rmtree(rd / "checkpoints", ignore_errors=True)  # else train finds a run there
     if args.sbatch:
+        from jobs.sweep_sbatch import submit_layouts
         return submit_layouts(args, plan)
     runs = []
     for r, t, gb, rd in plan:
@@ -268,59 +274,22 @@ def run_sweep(args) -> list[dict]:
     return runs
 
 
-def submit_layouts(args, plan) -> list[dict]:
-    """--sbatch: one batch job per layout, rendered exactly as `jobs render` would for the cluster
-    (its #SBATCH layout, binding and launcher), all submitted first, then polled together (a job
-    that finished early is read before Slurm forgets it, MinJobAge); they run concurrently where
-    the partition has room. Status "ok" means Slurm's COMPLETED; --timeout is per layout."""
-    import shutil
-    from jobs.render import render
-    from jobs.slurm_local.client import FINAL_STATES, SlurmError, job_info, sbatch
-    train = args.deepfusion or f"{shlex.quote(sys.executable)} -m deepfusion"
-    config = str(Path(args.config).resolve())
-    jobs, status = [], {}
+def layout_sets(args, global_batch: int) -> list[str]:
+    """The --set items every layout's train gets besides its threads and run directory."""
+    return [f"data.global_batch={global_batch}", f"train.max_steps={args.steps}", "train.log_every=1",
+            *args.extra_sets]
 
-    def cancel(jids, reason):  # a failed sweep or a hung layout must not leave jobs queued
-        for jid in jids:
-            subprocess.run(["scancel", str(jid)], capture_output=True, timeout=30)
-            print(f"[sweep] cancelled job {jid} ({reason})", flush=True)
 
-    try:
-        for r, t, gb, rd in plan:
-            shutil.rmtree(rd / "checkpoints", ignore_errors=True)  # else the script would --resume an old run
-            (rd / "stdout.log").unlink(missing_ok=True)  # the script's --open-mode=append would mix runs
-            sets = (f"data.global_batch={gb}", f"train.max_steps={args.steps}", "train.log_every=1",
-                    *args.extra_sets)
-            script = rd / "job.sh"
-            script.write_text(render(args.cluster, args.nodes, r, t, time=args.time, config=config,
-                                     run_dir=str(rd.resolve()), job_name=f"sweep-{args.nodes}n{r}x{t}",
-                                     profiles=args.profiles, deepfusion=train, extra_sets=sets))
-            jid = sbatch(script, "-o", str((rd / "stdout.log").resolve()), *shlex.split(args.sbatch_args), cwd=rd)
-            print(f"[sweep] {r}x{t} global_batch={gb}: submitted job {jid} ({script})", flush=True)
-            jobs.append((r, t, gb, rd, jid))
-        deadline = time.monotonic() + args.timeout * len(jobs)
-        while len(status) < len(jobs) and time.monotonic() < deadline:
-            for r, t, _, _, jid in jobs:
-                if jid in status:
-                    continue
-                info = job_info(jid)
-                if info["JobState"] in FINAL_STATES:
-                    status[jid] = "ok" if info["JobState"] == "COMPLETED" else \
-                        f"slurm {info['JobState']} exit {info['ExitCode']}"
-                    print(f"[sweep] {r}x{t} job {jid}: {status[jid]}", flush=True)
-            time.sleep(0 if len(status) == len(jobs) else 2)
-        late = [jid for *_, jid in jobs if jid not in status]
-        cancel(late, f"not finished after {args.timeout * len(jobs):.0f} s")
-        status.update({jid: "timeout" for jid in late})
-    except SlurmError as exc:
-        cancel([jid for *_, jid in jobs if jid not in status], "the sweep failed")
-        raise ValueError(str(exc)) from None
-    except BaseException:
-        cancel([jid for *_, jid in jobs if jid not in status], "the sweep was interrupted")
-        raise
-    return [dict(nodes=args.nodes, ranks=r, threads=t, global_batch=gb, metrics=rd / "metrics.jsonl",
-                 status=status[jid], command=f"sbatch {args.sbatch_args} {rd / 'job.sh'} (job {jid})")
-            for r, t, gb, rd, jid in jobs]
+def check_plan(args, plan) -> None:
+    """The start-up of every layout's ``deepfusion train`` (jobs.precheck.check_job), and with
+    --sbatch the profile's placeholders: ValueError before the first layout runs."""
+    from jobs.precheck import check_job
+    if args.sbatch:
+        from jobs.sweep_sbatch import site_profiles
+        site_profiles(args)
+    for r, t, gb, _ in plan:
+        for w in check_job(args.config, layout_sets(args, gb), args.nodes, r, t, None):
+            print(f"[sweep] {r}x{t} warning: {w}", flush=True)
 
 
 def discover_runs(out: Path, mode: str, global_batch: int, local_batch: int) -> list[dict]:
@@ -366,6 +335,10 @@ def build_parser(prog: str = "deepfusion jobs sweep") -> argparse.ArgumentParser
     p.add_argument("--sbatch", action="store_true",
                    help="submit each layout as its own batch job (needs --cluster), wait, then aggregate")
     p.add_argument("--sbatch-args", default="", help='--sbatch: extra sbatch options, e.g. "-p debug -A proj"')
+    p.add_argument("--partition", default=None, metavar="NAME",
+                   help="--sbatch: the Slurm partition of the scripts, over the profile's")
+    p.add_argument("--account", default=None, metavar="NAME",
+                   help="--sbatch: the Slurm account of the scripts, over the profile's")
     p.add_argument("--time", default=None, metavar="HH:MM:SS",
                    help=f"--sbatch: time limit of each layout's job (default {TIME})")
     p.add_argument("--time-limit", default=None, help=argparse.SUPPRESS)  # deprecated: --time

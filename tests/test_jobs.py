@@ -157,11 +157,16 @@ def test_profile_mistyped_field_rejected(tmp_path, override, pat):
         R.load_profiles(_write_profile(tmp_path, **override))
 
 
+SITE = ["--partition", "cpu", "--account", ""]  # generic-slurm's placeholders, set
+BURGERS = str(ROOT / "configs" / "burgers.toml")  # global batch 32
+
+
 def test_cli_writes_file(tmp_path):
     out = tmp_path / "job.sh"
-    assert R.main(["--cluster", "generic-slurm", "--nodes", "3", "--time", "12:00:00", "--out", str(out)]) == 0
-    assert "#SBATCH -N 3" in out.read_text() and os.access(out, os.X_OK)
-    assert R.main(["--cluster", "generic-slurm", "--time", "noon"]) == 2
+    assert R.main(["--cluster", "generic-slurm", *SITE, "--nodes", "4", "--time", "12:00:00",
+                   "--config", BURGERS, "--out", str(out)]) == 0
+    assert "#SBATCH -N 4" in out.read_text() and os.access(out, os.X_OK)
+    assert R.main(["--cluster", "generic-slurm", *SITE, "--time", "noon", "--config", BURGERS]) == 2
 
 
 def _fake_job(tmp_path, scontrol_rc=0):
@@ -350,11 +355,12 @@ def test_layout_from_a_sweep_takes_the_fastest_measured_layout(tmp_path, capsys)
     tie = _sweep(tmp_path / "b", {(2, 1): 1.1, (1, 2): 1.1})
     assert fastest_layout(load_sweep(tie), tie)[:2] == (1, 2)
     out = tmp_path / "job.sh"
-    assert R.main(["--cluster", "local", "--layout-from", str(sweep), "--out", str(out)]) == 0
+    assert R.main(["--cluster", "local", "--layout-from", str(sweep), "--config", BURGERS, "--out", str(out)]) == 0
     assert "mpiexec -n 2 -ppn 2 -bind-to core:1" in out.read_text()
     err = capsys.readouterr().err
     assert "2x1 (ranks x threads), 58.2 samples/s" in err and "against 1x2 53.3, 1x1 32.0" in err
-    assert R.main(["--cluster", "generic-slurm", "--layout-from", str(sweep), "--out", str(out)]) == 0
+    assert R.main(["--cluster", "generic-slurm", *SITE, "--layout-from", str(sweep), "--config", BURGERS,
+                   "--out", str(out)]) == 0
     assert "warning: the sweep" in capsys.readouterr().err  # 2 cores measured, not the profile's
     weak = _sweep(tmp_path / "c", {(1, 2): 1.2, (2, 1): 1.1}, mode="weak")
     for argv, words in ((["--layout-from", str(weak)], "--mode strong"),

@@ -56,17 +56,20 @@ def slurm():
                            local=os.environ.get(ENV_LOCAL) == "1")
 
 
-def render(s, name: str, cluster: str = "generic-slurm", time: str = "00:10:00", sets=()) -> tuple[Path, Path]:
-    """`deepfusion jobs render` into WORK/name/job.sh, run dir WORK/name/run-$SLURM_JOB_ID."""
+def render(s, name: str, cluster: str = "generic-slurm", time: str = "00:10:00", sets=(), extra=(),
+           rc: int = 0) -> tuple[Path, Path]:
+    """`deepfusion jobs render` into WORK/name/job.sh, run dir WORK/name/run-$SLURM_JOB_ID; the
+    render exits ``rc`` (its stderr is then at WORK/name/render.err)."""
     d = s.work / name
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     script = d / "job.sh"
     argv = [sys.executable, "-m", "deepfusion", "jobs", "render", "--cluster", cluster, "--profiles",
             str(s.profiles), "--nodes", "1", "--ranks-per-node", "2", "--threads-per-rank", "1", "--time", time,
             "--config", str(s.config), "--run-dir", f"{d}/run-${{SLURM_JOB_ID}}", "--job-name", name,
-            "--out", str(script), *[a for kv in sets for a in ("--set", kv)]]
+            "--out", str(script), *[a for kv in sets for a in ("--set", kv)], *extra]
     res = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=s.env, timeout=120)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == rc, res.stderr
+    (d / "render.err").write_text(res.stderr)
     return d, script
 
 
@@ -118,6 +121,9 @@ def test_rendered_srun_script_runs_to_completion_with_its_layout(slurm, referenc
     assert re.search(r"^srun .*--cpus-per-task=1 --cpu-bind=cores .*--mpi=pmi2 ", text, re.M), text
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), out[-3000:]
     assert "[deepfusion-job] 1 node(s) x 2 rank(s)/node x 1 thread(s)/rank on generic-slurm" in out
+    # the environment the renderer ran from, activated before `set -u`; absolute CONFIG
+    assert text.index(f"source {VENV_BIN}/activate\n") < text.index("\nset -uo pipefail\n")
+    assert f'CONFIG="{slurm.config}"' in text
     assert "layout: 2 rank(s) on 1 host(s), threads per rank [1]" in out, out[-3000:]
     ranks = re.findall(r"rank\s+(\d+) local_rank\s+\d+ host \S+ threads (\d+) affinity (\S+)", out)
     assert sorted(r for r, _, _ in ranks) == ["0", "1"] and {t for _, t, _ in ranks} == {"1"}, ranks
@@ -183,9 +189,14 @@ def test_time_limit_signal_requeues_then_scancel_is_final(slurm):
 
 
 def test_bad_config_fails_clearly_and_is_not_requeued(slurm):
-    """A typo in the config: the job ends FAILED with exit code 2 (deepfusion's bad-input code),
-    the output says what is wrong, and nothing requeues it."""
-    d, script = render(slurm, "badconfig", sets=("train.epochz=3",))
+    """A typo in the config: `jobs render` refuses it with train's message (exit 2, no script);
+    rendered anyway (--no-check: a config that changed after rendering), the job ends FAILED
+    with exit code 2 (deepfusion's bad-input code), the output says what is wrong, and nothing
+    requeues it."""
+    d, script = render(slurm, "badconfig", sets=("train.epochz=3",), rc=2)
+    err = (d / "render.err").read_text()
+    assert "would refuse this job: (rank 0) unknown key 'train.epochz'" in err and not script.exists(), err
+    d, script = render(slurm, "badconfig", sets=("train.epochz=3",), extra=("--no-check",))
     jid = submit(slurm, d, script)
     info = wait_job(jid, timeout=HANG_GUARD, env=slurm.env)
     out = output(info)

@@ -1,4 +1,5 @@
 """Building a run from a configuration: check everything, then create the run directory.
+``build_checked`` is the sequence of builds and checks, shared by ``train`` and ``check``.
 
 The order is the contract: the config, then (``preflight``, before torch is imported) the
 batch against the number of ranks, the precision against this CPU and the run directory's
@@ -24,6 +25,22 @@ from ..engine.levels import plan
 from ..engine.memformat import convert_model
 from ..engine.runlock import clear_run_dir
 from .preflight import holds_run
+from .problems_cli import check_registry_options
+
+
+def build_checked(cfg, check):
+    """(problem, network, specs, problems of every level) of ``cfg``, every step checked in
+    ``train``'s order: the options against the registries, the problem, the network against
+    every grid it trains on, each level's problem, and each rank's block of a domain split.
+    ``check(fn, *args, per_rank=False)`` runs one step on every rank and raises the refusal
+    (``train``: collective_check on the job's ranks; ``deepfusion check``: the ranks of the
+    job it checks, simulated in one process); ``per_rank`` steps take the rank last."""
+    check(check_registry_options, cfg)
+    task = check(build_problem, cfg)
+    model, specs = check(build_model, cfg, task)
+    problems = check(problem_factory, cfg, task)
+    check(check_splits, cfg, problems, per_rank=True)
+    return task, model, specs, problems
 
 
 def torch_dtype(cfg) -> torch.dtype:

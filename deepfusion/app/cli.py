@@ -1,5 +1,5 @@
 """``deepfusion``: train, demo, evaluate, infer, solve, compare, config, problems,
-check-problem, jobs.
+check-problem, status, plot, jobs.
 
 The parser is built here from every subcommand's own ``register``; each command module is
 imported when its command runs, because torch must be imported only after the thread layout is
@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from jobs.cli import register as register_jobs
 
-from . import check_problem_cli, inference_cli, problems_cli
+from . import check_cli, check_problem_cli, inference_cli, problems_cli, status_cli
 from .cli_options import ANSWER_SET_HELP, add_set, add_threads
 from .policy import ExitCode, run_distributed, run_local
 
@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     inference_cli.register(sub)
     problems_cli.register(sub)
     check_problem_cli.register(sub)
+    check_cli.register(sub)
+    status_cli.register(sub)
     register_jobs(sub)
     return p
 

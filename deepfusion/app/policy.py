@@ -40,12 +40,18 @@ def collective_check(comm, fn, *args):
         out, err = fn(*args), None
     except INPUT_ERRORS as e:
         out, err = None, f"{e}"
-    errors = comm.allgather_obj(err)
+    raise_first(comm.allgather_obj(err))
+    return out
+
+
+def raise_first(errors: list) -> None:
+    """InputError with the first rank's message of ``errors`` (one entry per rank, None where
+    that rank passed), named by its rank when there are several; nothing if all passed. The
+    one wording of a refused start-up, for a real launch and for ``deepfusion check``."""
     bad = [(r, m) for r, m in enumerate(errors) if m is not None]
     if bad:
         r, msg = bad[0]
-        raise InputError(msg if comm.size == 1 else f"(rank {r}) {msg}")
-    return out
+        raise InputError(msg if len(errors) == 1 else f"(rank {r}) {msg}")
 
 
 def say_once(comm, msg: str, *, err: bool = True) -> None:

@@ -1,6 +1,6 @@
 """The checks of a launch that need neither torch nor the network: the batch of every level
 against the number of ranks (or domain groups), the precision against this CPU, and the run
-directory's state.
+directory's state (and, for ``deepfusion check``, its lock, looked at without taking it).
 
 ``deepfusion train`` runs them on every rank right after reading the config, before torch is
 imported: a refused launch (a batch P does not divide, a run directory that already holds a
@@ -9,9 +9,11 @@ that need the problem and the network follow in ``build``; nothing is written un
 """
 from __future__ import annotations
 
+import math
 import os
+import time
 
-from ..engine import faults
+from ..engine import faults, runlock
 from ..engine.data import check_divisible, group_count
 from ..engine.layout import check_precision
 from ..engine.levels import plan
@@ -26,6 +28,13 @@ def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
     """Everything about this launch that is not the model: ranks, CPU, run directory, and the
     test-only fault variable (a malformed one is refused here, not at the first step)."""
     faults.parse(os.environ.get(faults.ENV, ""))
+    check_batches(cfg, size)
+    check_precision(cfg.train.precision)
+    check_run_dir(cfg.run.dir, resume, overwrite)
+
+
+def check_batches(cfg, size: int) -> None:
+    """Every level's global batch against the data-parallel units ``size`` ranks make."""
     units = data_units(cfg, size)
     for v in plan(cfg):
         try:
@@ -37,8 +46,10 @@ def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
             if not cfg.train.levels:
                 raise e from None
             raise ValueError(f"train.levels[{v.level}] (grid {list(v.grid)}): {e}") from None
-    check_precision(cfg.train.precision)
-    d = cfg.run.dir
+
+
+def check_run_dir(d: str, resume: bool, overwrite: bool) -> None:
+    """The run directory's state against --resume / --overwrite."""
     if resume and not holds_run(d):
         raise ValueError(f"--resume {d}: no run there (no metrics.jsonl or checkpoints/)")
     if holds_run(d) and not resume and not overwrite:
@@ -46,7 +57,53 @@ def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
                          f"start over with --overwrite, or choose another with --set run.dir=PATH")
 
 
+def check_lock(run_dir: str, ranks: int) -> str:
+    """What ``train`` would find in the run directory's lock, without taking it:
+    ``RunDirInUse`` (train's message) while a live job holds it; a note when a stale lock
+    would be taken over; "" when there is none."""
+    raw, mtime = runlock.read_lock(os.path.join(run_dir, runlock.LOCK_NAME))
+    if raw is None:
+        return ""
+    holder, now = runlock.Holder.parse(raw), time.time()
+    why = runlock.stale_reason(holder, mtime, runlock.Holder.here(ranks=ranks, command=""), now)
+    if why:
+        return f"a stale lock, which train takes over: {why}"
+    if holder is None:
+        return "a lock being written right now"
+    raise runlock.RunDirInUse(runlock.refusal(run_dir, holder, now))
+
+
+def apply_resume(args) -> None:
+    """``--resume RUN_DIR``: the run directory's own config unless one is given (a requeued
+    job), and ``run.dir`` set to RUN_DIR."""
+    if args.resume:
+        if args.config is None:
+            args.config = os.path.join(args.resume, "config.toml")
+        args.set = list(args.set or []) + [f"run.dir={args.resume}"]
+
+
 def data_units(cfg, size: int) -> int:
     """How many data-parallel units ``size`` ranks make: the ranks, or under parallel.domain
     the groups of prod(domain) ranks (ValueError if they do not divide evenly)."""
     return group_count(size, cfg.parallel.domain) if cfg.parallel.domain else size
+
+
+def data_limit(cfg) -> int:
+    """The largest rank count every level's global batch allows: the batches' greatest
+    common divisor, times the ranks that share a sample under ``parallel.domain``."""
+    return math.gcd(*(v.global_batch for v in plan(cfg))) * cfg.parallel.blocks()
+
+
+def batch_warnings(cfg, size: int) -> list[str]:
+    """A level where ``size`` ranks leave one sample per data-parallel unit: the launch is
+    valid but at the data-parallel limit there, so more ranks cannot help that level."""
+    units = data_units(cfg, size)
+    out = []
+    for v in {v.level: v for v in plan(cfg)}.values():  # a cycle visits a level again
+        if v.global_batch == units:
+            where = f"train.levels[{v.level}] (grid {list(v.grid)})" if cfg.train.levels \
+                else "data.global_batch"
+            out.append(f"{where}: global batch {v.global_batch} on {units} data-parallel "
+                       f"unit(s) is 1 sample each: the data-parallel limit of this level; "
+                       f"more ranks need a larger global batch there (or parallel.domain)")
+    return out

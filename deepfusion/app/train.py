@@ -20,14 +20,11 @@ from ..engine.memory import reuse_freed_memory
 from .agreement import check_same_config
 from .cli_options import as_set_flags, deprecated_spellings, problem_options
 from .policy import ExitCode, collective_check, say_note, say_once
-from .preflight import check_run
+from .preflight import apply_resume, check_run
 
 
 def cmd_train(args, comm) -> int:
-    if args.resume:
-        if args.config is None:  # requeued jobs: the run directory holds its resolved config
-            args.config = os.path.join(args.resume, "config.toml")
-        args.set = list(args.set or []) + [f"run.dir={args.resume}"]
+    apply_resume(args)  # requeued jobs: the run directory holds its resolved config
     cfg = collective_check(comm, load_config, args.config, args.set or [])
     check_same_config(comm, cfg)  # an MPMD launch or a file that differs between nodes
     # One live job per run directory: rank 0 holds its lock from before the directory is
@@ -68,8 +65,7 @@ def train_locked(args, comm, cfg) -> int:
     from ..engine.evaluate import evaluate, quantity, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import (build_model, build_problem, check_splits, model_grower,
-                        prepare_run_dir, problem_factory, torch_dtype)
+    from .build import build_checked, model_grower, prepare_run_dir, torch_dtype
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -78,10 +74,7 @@ def train_locked(args, comm, cfg) -> int:
         print(precision_line(precision, requested=cfg.train.precision), flush=True)
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
-    task = collective_check(comm, build_problem, cfg)
-    model, specs = collective_check(comm, build_model, cfg, task)
-    problems = collective_check(comm, problem_factory, cfg, task)
-    collective_check(comm, check_splits, cfg, problems, comm.rank)
+    task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile, grid=task.grid)
@@ -108,6 +101,13 @@ def train_locked(args, comm, cfg) -> int:
                   f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
                   flush=True)
     return 0
+
+
+def on_every_rank(comm):
+    """``build_checked``'s ``check`` for a real launch: each step under collective_check."""
+    def check(fn, *args, per_rank=False):
+        return collective_check(comm, fn, *args, *([comm.rank] if per_rank else []))
+    return check
 
 
 def compile_cache_env(cfg):

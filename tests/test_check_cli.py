@@ -1,0 +1,189 @@
+"""``deepfusion check CONFIG --ranks P``: train's start-up checks for P ranks in one process,
+refused with exactly the message a real ``mpiexec -n P deepfusion train`` prints, and the
+measured probe (seconds per step and peak memory per rank of each level)."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+
+import pytest
+
+from diffnet.problems.burgers import Burgers
+from tests.mpi_util import REAL_MPI, deepfusion
+from tests.tiny_configs import TINY, variant
+
+
+class LeftBlocksOnly(Burgers):
+    """Refuses every block of a split but those at x = 0: a refusal that depends on the rank."""
+
+    def check_block(self, block):
+        if block.start[1] > 0:
+            raise ValueError(f"this test problem takes no block right of x = 0 (the block at "
+                             f"{list(block.start)})")
+        super().check_block(block)
+
+
+class LossFails(Burgers):
+    """Builds and checks like Burgers; its loss fails when a step runs (what only the probe sees)."""
+
+    def loss_terms(self, u, inputs):
+        raise RuntimeError("this test problem's loss fails at the first step")
+
+
+def write(tmp_path, *overrides, name="tiny.toml"):
+    path = tmp_path / name
+    path.write_text(variant(TINY, f"run.dir='{tmp_path / 'run'}'", *overrides))
+    return str(path)
+
+
+def error_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.startswith("deepfusion: error: ")]
+    assert lines, err
+    return lines[-1]
+
+
+REFUSALS = {  # name: (--set items, extra args of both commands)
+    "unknown key": (["optim.lrr=1"], []),
+    "unknown problem": (['problem.name="heat"'], []),
+    "problem option": (["problem.options={n_term=4}"], []),
+    "model option": (["model.options={depht=4}"], []),
+    "grid against depth": (["problem.grid=[50,50]", "train.levels=[]"], []),
+    "batch against ranks": (["data.global_batch=3", "data.n_samples=15"], []),
+    "domain against ranks": (["parallel.domain=[1,3]"], []),
+    "a rank's block": ([f'problem.name="{__name__}:LeftBlocksOnly"', "parallel.domain=[1,2]"], []),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_each_refusal_is_trains_message(tmp_path, cli, case):
+    """The line `check --ranks 2` prints is the line `mpiexec -n 2 deepfusion train` prints,
+    rank included; exit 2 both; nothing is written."""
+    sets, extra = REFUSALS[case]
+    config = write(tmp_path)
+    flags = [a for s in sets for a in ("--set", s)] + extra
+    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", *flags])
+    assert rc == 2 and out == "", (out, err)
+    said = error_line(err)
+    train = deepfusion(2, ["train", config, *flags], env=REAL_MPI)
+    assert train.returncode == 2, train.stderr[-2000:]
+    assert said in train.stderr.splitlines(), (said, train.stderr[-2000:])
+    if case == "a rank's block":
+        assert said.startswith("deepfusion: error: (rank 1) parallel.domain = [1, 2]: this test")
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_directory_states_as_train_judges_them(tmp_path, cli):
+    """A run already there (without --resume / --overwrite), --resume of nothing, and the
+    --resume and --overwrite that pass; the state is said."""
+    config = write(tmp_path)
+    run = tmp_path / "run"
+    rc, _, err = cli(["check", config, "--ranks", "2", "--no-probe", "--resume", str(run)])
+    assert rc == 2 and f"(rank 0) --resume {run}: no run there" in err
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    rc, _, err = cli(["check", config, "--ranks", "1", "--no-probe"])
+    assert rc == 2 and f"deepfusion: error: run directory '{run}' already holds a run" in err
+    rc, out, _ = cli(["check", config, "--ranks", "1", "--no-probe", "--overwrite"])
+    assert rc == 0 and f"run directory {run}: replaced (--overwrite)" in out
+    (run / "config.toml").write_text(open(config).read())
+    rc, out, _ = cli(["check", "--resume", str(run), "--ranks", "4", "--no-probe"])
+    assert rc == 0 and f"run directory {run}: resumed (--resume)" in out
+
+
+def test_a_live_lock_is_refused_and_a_stale_one_noted(tmp_path, cli):
+    """The lock is looked at, never taken: a live holder (this process) is train's refusal;
+    a dead one's lock is what train takes over, said as a note."""
+    from deepfusion.engine import runlock
+
+    config = write(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / runlock.LOCK_NAME
+    live = runlock.Holder.here(ranks=2, command="deepfusion train")
+    with subprocess.Popen(["sleep", "120"]) as job:  # another live process on this machine
+        live.pid, live.pid_start = job.pid, runlock.process_start(job.pid)
+        lock.write_bytes(live.encode())
+        rc, _, err = cli(["check", config, "--ranks", "2", "--no-probe"])
+        job.kill()
+    assert rc == 2 and f"(rank 0) run directory '{run}' is in use by a live job: PID {job.pid}" in err
+    dead = runlock.Holder.here(ranks=2, command="deepfusion train")
+    dead.pid, dead.heartbeat = 2**22 + 12345, time.time()  # no such process on this machine
+    lock.write_bytes(dead.encode())
+    rc, _, err = cli(["check", config, "--ranks", "2", "--no-probe"])
+    assert rc == 0 and "a stale lock, which train takes over" in err, err
+    assert lock.read_bytes() == dead.encode()  # untouched
+
+
+def test_no_probe_reports_the_layout_and_the_data_parallel_limit(tmp_path, cli):
+    config = write(tmp_path, "train.levels=[{grid=[8,8],steps=5},{grid=[16,16],steps=5,global_batch=2}]",
+                   "train.cycle='half-v'")
+    js = tmp_path / "r.json"
+    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", "--json", str(js)])
+    assert rc == 0, err
+    assert "passed every start-up check of deepfusion train" in out and "probe:" not in out
+    assert "level 1 (16x16): global batch 2 = 1 per unit, 5 step(s)" in out
+    assert "largest useful rank count: 2" in out
+    assert "train.levels[1] (grid [16, 16]): global batch 2 on 2 data-parallel unit(s) is 1" in err
+    report = json.loads(js.read_text())
+    assert "probe" not in report and report["data_limit"] == 2 and report["units"] == 2
+    assert [lv["per_unit"] for lv in report["levels"]] == [2, 1]
+    rc, _, err = cli(["check", config, "--ranks", "4", "--no-probe"])
+    assert rc == 2 and "train.levels[0] (grid [8, 8]): data.global_batch = 4" not in err
+    assert "(rank 0) train.levels[1] (grid [16, 16]): data.global_batch = 2 is not divisible" in err
+
+
+def test_the_probe_measures_each_level(tmp_path, cli):
+    """Two levels (the second grows the network): per level, warm-up + N step times, the
+    median after the warm-up, the peak memory of the rank, at one rank's share of the batch."""
+    config = write(tmp_path, "train.levels=[{grid=[8,8],steps=5},"
+                             "{grid=[16,16],steps=5,global_batch=2,prolong=true}]",
+                   "train.cycle='half-v'")
+    js = tmp_path / "r.json"
+    rc, out, err = cli(["check", config, "--ranks", "2", "--threads", "1", "--probe-steps", "2",
+                        "--json", str(js)])
+    assert rc == 0, err
+    assert "probe: 2 measured step(s) per level after 1 warm-up, one rank's share of the batch, " \
+           "on this host (" in out and "1 thread(s) per rank" in out
+    probe = json.loads(js.read_text())["probe"]
+    assert (probe["steps"], probe["warmup"], probe["ranks"], probe["threads"]) == (2, 1, 1, 1)
+    levels = probe["levels"]
+    assert [(lv["level"], lv["grid"], lv["local_batch"]) for lv in levels] == \
+        [(0, [8, 8], 2), (1, [16, 16], 1)]
+    for lv in levels:
+        assert len(lv["times"]) == 3 and lv["median_step_s"] > 0 and lv["peak_mib"] > 0
+        assert lv["median_step_s"] == pytest.approx(statistics.median(lv["times"][1:]))
+        assert f"level {lv['level']} ({'x'.join(map(str, lv['grid']))}): batch " in out
+    assert not (tmp_path / "run").exists()  # the probe trains in a temporary directory
+
+
+@pytest.mark.mpi
+def test_the_probe_of_a_domain_split_runs_one_group(tmp_path, cli):
+    """parallel.domain = [1, 2] on 4 ranks: 2 data-parallel units of 2 ranks; the probe runs one
+    unit, 2 local ranks, at half the global batch."""
+    config = write(tmp_path, "parallel.domain=[1,2]")
+    js = tmp_path / "r.json"
+    rc, out, err = cli(["check", config, "--ranks", "4", "--probe-steps", "1", "--json", str(js)])
+    assert rc == 0, err
+    assert "4 = 2 data-parallel unit(s) x 2 ranks per sample (parallel.domain)" in out
+    probe = json.loads(js.read_text())["probe"]
+    assert probe["ranks"] == 2 and probe["levels"][0]["local_batch"] == 2
+    assert "(2 ranks, run here as 2 local processes)" in out
+
+
+def test_a_failing_probe_is_exit_1_with_its_last_lines(tmp_path, cli):
+    """The checks pass (exit 0 with --no-probe); the probe's step fails: exit 1, its last
+    lines shown, and the report says so."""
+    config = write(tmp_path, f'problem.name="{__name__}:LossFails"')
+    rc, _, err = cli(["check", config, "--ranks", "1", "--no-probe"])
+    assert rc == 0, err
+    js = tmp_path / "r.json"
+    rc, out, err = cli(["check", config, "--ranks", "1", "--probe-steps", "1", "--json", str(js)])
+    assert rc == 1 and "passed every start-up check" in out
+    assert "deepfusion: error: the probe failed (exit 1):" in err
+    assert "this test problem's loss fails at the first step" in err
+    assert "the probe failed" in json.loads(js.read_text())["probe"]["error"]
+    rc, _, err = cli(["check", config, "--ranks", "1", "--probe-steps", "0"])
+    assert rc == 2 and "--probe-steps must be >= 1" in err
