@@ -40,6 +40,7 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 
 import h5py
 import torch
@@ -113,6 +114,20 @@ def _corrupt(path, why) -> CheckpointError:
     return CheckpointError(f"corrupt checkpoint {path}: {why}; {_alternative(path)}")
 
 
+@contextmanager
+def _reading(path: str):
+    """Reading ``path``'s bytes, before any parsing: a missing file, a broken seal and an I/O
+    error become the CheckpointError that says which."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        yield
+    except SealBroken as exc:
+        raise _corrupt(path, exc) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+
+
 def _require_hdf5(path, head: bytes) -> None:
     """Refuse, without parsing, a file that does not even start as HDF5 (empty, overwritten)."""
     if head[:8] != _HDF5_SIGNATURE:
@@ -143,17 +158,11 @@ def verify_checkpoint(path) -> bool:
     if it is unsealed (an earlier DeepFusion's) and loads in a contained check. Raises
     :class:`CheckpointError` saying why it cannot be used."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
+    with _reading(path):
         if check_sealed(path):
             return True
         with open(path, "rb") as fh:
             _require_hdf5(path, fh.read(8))
-    except SealBroken as exc:
-        raise _corrupt(path, exc) from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
     _contained_check(path)
     return False
 
@@ -368,14 +377,8 @@ def load_checkpoint(path, notes: list | None = None) -> dict:
     file is read in a contained check first, and ``notes`` (a list, if given) gets a line.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
+    with _reading(path):
         data, sealed = read_sealed(path)
-    except SealBroken as exc:
-        raise _corrupt(path, exc) from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
     if not sealed:
         _require_hdf5(path, data[:8])
         sha = sha256_hex(data)
