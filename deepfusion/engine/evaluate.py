@@ -63,9 +63,7 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
     if not has_reference(task):
         return evaluate_loss(model, task, comm, n=n, seed=seed, dtype=dtype,
                              channels_last=channels_last, domain=domain)
-    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
-    idx = np.arange(n)[unit::units]
-    params = task.sample_params(seed, idx)
+    idx, params = _my_draws(task, comm, n, seed, domain)
     t0 = time.perf_counter()
     inputs, preds = predict(model, task, params, dtype=dtype, channels_last=channels_last,
                             block=domain.block if domain else None)
@@ -86,11 +84,10 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
     parts = comm.gather_obj(local)
     if parts is None:  # not rank 0
         return None
-    rel = np.array(sum((p["rel_l2"] for p in parts), []))
-    mx = np.array(sum((p["max_err"] for p in parts), []))
     order = np.argsort(sum((p["idx"] for p in parts), []))
-    rel, mx = rel[order], mx[order]
-    params_all = np.array(sum((p["params"] for p in parts), []))[order]
+    rel = _in_draw_order([p["rel_l2"] for p in parts], order)
+    mx = _in_draw_order([p["max_err"] for p in parts], order)
+    params_all = _in_draw_order([p["params"] for p in parts], order)
     return {"n": int(n), "seed": int(seed), "rel_l2_mean": float(rel.mean()),
             "rel_l2_median": float(np.median(rel)), "rel_l2_max": float(rel.max()),
             "worst_index": int(rel.argmax()), "max_err_mean": float(mx.mean()),
@@ -104,9 +101,7 @@ def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
                   channels_last: bool = True, domain=None) -> dict | None:
     """The loss of each prediction and its terms on ``n`` held-out draws, for a problem with no
     reference solver (no error to measure); the summary on rank 0, None elsewhere."""
-    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
-    idx = np.arange(n)[unit::units]
-    params = task.sample_params(seed, idx)
+    idx, params = _my_draws(task, comm, n, seed, domain)
     t0 = time.perf_counter()
     _inputs, _preds, terms = predict(model, task, params, dtype=dtype, terms=True,
                                      channels_last=channels_last,
@@ -120,7 +115,7 @@ def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
         return None
     order = np.argsort(sum((p["idx"] for p in parts), []))
     names = next(list(p["terms"]) for p in parts if p["terms"])
-    terms = {k: np.array(sum((p["terms"][k] for p in parts if p["terms"]), []))[order]
+    terms = {k: _in_draw_order([p["terms"][k] for p in parts if p["terms"]], order)
              for k in names}
     loss = sum(terms.values())
     return {"n": int(n), "seed": int(seed), "reference": False,
@@ -128,9 +123,22 @@ def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "loss_max": float(loss.max()), "worst_index": int(loss.argmax()),
             "terms_mean": {k: float(v.mean()) for k, v in terms.items()},
             "loss": loss.tolist(), "terms": {k: v.tolist() for k, v in terms.items()},
-            "params": np.array(sum((p["params"] for p in parts), []))[order].tolist(),
+            "params": _in_draw_order([p["params"] for p in parts], order).tolist(),
             "seconds_per_sample_inference": sum(p["t_inf"] for p in parts) / n,
             "_examples": []}
+
+
+def _my_draws(task, comm, n: int, seed: int, domain=None) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, parameter vectors) of this rank's share of ``n`` held-out draws: every
+    ``units``-th draw, a unit being a rank or, under a domain split, a group of ranks."""
+    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
+    idx = np.arange(n)[unit::units]
+    return idx, task.sample_params(seed, idx)
+
+
+def _in_draw_order(lists, order) -> np.ndarray:
+    """The ranks' gathered per-draw lists, concatenated and put in draw order."""
+    return np.array(sum(lists, []))[order]
 
 
 def assemble(pieces: np.ndarray, domain) -> np.ndarray | None:
