@@ -6,13 +6,21 @@ Every check returns the value normalised (float, int, str, bool, tuple or float6
 raises ValueError worded ``"<name> must be <what is allowed>, got <what was given>"``, so the
 user reads which argument is wrong and what would be accepted. Checks that need knowledge of
 one problem or solver (a diffusivity's shape, a sequence of stencil names) stay with that code
-and build on these.
+and build on these. :func:`keyword_options` says which options a problem or a generator takes.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
+
+
+def keyword_options(cls) -> dict:
+    """The keyword-only options of ``cls``'s constructor, each with its default: the options a
+    problem or a generator takes (``problem.options``, ``model.options``)."""
+    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+            if p.kind == inspect.Parameter.KEYWORD_ONLY}
 
 
 def _bounds_text(lo: float, hi: float, lo_open: bool, hi_open: bool) -> str:

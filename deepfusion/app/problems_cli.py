@@ -59,11 +59,11 @@ def cmd_problems(args) -> int:
 def facts(name: str) -> dict:
     """Everything ``problems`` prints about problem ``name`` (anything ``resolve`` takes)."""
     from diffnet.problems import problem_spec, resolve
+    from diffnet.validation import keyword_options
 
     cls = resolve(name)
     doc = inspect.cleandoc(cls.__doc__ or "")
-    params = inspect.signature(cls.__init__).parameters.values()
-    options = [(p.name, p.default) for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    options = keyword_options(cls).items()
     inst = cls()
     return {
         "name": name,
@@ -241,6 +241,7 @@ def check_registry_options(cfg) -> list[str]:
     print (a config without ``problem.name``)."""
     from diffnet.generators import GENERATORS
     from diffnet.problems import available_text, problem_options, resolve
+    from diffnet.validation import keyword_options
 
     notes = []
     if not cfg.problem.name:
@@ -256,8 +257,7 @@ def check_registry_options(cfg) -> list[str]:
             _known(f"problem.options.{key}", key, valid,
                    f"options of problem {cfg.problem.name!r}", option=True)
     _known("model.name", cfg.model.name, sorted(GENERATORS), "registered models")
-    params = inspect.signature(GENERATORS[cfg.model.name].__init__).parameters.values()
-    valid = [p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    valid = list(keyword_options(GENERATORS[cfg.model.name]))
     for key in cfg.model.options:
         _known(f"model.options.{key}", key, valid, f"options of model {cfg.model.name!r}",
                option=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..validation import keyword_options
 from .base import Axis, Problem
 from .burgers import Burgers
 from .darcy import Darcy
@@ -24,9 +25,7 @@ for _cls in (Burgers, Darcy, Poisson, Poisson3D, ReactionDiffusion):
 
 def problem_options(name) -> tuple[str, ...]:
     """The keyword options the constructor of problem ``name`` (a name or a class) accepts."""
-    cls = name if inspect.isclass(name) else resolve(name)
-    return tuple(p.name for p in inspect.signature(cls.__init__).parameters.values()
-                 if p.kind == inspect.Parameter.KEYWORD_ONLY)
+    return tuple(keyword_options(name if inspect.isclass(name) else resolve(name)))
 
 
 def get_problem(name, **kwargs) -> Problem:
