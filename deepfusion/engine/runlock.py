@@ -39,6 +39,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
+from .atomic import atomic_path, pid_alive
 from .errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 
 LOCK_NAME = "lock.json"
@@ -134,12 +135,8 @@ def process_start(pid: int) -> str:
 
 def process_gone(holder: Holder) -> bool:
     """Whether ``holder``'s process has ended (call only on the holder's own machine)."""
-    try:
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(holder.pid):
         return True
-    except PermissionError:  # alive, another user's
-        pass
     now = process_start(holder.pid)
     return bool(holder.pid_start and now and now != holder.pid_start)  # the PID was reused
 
@@ -189,13 +186,10 @@ def create_exclusive(path: str, data: bytes) -> bool:
 
 
 def replace(path: str, data: bytes) -> None:
-    """Put ``data`` at ``path`` at once (a temp file renamed over it)."""
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "wb") as f:
+    """Put ``data`` at ``path`` at once (a temp file renamed over it: :func:`atomic_path`;
+    one writer per process: the takeover before the heartbeat starts, then the heartbeat)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def refusal(run_dir: str, holder: Holder, now: float) -> str:
