@@ -1,0 +1,77 @@
+"""lab.tools.batch_study on a tiny plan: arms, a run split into two segments, the report."""
+import json
+
+import pytest
+
+from lab.tools import batch_study
+
+BASE = """
+[problem]
+name = "poisson"
+grid = [16, 16]
+[model]
+name = "unet"
+options = { depth = 2, base_width = 4 }
+[data]
+n_samples = 16
+global_batch = 4
+eval_samples = 2
+[train]
+epochs = 4
+checkpoint_every = 2
+[run]
+dir = "unused"
+progress = "log"
+"""
+
+
+def plan(tmp_path) -> str:
+    (tmp_path / "base.toml").write_text(BASE)
+    text = f"""
+batches = [16, 64]
+rules = ["sqrt", "linear", "lbfgs"]
+lbfgs_min_batch = 64
+micro_batch = 16
+eval_every_samples = 64
+test_draws = 2
+runs_dir = "{tmp_path / 'runs'}"
+[family.tiny]
+base = "{tmp_path / 'base.toml'}"
+lr = 1e-3
+warmup_steps = 2
+samples = 256
+target = 10.0
+"""
+    (tmp_path / "plan.toml").write_text(text)
+    return str(tmp_path / "plan.toml")
+
+
+def test_arms_scale_the_learning_rate_and_skip_duplicates(tmp_path):
+    arms = {a["name"]: a for a in batch_study.arms(batch_study.load_plan(plan(tmp_path)))}
+    assert sorted(arms) == ["tiny_b16_sqrt", "tiny_b64_lbfgs", "tiny_b64_linear", "tiny_b64_sqrt"]
+    sets = {n: dict(s.split("=", 1) for s in a["sets"]) for n, a in arms.items()}
+    assert sets["tiny_b64_sqrt"]["optim.lr"] == "0.002"          # sqrt(64 / 16) = 2
+    assert sets["tiny_b64_linear"]["optim.lr"] == "0.004"        # 64 / 16 = 4
+    assert sets["tiny_b16_sqrt"]["train.max_steps"] == "16"      # 256 samples / 16
+    assert sets["tiny_b64_lbfgs"]["train.max_steps"] == "2"      # half: line-search evaluations
+    assert sets["tiny_b64_sqrt"]["data.n_samples"] == "64"       # the pool grows to the batch
+
+
+@pytest.mark.mpi
+def test_run_resumes_segments_and_reports_steps_to_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = plan(tmp_path)
+    arm = next(a for a in batch_study.arms(batch_study.load_plan(p))
+               if a["name"] == "tiny_b64_sqrt")
+    assert batch_study.train_segment(arm, 1, 1e-6) == 99          # stopped at its time limit
+    assert batch_study.state(arm) == "started"
+    assert batch_study.main(["run", p, "--ranks", "1", "--only", "tiny_b64_sqrt"]) == 0
+    assert batch_study.main(["report", p, "--out", str(tmp_path / "r.json")]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["arms"]}
+    row = rows["tiny_b64_sqrt"]
+    assert row["state"] == "done" and row["last_step"] == 4
+    assert row["steps_to_target"] >= 1 and row["samples_to_target"] == 64 * row["steps_to_target"]
+    assert row["test"]["n"] == 2 and row["test"]["step"] == 4
+    assert rows["tiny_b16_sqrt"]["state"] == "new" and rows["tiny_b16_sqrt"]["test"] is None
+    log = (tmp_path / "runs" / "tiny_b64_sqrt.log").read_text()
+    assert log.count("$ ") == 2 and "--resume" in log                # two segments
