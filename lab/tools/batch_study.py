@@ -22,7 +22,8 @@ at ``train.time_limit_minutes`` (exit 99) and the next ``run`` resumes it, so a 
 than a session continues where it stopped. ``report`` reads each arm's ``metrics.jsonl``
 (validation records: ``data.eval_samples`` draws of ``data.eval_seed``), evaluates the final
 checkpoint of finished arms on ``test_draws`` draws of the test seed (cached in the run
-directory as ``test_eval.json``), and names per family the critical batch: the largest batch
+directory as ``test_eval.json``; an earlier report at ``--out`` keeps the rows of finished arms
+whose run directories are gone), and names per family the critical batch: the largest batch
 whose steps to the target are still at most half those of the batch four times smaller.
 """
 from __future__ import annotations
@@ -210,9 +211,21 @@ def critical_batch(rows: list[dict]) -> int | None:
     return best
 
 
-def report(plan: dict, targets: dict) -> dict:
+def earlier_rows(path: str | None) -> dict:
+    """Rows of an earlier report (``--out``'s file), kept for arms whose run directories are
+    gone (a study spans sessions; a session may not keep runs/)."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["name"]: r for r in json.load(f)["arms"] if r.get("state") == "done"}
+
+
+def report(plan: dict, targets: dict, earlier: dict | None = None) -> dict:
     rows = []
     for arm in arms(plan):
+        if not os.path.isdir(arm["run_dir"]) and arm["name"] in (earlier or {}):
+            rows.append(earlier[arm["name"]])
+            continue
         target = targets.get(arm["family"], plan["family"][arm["family"]]["target"])
         row = {k: arm[k] for k in ("name", "family", "batch", "rule")}
         row.update(state=state(arm), target=target, **to_target(arm, target))
@@ -249,7 +262,7 @@ def main(argv=None) -> int:
     if args.action == "run":
         return run(plan, args.ranks, args.minutes, args.only)
     targets = {k: float(v) for k, v in (t.split("=", 1) for t in args.target)}
-    emit_json(report(plan, targets), args.out)
+    emit_json(report(plan, targets, earlier_rows(args.out)), args.out)
     return 0
 
 
