@@ -1,14 +1,15 @@
-"""``deepfusion jobs render|sweep|model``: the job-script and scaling-study tools as subcommands."""
+"""``deepfusion jobs render|sweep|model|project``: the job-script and scaling-study tools as subcommands."""
 from __future__ import annotations
 
-TOOLS = ("render", "sweep", "model")
+TOOLS = ("render", "sweep", "model", "project")
 
 
 def register(sub):
     p = sub.add_parser("jobs", help="render cluster job scripts, run scaling sweeps, the scaling model")
     p.add_argument("tool", choices=TOOLS,
                    help="render: a cluster job script; sweep: a ranks x threads scaling study; "
-                        "model: the scaling model")
+                        "model: the scaling model; project: time to accuracy on a "
+                        "cluster from a batch study")
     p.add_argument("rest", nargs="...", metavar="...",
                    help="the tool's own options (deepfusion jobs TOOL --help)")
     p.set_defaults(run=run)
@@ -20,6 +21,8 @@ def run(args) -> int:
         from jobs.render import main
     elif args.tool == "sweep":
         from jobs.sweep import main
+    elif args.tool == "project":
+        from jobs.project import main
     else:
         from jobs.model import main
     return int(main(args.rest) or 0)
