@@ -1,80 +1,74 @@
-"""Finite differences on the node grid as fixed (never trained) 3x3 (2-D) and 3x3x3 (3-D)
-convolution kernels.
+"""Finite differences on the node grid of 1, 2 or 3 axes as fixed (never trained) convolution
+kernels: 3 (1-D), 3x3 (2-D) or 3x3x3 (3-D), one implementation whatever the number of axes.
 
-Grid convention (see ``diffnet/problems/base.py``): a field is (B, 1, H, W), rows run along
-``axes[0]`` and columns along ``axes[1]``, nodes include the boundary and the spacing of each
-axis is its own, ``h = (hi - lo) / (n - 1)`` (domains are rarely square).
+Grid convention (see ``diffnet/problems/base.py``): a field is (B, 1, *grid) with the grid axes
+(W), (H, W) or (D, H, W); nodes include the boundary and the spacing of each axis is its own,
+``h = (hi - lo) / (n - 1)`` (domains are rarely square or cubic). The number of axes is the
+length of the spacing.
 
-Derivative names: ``"r"`` = d/d(row axis), ``"c"`` = d/d(column axis), ``"rr"``, ``"cc"`` the
-second derivatives and ``"rc"`` the mixed one.
+Derivative names: every axis has a letter, the LAST letters of "drc" (depth, row, column): 1-D
+"c"; 2-D "r", "c"; 3-D "d", "r", "c". A name lists the axes it differentiates along: once for a
+first derivative (``"r"`` = d/d(row axis)), twice for a second one (``"rr"``), and two different
+letters for a mixed one (``"rc"``). ``derivative_names(dims)`` lists them all: 2-D ``("r", "c",
+"rr", "cc", "rc")``; 3-D adds ``"d"``, ``"dd"``, ``"dr"``, ``"dc"``.
 
-Stencils (``kind``), along the derivative axis with spacing h, with transverse weights s:
+Stencils (``kind``): every kernel is the tensor product of one 1-D factor per axis. Along an
+axis the name mentions once, the central first difference [-1, 0, 1] / (2h); twice, the central
+second difference [1, -2, 1] / h^2; along every axis it does not mention, the transverse
+smoothing s of ``kind``:
 
-* ``"central"``:   first  (u[i+1] - u[i-1]) / (2h),         s = [0, 1, 0]
-                   second (u[i+1] - 2u[i] + u[i-1]) / h^2,   s = [0, 1, 0]
-* ``"sobel"``:     the same along the axis, smoothed across it with s = [1, 2, 1] / 4
-* ``"sobel3103"``: the same, with the Scharr-like s = [3, 10, 3] / 16; un-normalised the row
-                   kernel is S = [[-3, -10, -3], [0, 0, 0], [3, 10, 3]] (times 1 / (32 h)) and the
-                   column kernel its transpose.
-* ``"rc"`` (every kind): (u[i+1,j+1] - u[i+1,j-1] - u[i-1,j+1] + u[i-1,j-1]) / (4 h_r h_c);
-  a 3x3 kernel leaves no room for transverse smoothing.
+* ``"central"``:   s = [0, 1, 0] (no smoothing)
+* ``"sobel"``:     s = [1, 2, 1] / 4 (in 3-D, across both other axes: the 3-D Sobel operator)
+* ``"sobel3103"``: the Scharr-like s = [3, 10, 3] / 16; in 2-D, un-normalised, the row kernel is
+                   S = [[-3, -10, -3], [0, 0, 0], [3, 10, 3]] (times 1 / (32 h)) and the column
+                   kernel its transpose.
+
+So a 2-D mixed derivative ``"rc"`` is (u[i+1,j+1] - u[i+1,j-1] - u[i-1,j+1] + u[i-1,j-1]) /
+(4 h_r h_c) for every kind (a 3x3 kernel leaves no room for smoothing); a 3-D one is smoothed
+along its third axis.
 
 Every stencil is second-order accurate: the central differences have error h^2/6 u''' and
-h^2/12 u'''' and the transverse smoothing adds h^2/4 (sobel) or 3h^2/16 (sobel3103) times the
-second transverse derivative. Hence ``r``, ``c`` are exact on polynomials of total degree <= 2,
-``rr``, ``cc``, ``rc`` on total degree <= 3 (``"central"`` also on products p(along) q(across)
-with deg p <= 2 for first, <= 3 for second derivatives, and deg q <= 3).
+h^2/12 u'''' and the smoothing adds s_1 h^2 times the second derivative across each smoothed
+axis (s_1 = 1/4 sobel, 3/16 sobel3103, 0 central). Hence first derivatives are exact on
+polynomials of total degree <= 2 and second and mixed ones on total degree <= 3, boundaries and
+corners included (``"central"`` also on products p(along) q(across) with deg p <= 2 for first,
+<= 3 for second derivatives, and deg q <= 3).
 
-Boundary: residuals exist on the whole grid. The field is padded by one ghost node per side by
-CUBIC extrapolation, ``u[-1] = 4u[0] - 6u[1] + 4u[2] - u[3]`` (rows first, then columns of the
-row-padded field, so the corners are extrapolated in both directions), then the stencil conv
-runs with no padding. The ghost is exact on cubics (error O(h^4)), so at boundary node 0 the
-central stencils become the one-sided, second-order
+Boundary: derivatives exist on the whole grid. The field is padded by one ghost node per side
+by CUBIC extrapolation, ``u[-1] = 4u[0] - 6u[1] + 4u[2] - u[3]``, one axis after the other
+(depth, then rows, then columns), each axis extrapolating over the ghosts the previous ones
+wrote, so edge and corner ghosts are extrapolated along every axis (exact on polynomials of
+degree <= 3 in each variable, error O(h^4)); then the stencil convolution runs with no padding.
+At boundary node 0 the central stencils become the one-sided, second-order
 
     first:  (-4u[0] + 7u[1] - 4u[2] + u[3]) / (2h)
     second: ( 2u[0] - 5u[1] + 4u[2] - u[3]) / h^2
 
 and the exactness statements above hold on boundary nodes too. This needs at least 4 nodes per
-axis. All requested derivatives come from ONE ``conv2d`` call with the kernels stacked along
-the output channels (one pass over the field instead of one per derivative).
+axis. All requested derivatives come from ONE ``conv1d`` / ``conv2d`` / ``conv3d`` call with the
+kernels stacked along the output channels (one pass over the field instead of one per
+derivative).
 
 On a block of a split grid (``forward(u, block)``, ``diffnet.domain.Block``), u is the block's
 part: it is padded by ``block.halo(u, 1)`` (the neighbours' nodes) and only the sides on the
 GLOBAL boundary get the cubic ghosts (``pad_cubic_block``), so every node's derivatives are the
 undivided ones. A block on the global boundary needs at least 4 nodes along that axis.
 
-3-D (``FiniteDifference3D``, fields (B, 1, D, H, W), axes depth, row, column with their own
-spacings (h_d, h_r, h_c)): 3x3x3 ``conv3d`` kernels, the tensor products of the same 1-D
-factors. Names ``"d"``, ``"r"``, ``"c"`` (first), ``"dd"``, ``"rr"``, ``"cc"`` (second) and
-``"dr"``, ``"dc"``, ``"rc"`` (mixed); along each axis the name mentions once the factor is the
-central first difference, twice the second difference, and along every axis it does not mention
-the transverse smoothing s of ``kind``:
-
-* first, e.g. ``"c"``:   s(d) x s(r) x [-1, 0, 1] / (2 h_c)   (sobel: the 3-D Sobel operator,
-  [1, 2, 1] / 4 smoothing across BOTH other axes)
-* second, e.g. ``"cc"``: s(d) x s(r) x [1, -2, 1] / h_c^2
-* mixed, e.g. ``"rc"``:  s(d) x [-1, 0, 1] / (2 h_r) x [-1, 0, 1] / (2 h_c)   (unlike 2-D, a
-  3x3x3 kernel has room to smooth the mixed derivative along the third axis)
-
-Order: second, as in 2-D. The smoothing adds s_1 h^2 times the second derivative across each
-smoothed axis (s_1 = 1/4 sobel, 3/16 sobel3103, 0 central), so first derivatives are exact on
-polynomials of total degree <= 2 and second and mixed ones on total degree <= 3, boundaries and
-corners included. Boundary: the same cubic ghost closure, one axis after the other (depth,
-then rows, then columns, so edge and corner ghosts are extrapolated along every axis; exact on
-polynomials of degree <= 3 in each variable), giving the same one-sided formulas at the faces.
-All requested derivatives come from ONE ``conv3d`` call.
+``FiniteDifference3D``, ``stencil_kernel_3d``, ``pad_cubic_3d`` and ``DERIVATIVES_3D`` are the
+3-D spellings of the same code, kept for callers that name the dimension.
 """
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
 
-from .validation import check_choice, check_positive_pair, check_positive_tuple, grid_axes
+from .validation import check_choice, check_positive_tuple, grid_axes
 
 KINDS = ("sobel", "sobel3103", "central")
-DERIVATIVES = ("r", "c", "rr", "cc", "rc")
-DERIVATIVES_3D = ("d", "r", "c", "dd", "rr", "cc", "dr", "dc", "rc")
-_AXIS_LETTERS_3D = "drc"   # a 3-D derivative name lists the axes it differentiates along
+AXIS_LETTERS = "drc"     # a derivative name lists the axes it differentiates along
+_SPACING_NAMES = ("h_depth", "h_row", "h_col")
 
 # Transverse smoothing weights of each kind (they sum to 1, so constants are untouched).
 _SMOOTH = {
@@ -88,7 +82,33 @@ _SECOND = (1.0, -2.0, 1.0)   # times 1/h^2: central second difference
 _GHOST = (4.0, -6.0, 4.0, -1.0)
 
 
-def _check_derivatives(derivatives, allowed=DERIVATIVES) -> tuple[str, ...]:
+def derivative_names(dims: int) -> tuple[str, ...]:
+    """Every derivative name of a ``dims``-axis grid: first, then second, then mixed ones."""
+    letters = AXIS_LETTERS[-dims:]
+    return (*letters, *(a + a for a in letters),
+            *(a + b for a, b in itertools.combinations(letters, 2)))
+
+
+DERIVATIVES = derivative_names(2)
+DERIVATIVES_3D = derivative_names(3)
+
+
+def check_spacing(spacing, dims: int | None = None) -> tuple[float, ...]:
+    """The node spacing of each axis, finite and > 0; its length is the number of axes (1, 2
+    or 3), or must be ``dims`` when given."""
+    if dims is None:
+        try:
+            dims = len(spacing)
+        except TypeError:
+            dims = 0
+        if isinstance(spacing, (str, bytes)) or dims not in (1, 2, 3):
+            raise ValueError(f"spacing must give the node spacing of 1, 2 or 3 axes, such as "
+                             f"(h_row, h_col) or (h_depth, h_row, h_col), got {spacing!r}")
+    form = "(" + ", ".join(_SPACING_NAMES[-dims:]) + ")"
+    return check_positive_tuple("spacing", spacing, dims, form)
+
+
+def _check_derivatives(derivatives, allowed) -> tuple[str, ...]:
     """Validate a non-empty sequence of distinct names from ``allowed``."""
     # A bare string would silently iterate over its characters ("rr" -> "r", "r").
     if isinstance(derivatives, str):
@@ -109,50 +129,68 @@ def _check_derivatives(derivatives, allowed=DERIVATIVES) -> tuple[str, ...]:
 
 
 def stencil_kernel(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
-    """The (3, 3) float64 kernel of derivative ``name``; index [a, b] multiplies u[i+a-1, j+b-1].
+    """The (3,) * dims float64 kernel of derivative ``name`` on a grid with this ``spacing``
+    (one entry per axis); index [a, b, ...] multiplies u[i+a-1, j+b-1, ...].
 
-    conv2d is a cross-correlation, so the kernel is written in the field's own orientation.
+    The convolutions are cross-correlations, so the kernel is written in the field's own
+    orientation.
     """
-    h_r, h_c = check_positive_pair("spacing", spacing, "(h_row, h_col)")
+    h = check_spacing(spacing)
     smooth = torch.tensor(_SMOOTH[check_choice("kind", kind, KINDS)], dtype=torch.float64)
-    first = torch.tensor(_FIRST, dtype=torch.float64)
-    second = torch.tensor(_SECOND, dtype=torch.float64)
-    if name == "r":
-        return torch.outer(first / h_r, smooth)
-    if name == "c":
-        return torch.outer(smooth, first / h_c)
-    if name == "rr":
-        return torch.outer(second / h_r**2, smooth)
-    if name == "cc":
-        return torch.outer(smooth, second / h_c**2)
-    if name == "rc":
-        return torch.outer(first / h_r, first / h_c)
-    raise ValueError(f"derivative name must be one of {DERIVATIVES}, got {name!r}")
+    allowed = derivative_names(len(h))
+    if name not in allowed:
+        raise ValueError(f"derivative name must be one of {allowed}, got {name!r}")
+    factors = []
+    for axis, letter in enumerate(AXIS_LETTERS[-len(h):]):
+        times = name.count(letter)
+        if times == 0:
+            factors.append(smooth)
+        elif times == 1:
+            factors.append(torch.tensor(_FIRST, dtype=torch.float64) / h[axis])
+        else:
+            factors.append(torch.tensor(_SECOND, dtype=torch.float64) / h[axis] ** 2)
+    if len(factors) == 1:
+        return factors[0]
+    letters = "abc"[:len(factors)]
+    return torch.einsum(",".join(letters) + "->" + letters, *factors)
+
+
+def stencil_kernel_3d(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
+    """``stencil_kernel`` with a spacing of exactly three axes (h_depth, h_row, h_col)."""
+    return stencil_kernel(name, check_spacing(spacing, 3), kind)
+
+
+def _ghost(p: torch.Tensor, dim: int, first: int, step: int) -> torch.Tensor:
+    """The cubic ghost from the 4 layers p[first], p[first + step], ... along ``dim``."""
+    a0, a1, a2, a3 = (a * p.narrow(dim, first + k * step, 1) for k, a in enumerate(_GHOST))
+    return a0 + a1 + a2 + a3
 
 
 def pad_cubic(u: torch.Tensor) -> torch.Tensor:
-    """Pad (B, C, H, W) by one ghost node per side by cubic extrapolation -> (B, C, H+2, W+2).
+    """Pad (B, C, *grid) by one ghost node per side of every grid axis by cubic extrapolation
+    -> each grid axis + 2.
 
-    Rows first, then the columns of the row-padded field, so corner ghosts are extrapolated in
-    both directions (exact on polynomials of degree <= 3 in each variable, error O(h^4)).
-    One allocation; the slice writes are tracked by autograd.
+    One axis after the other, each extrapolating over the ghosts the earlier axes wrote, so
+    edge and corner ghosts are extrapolated along every axis (exact on polynomials of degree
+    <= 3 in each variable, error O(h^4)). One allocation; the slice writes are tracked by
+    autograd.
     """
-    b, c, h, w = u.shape
-    p = u.new_empty((b, c, h + 2, w + 2))
-    a0, a1, a2, a3 = _GHOST
-    p[:, :, 1:-1, 1:-1] = u
-    p[:, :, 0, 1:-1] = a0 * u[:, :, 0] + a1 * u[:, :, 1] + a2 * u[:, :, 2] + a3 * u[:, :, 3]
-    p[:, :, -1, 1:-1] = a0 * u[:, :, -1] + a1 * u[:, :, -2] + a2 * u[:, :, -3] + a3 * u[:, :, -4]
-    # The columns read the just-written ghost rows: that is what fills the corners.
-    q = p[:, :, :, 1:-1]
-    p[:, :, :, 0] = a0 * q[..., 0] + a1 * q[..., 1] + a2 * q[..., 2] + a3 * q[..., 3]
-    p[:, :, :, -1] = a0 * q[..., -1] + a1 * q[..., -2] + a2 * q[..., -3] + a3 * q[..., -4]
+    dims = u.dim() - 2
+    p = u.new_empty((*u.shape[:2], *(n + 2 for n in u.shape[2:])))
+    inner = (slice(1, -1),) * dims
+    p[(slice(None), slice(None), *inner)] = u
+    for a in range(dims):
+        # axes before a: their whole padded extent (that is what fills edges and corners);
+        # axes after a: their nodes only, their ghosts come later
+        region = (slice(None),) * (2 + a)
+        src = u if a == 0 else p[(*region, slice(1, -1), *inner[a + 1:])]
+        dim, n = 2 + a, u.shape[2 + a]
+        p[(*region, slice(0, 1), *inner[a + 1:])] = _ghost(src, dim, 0, 1)
+        p[(*region, slice(n + 1, n + 2), *inner[a + 1:])] = _ghost(src, dim, n - 1, -1)
     return p
 
 
-def _ghost_layer(p: torch.Tensor, dim: int, first: int, step: int) -> torch.Tensor:
-    """The cubic ghost from the 4 layers p[first], p[first + step], ... along ``dim``."""
-    return sum(a * p.narrow(dim, first + k * step, 1) for k, a in enumerate(_GHOST))
+pad_cubic_3d = pad_cubic
 
 
 def check_block_sizes(block) -> None:
@@ -170,16 +208,16 @@ def pad_cubic_block(u: torch.Tensor, block) -> torch.Tensor:
     """This block's window of the globally cubic-padded field: (B, C, *shape) -> each axis + 2.
 
     ``block.halo(u, 1, "zeros")`` supplies the neighbours' nodes (edges and corners included);
-    then, axis by axis in the order of ``pad_cubic`` / ``pad_cubic_3d``, the ghost layers on
-    GLOBAL-boundary sides are replaced by the cubic extrapolation over the WHOLE padded extent
-    of the other axes. Why this is the global padding's window exactly: entries off the global
-    boundary are grid nodes (the block's or the halo's neighbours'), as in the global padding.
-    A global ghost of axis a whose other coordinates are grid nodes is, in both, the
-    extrapolation along a of 4 nodes (the block has >= 4 layers along a, so they are in the
-    window). Where another coordinate b is a global ghost too: if b comes before a, the global
-    rule extrapolates along a the ghosts of b, and so do we, since our ghosts of b were
-    complete before axis a; if b comes after a, what we write now (from the halo's zero fill)
-    is overwritten when axis b extrapolates over the whole padded extent, as globally.
+    then, axis by axis in the order of ``pad_cubic``, the ghost layers on GLOBAL-boundary sides
+    are replaced by the cubic extrapolation over the WHOLE padded extent of the other axes. Why
+    this is the global padding's window exactly: entries off the global boundary are grid nodes
+    (the block's or the halo's neighbours'), as in the global padding. A global ghost of axis a
+    whose other coordinates are grid nodes is, in both, the extrapolation along a of 4 nodes
+    (the block has >= 4 layers along a, so they are in the window). Where another coordinate b
+    is a global ghost too: if b comes before a, the global rule extrapolates along a the ghosts
+    of b, and so do we, since our ghosts of b were complete before axis a; if b comes after a,
+    what we write now (from the halo's zero fill) is overwritten when axis b extrapolates over
+    the whole padded extent, as globally.
     """
     check_block_sizes(block)
     p = block.halo(u, 1, "zeros")
@@ -189,8 +227,8 @@ def pad_cubic_block(u: torch.Tensor, block) -> torch.Tensor:
             continue
         dim = 2 + a
         n = p.shape[dim]
-        first = _ghost_layer(p, dim, 1, 1) if lo else p.narrow(dim, 0, 1)
-        last = _ghost_layer(p, dim, n - 2, -1) if hi else p.narrow(dim, n - 1, 1)
+        first = _ghost(p, dim, 1, 1) if lo else p.narrow(dim, 0, 1)
+        last = _ghost(p, dim, n - 2, -1) if hi else p.narrow(dim, n - 1, 1)
         p = torch.cat([first, p.narrow(dim, 1, n - 2), last], dim=dim)
     return p
 
@@ -202,36 +240,69 @@ def _check_block_field(u: torch.Tensor, block, dims: int) -> None:
 
 
 class FiniteDifference(torch.nn.Module):
-    """Derivatives of a (B, 1, H, W) field on the node grid, in one conv2d pass.
+    """Derivatives of a (B, 1, *grid) field on a node grid of 1, 2 or 3 axes, in one
+    convolution pass.
 
     Args:
-        spacing: (h_row, h_col) node spacing, each axis its own (positive).
+        spacing: the node spacing of each axis, (h,), (h_row, h_col) or (h_depth, h_row,
+            h_col) (positive); its length is the number of grid axes, ``dims``.
         kind: one of ``KINDS`` (see the module docstring for the stencils); second order.
-        derivatives: names from ("r", "c", "rr", "cc", "rc"); output channel k is
-            ``derivatives[k]``.
+        derivatives: names from ``derivative_names(dims)``; output channel k is
+            ``derivatives[k]``. Default: the first and second derivative along every axis.
 
-    forward(u, block=None): (B, 1, H, W) with H, W >= 4 -> (B, len(derivatives), H, W), values
-    on every node including the boundary (cubic ghost nodes, see the module docstring). With a
-    split ``block`` (``diffnet.domain.Block``), u is the block's part (B, 1, *block.shape) and
-    the result its part of the undivided derivatives (``pad_cubic_block``).
+    forward(u, block=None): (B, 1, *grid) with >= 4 nodes per axis -> (B, len(derivatives),
+    *grid), values on every node including the boundary (cubic ghost nodes, see the module
+    docstring). With a split ``block`` (``diffnet.domain.Block``), u is the block's part
+    (B, 1, *block.shape) and the result its part of the undivided derivatives
+    (``pad_cubic_block``).
 
     The kernels are a float64 buffer (accurate 1/h, 1/h^2 factors; it follows ``.to(dtype)``)
     and are cast to the input's dtype/device in forward: a no-op when they already match.
+
+    Examples:
+        One axis (its letter is "c"): u = x^2 on [0, 1], exact first and second derivatives.
+
+        >>> import torch
+        >>> from diffnet.stencils import FiniteDifference
+        >>> x = torch.linspace(0, 1, 11, dtype=torch.float64)
+        >>> fd = FiniteDifference((0.1,), "central", derivatives=("c", "cc"))
+        >>> d = fd((x ** 2)[None, None])
+        >>> d.shape
+        torch.Size([1, 2, 11])
+        >>> torch.allclose(d[0, 0], 2 * x), torch.allclose(d[0, 1], torch.full_like(x, 2.0))
+        (True, True)
+
+        Two axes, rows y on [0, 1] and columns x on [0, 2]: u = x y.
+
+        >>> y, x = torch.meshgrid(torch.linspace(0, 1, 5, dtype=torch.float64),
+        ...                       torch.linspace(0, 2, 9, dtype=torch.float64), indexing="ij")
+        >>> fd = FiniteDifference((0.25, 0.25), "sobel", derivatives=("r", "c", "rc"))
+        >>> d = fd((x * y)[None, None])[0]
+        >>> torch.allclose(d[fd.index("r")], x), torch.allclose(d[fd.index("c")], y)
+        (True, True)
+        >>> torch.allclose(d[fd.index("rc")], torch.ones_like(x))
+        True
+
+        Three axes, the same code: the Laplacian of z^2 + y^2 + x^2 is 6.
+
+        >>> g = torch.linspace(0, 1, 6, dtype=torch.float64)
+        >>> z, y, x = torch.meshgrid(g, g, g, indexing="ij")
+        >>> fd = FiniteDifference((0.2, 0.2, 0.2), derivatives=("dd", "rr", "cc"))
+        >>> fd.dims, fd((z ** 2 + y ** 2 + x ** 2)[None, None]).sum(1).sub(6).abs().max() < 1e-9
+        (3, tensor(True))
     """
 
-    # the axes, convolution and whole-grid padding of this dimension (FiniteDifference3D: 3-D)
-    dims = 2
-    conv = "conv2d"                 # a name, looked up in F per call (tests count the convs)
-    pad_whole = staticmethod(pad_cubic)
-
-    def __init__(self, spacing: tuple[float, float], kind: str = "sobel",
-                 derivatives=("r", "c", "rr", "cc")):
+    def __init__(self, spacing, kind: str = "sobel", derivatives=None):
         super().__init__()
-        self.spacing = check_positive_pair("spacing", spacing, "(h_row, h_col)")
+        self.spacing = check_spacing(spacing)
+        self.dims = len(self.spacing)
         self.kind = check_choice("kind", kind, KINDS)
-        self.derivatives = _check_derivatives(derivatives)
+        letters = AXIS_LETTERS[-self.dims:]
+        if derivatives is None:
+            derivatives = (*letters, *(a + a for a in letters))
+        self.derivatives = _check_derivatives(derivatives, derivative_names(self.dims))
         weight = torch.stack([stencil_kernel(d, self.spacing, self.kind) for d in self.derivatives])
-        # (K, 1, 3, 3): one output channel per derivative, one conv for all of them.
+        # (K, 1, 3, ...): one output channel per derivative, one conv for all of them.
         self.register_buffer("weight", weight.unsqueeze(1), persistent=False)
 
     def index(self, name: str) -> int:
@@ -254,92 +325,25 @@ class FiniteDifference(torch.nn.Module):
         if not u.is_floating_point():
             raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
         weight = self.weight.to(device=u.device, dtype=u.dtype)
-        return getattr(F, self.conv)(self.pad_whole(u) if whole else pad_cubic_block(u, block),
-                                     weight)
+        # looked up in F per call, so that a test can count the convolutions
+        conv = getattr(F, f"conv{self.dims}d")
+        return conv(pad_cubic(u) if whole else pad_cubic_block(u, block), weight)
 
     def extra_repr(self) -> str:
         return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"
 
 
-def gradient(u: torch.Tensor, spacing, kind: str = "sobel") -> tuple[torch.Tensor, torch.Tensor]:
-    """(du/drow, du/dcol), each (B, 1, H, W): a one-off FiniteDifference(("r", "c")).
-
-    Build a FiniteDifference once instead when calling this in a training loop.
-    """
-    d = FiniteDifference(spacing, kind, derivatives=("r", "c"))(u)
-    return d[:, 0:1], d[:, 1:2]
-
-
-# ----------------------------------------------------------------------------------------------
-# 3-D: the same stencils as tensor products on (B, 1, D, H, W) fields, one conv3d.
-# ----------------------------------------------------------------------------------------------
-
-SPACING_3D = "(h_depth, h_row, h_col)"
-
-
-def stencil_kernel_3d(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
-    """The (3, 3, 3) float64 kernel of 3-D derivative ``name`` (one of ``DERIVATIVES_3D``);
-    index [a, b, c] multiplies u[i+a-1, j+b-1, k+c-1] (conv3d is a cross-correlation)."""
-    h = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
-    smooth = torch.tensor(_SMOOTH[check_choice("kind", kind, KINDS)], dtype=torch.float64)
-    if name not in DERIVATIVES_3D:
-        raise ValueError(f"derivative name must be one of {DERIVATIVES_3D}, got {name!r}")
-    factors = []
-    for axis, letter in enumerate(_AXIS_LETTERS_3D):
-        times = name.count(letter)
-        if times == 0:
-            factors.append(smooth)
-        elif times == 1:
-            factors.append(torch.tensor(_FIRST, dtype=torch.float64) / h[axis])
-        else:
-            factors.append(torch.tensor(_SECOND, dtype=torch.float64) / h[axis] ** 2)
-    return torch.einsum("a,b,c->abc", *factors)
-
-
-def _pad_axis_cubic(u: torch.Tensor, dim: int) -> torch.Tensor:
-    """One cubic ghost node on each side of axis ``dim`` (the 1-D rule of ``pad_cubic``)."""
-    n = u.shape[dim]
-    lo = sum(a * u.narrow(dim, k, 1) for k, a in enumerate(_GHOST))
-    hi = sum(a * u.narrow(dim, n - 1 - k, 1) for k, a in enumerate(_GHOST))
-    return torch.cat([lo, u, hi], dim=dim)
-
-
-def pad_cubic_3d(u: torch.Tensor) -> torch.Tensor:
-    """Pad (B, C, D, H, W) by one cubic ghost node per side -> (B, C, D+2, H+2, W+2).
-
-    Depth first, then rows, then columns, each axis reading the ghosts the previous ones wrote,
-    so edge and corner ghosts are extrapolated along every axis (exact on polynomials of degree
-    <= 3 in each variable, error O(h^4)).
-    """
-    for dim in (2, 3, 4):
-        u = _pad_axis_cubic(u, dim)
-    return u
-
-
 class FiniteDifference3D(FiniteDifference):
-    """Derivatives of a (B, 1, D, H, W) field on the node grid, in one conv3d pass.
-
-    Args:
-        spacing: (h_depth, h_row, h_col) node spacing, each axis its own (positive).
-        kind: one of ``KINDS``: central differences smoothed across the other two axes (see
-            the module docstring, 3-D); second order.
-        derivatives: names from ``DERIVATIVES_3D``; output channel k is ``derivatives[k]``.
-
-    forward(u, block=None): (B, 1, D, H, W) with D, H, W >= 4 -> (B, len(derivatives), D, H, W),
-    values on every node including the boundary (cubic ghost nodes); on a split ``block`` the
-    block's part, as in ``FiniteDifference``. Kernels: a float64 buffer, cast to the input's
-    dtype/device in forward, as in ``FiniteDifference``.
-    """
-
-    dims = 3
-    conv = "conv3d"
-    pad_whole = staticmethod(pad_cubic_3d)
+    """``FiniteDifference`` with a spacing of exactly three axes (h_depth, h_row, h_col) and
+    the first derivatives ("d", "r", "c") by default."""
 
     def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
-        torch.nn.Module.__init__(self)  # its own kernels; index() is the 2-D class's
-        self.spacing = check_positive_tuple("spacing", spacing, 3, SPACING_3D)
-        self.kind = check_choice("kind", kind, KINDS)
-        self.derivatives = _check_derivatives(derivatives, DERIVATIVES_3D)
-        weight = torch.stack([stencil_kernel_3d(d, self.spacing, self.kind)
-                              for d in self.derivatives])
-        self.register_buffer("weight", weight.unsqueeze(1), persistent=False)   # (K, 1, 3, 3, 3)
+        super().__init__(check_spacing(spacing, 3), kind, derivatives)
+
+
+def gradient(u: torch.Tensor, spacing, kind: str = "sobel") -> tuple[torch.Tensor, ...]:
+    """The first derivative along every grid axis, each (B, 1, *grid): in 2-D (du/drow,
+    du/dcol). A one-off ``FiniteDifference``: build one once instead in a training loop."""
+    dims = len(check_spacing(spacing))
+    d = FiniteDifference(spacing, kind, derivatives=tuple(AXIS_LETTERS[-dims:]))(u)
+    return tuple(d[:, k:k + 1] for k in range(dims))

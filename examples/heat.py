@@ -1,7 +1,9 @@
 """A PDE family of your own, outside DeepFusion: steady heat conduction with a random source.
 
-Written only with the public contract (``diffnet.problems.Problem``, ``Axis``) and plain torch.
-With this directory on the PYTHONPATH, a config names it ``problem.name = "heat:Heat"``::
+Written only with the public contract (``diffnet.problems.Problem``, ``Axis``), the problem's
+split-exact helpers (``self.edges``, ``self.part``) and plain torch, so it also trains with
+each sample split over ranks (``parallel.domain``). With this directory on the PYTHONPATH,
+a config names it ``problem.name = "heat:Heat"``::
 
     PYTHONPATH=examples deepfusion problems heat:Heat
 
@@ -27,8 +29,7 @@ class Heat(Problem):
     sum over grid edges of |grad u|^2 / 2 minus the sum over nodes of f u (times the cell area),
     whose minimiser is the 5-point finite-difference solution. Each sine mode is an exact
     eigenvector of the 5-point Laplacian, so the reference solution divides each amplitude by
-    its discrete eigenvalue: exact for the discrete equation. The loss is computed on the whole
-    grid only (no domain split).
+    its discrete eigenvalue: exact for the discrete equation.
     """
 
     name = "heat"
@@ -46,10 +47,6 @@ class Heat(Problem):
 
     def config(self) -> dict:
         return {**super().config(), "amplitude_range": list(self.amplitude_range)}
-
-    def check_block(self, block) -> None:
-        raise ValueError(f"problem {self.name!r} computes its loss on the whole grid only: "
-                         f"set parallel.domain = []")
 
     @property
     def axes(self):
@@ -71,15 +68,17 @@ class Heat(Problem):
     def impose(self, u, inputs):
         # u = 0 on the boundary, exactly; the factor brings the network's O(1) output to the
         # solution's size (f = sin(pi x) sin(pi y) gives u = f / (2 pi^2))
-        mask = torch.zeros_like(u)
-        mask[..., 1:-1, 1:-1] = 1 / (2 * np.pi**2)
-        return u * mask
+        mask = torch.zeros(self.grid, dtype=u.dtype, device=u.device)
+        mask[1:-1, 1:-1] = 1 / (2 * np.pi**2)
+        return u * self.part(mask)          # the global mask, cut to this block
 
     def loss_terms(self, u, inputs):
         # The discrete Dirichlet energy: its minimiser over the interior values is exactly the
         # 5-point finite-difference solution, and it trains far better than a squared residual.
+        # self.edges: the edges this block owns, each edge of the grid once over the blocks
         hy, hx = self.spacing
-        dx, dy = u[..., :, 1:] - u[..., :, :-1], u[..., 1:, :] - u[..., :-1, :]
+        (y0, y1), (x0, x1) = self.edges(u)
+        dx, dy = x1 - x0, y1 - y0
         dims = tuple(range(1, u.dim()))
         energy = (0.5 * (hy / hx) * dx.pow(2).sum(dims) + 0.5 * (hx / hy) * dy.pow(2).sum(dims)
                   - hx * hy * (inputs[:, :1] * u).sum(dims))

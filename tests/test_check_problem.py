@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, Axis, Problem
-from diffnet.problems.blocks import mean_part
 from diffnet.problems.check import ProblemCheckFailed, ProblemSpecError, check_problem
 from diffnet.stencils import FiniteDifference
 
@@ -21,7 +20,8 @@ HERE = __name__          # "tests.test_check_problem": the classes below as modu
 class Smooth(Problem):
     """Fit u to a drawn field f with a smoothness penalty and a soft condition u = 0 on the row
     y = 0: pde = mean (u - f)^2 + smoothing * mean (du/dx)^2, bc = weight * mean of u^2 on row
-    0. Split exactly by the helpers: ``mean_part`` and ``FiniteDifference`` on ``self.block``."""
+    0. Split exactly by the helpers: ``self.mean``, ``self.wall_mean`` and ``FiniteDifference``
+    on ``self.block``."""
 
     name = "smooth_fit"
     param_names = ("a", "k")
@@ -53,15 +53,12 @@ class Smooth(Problem):
         return u
 
     def pde(self, u, inputs):
-        h, w = self.grid
         ux = self.fd(u, self.block)
         fit = (u - inputs[:, :1]).square() + self.smoothing * ux.square()
-        return mean_part(fit, (1, 2, 3), h * w, self.block)
+        return self.mean(fit)
 
     def loss_terms(self, u, inputs):
-        bc = torch.zeros(u.shape[0], dtype=u.dtype)
-        if self.block.at_lo(0):
-            bc = bc + u[:, 0, 0, :].square().sum(dim=1) / self.grid[1]
+        bc = self.wall_mean(u.square(), axis=0, side="lo")
         return {"pde": self.pde(u, inputs), "bc": self.weight * bc}
 
     def reference_solution(self, params, method="auto"):
@@ -113,6 +110,10 @@ class ForgetsAnOption(Smooth):
 class WholeGridOnly(Smooth):
     def check_block(self, block):
         raise ValueError("smooth_fit with this option needs the whole grid")
+
+
+class UnsplitTerm(BlockMean):
+    unsplit_terms = ("pde",)                  # declared: a split is refused, naming the term
 
 
 class NoReference(Smooth):
@@ -174,13 +175,17 @@ def test_the_failures_say_what_was_returned():
     assert "without the option(s) ['weight']" in text
 
 
-def test_a_refused_split_is_no_domain_parallelism_not_a_failure():
-    report = check_problem(WholeGridOnly)
+@pytest.mark.parametrize("cls,why", [
+    (WholeGridOnly, "needs the whole grid"),
+    (UnsplitTerm, "loss term(s) ['pde'] on the whole grid only (they are not written with the "
+                  "split-exact helpers")])
+def test_a_refused_split_is_no_domain_parallelism_not_a_failure(cls, why):
+    report = check_problem(cls)
     assert report.ok, report.text()
     for split in ("[1, 2]", "[2, 2]"):
         r = results(report)[f"split {split} against undivided"]
         assert r.status == "SKIP" and "no domain parallelism" in r.detail
-        assert "needs the whole grid" in r.detail
+        assert why in r.detail
 
 
 def test_a_family_without_a_reference_solver_skips_those_checks():

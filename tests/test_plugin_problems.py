@@ -63,7 +63,7 @@ def test_an_unknown_name_lists_the_valid_ones_and_how_to_name_a_class():
               "a_module_that_is_not_installed", "PYTHONPATH"]),
     ("no_such_module_anywhere:Heat", ["cannot import module 'no_such_module_anywhere'"]),
     ("tests.plugins.heat:Hot", ["has no attribute 'Hot'", "Problem subclasses in it: Heat, "
-                                                          "HeatWithoutReference"]),
+                                                          "HeatWholeGrid, HeatWithoutReference"]),
     ("examples.heat:MODES", ["is a tuple, not a subclass of diffnet.problems.Problem"]),
     ("diffnet.problems.base:Problem", ["does not implement", "'loss_terms'"]),
     ("tests.plugins.heat:", ["not of the form 'package.module:ClassName'"]),
@@ -259,8 +259,10 @@ def test_an_unimportable_plugin_ends_every_rank_with_one_message(tmp_path):
 @pytest.mark.mpi
 def test_a_plugin_that_refuses_a_domain_split_says_so_before_training(tmp_path):
     d = tmp_path / "split"
-    p = train(2, config(tmp_path, HEAT), str(d), "parallel.domain=[1, 2]")
+    p = train(2, config(tmp_path, "tests.plugins.heat:HeatWholeGrid"), str(d),
+              "parallel.domain=[1, 2]")
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("deepfusion: error") == 1 and "Traceback" not in p.stderr
-    assert "parallel.domain = [1, 2]: problem 'heat' computes its loss on the whole grid" in p.stderr
+    assert ("parallel.domain = [1, 2]: problem 'heat_whole_grid' computes its loss term(s) "
+            "['pde'] on the whole grid only") in p.stderr
     assert not d.exists()

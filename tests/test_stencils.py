@@ -1,5 +1,8 @@
-"""diffnet.stencils: exactness on polynomials, order of accuracy, argument checks, one conv."""
+"""diffnet.stencils: exactness on polynomials, order of accuracy, argument checks, one conv;
+the same class on 1-D grids (whole and split) and its docstring examples."""
 from __future__ import annotations
+
+import doctest
 
 import numpy as np
 import pytest
@@ -7,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from diffnet import stencils
-from diffnet.stencils import KINDS, FiniteDifference, gradient, pad_cubic
+from diffnet.problems.check_split import ThreadSplit, run_blocks
+from diffnet.stencils import KINDS, FiniteDifference, derivative_names, gradient, pad_cubic
 
 ALL = ("r", "c", "rr", "cc", "rc")
 # A non-square domain: rows on [0, 1/3], columns on [-0.5, 1] (as Burgers' (t, x) grids are).
@@ -193,7 +197,9 @@ def test_gradient_helper():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(spacing=(0.1,)), "spacing"),
+    (dict(spacing=()), "spacing"),
+    (dict(spacing=(0.1, 0.1, 0.1, 0.1)), "spacing"),
+    (dict(spacing=(0.1,), derivatives=("r",)), "derivatives"),
     (dict(spacing=(0.1, -0.2)), "spacing"),
     (dict(spacing=(0.1, float("nan"))), "spacing"),
     (dict(spacing="ab"), "spacing"),
@@ -222,3 +228,48 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="name"):
         fd.index("rc")
     assert fd.index("cc") == 3
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(stencils, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_derivative_names_per_dimension():
+    assert derivative_names(1) == ("c", "cc")
+    assert derivative_names(2) == ("r", "c", "rr", "cc", "rc")
+    assert derivative_names(3) == ("d", "r", "c", "dd", "rr", "cc", "dr", "dc", "rc")
+    assert FiniteDifference((0.1,)).derivatives == ("c", "cc")
+    assert FiniteDifference((0.1, 0.2)).derivatives == ("r", "c", "rr", "cc")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_axis_exact_on_cubics_with_one_conv1d(kind, monkeypatch):
+    """1-D: no transverse axis, so every kind is the central stencil; u' exact on quadratics,
+    u'' on cubics, boundary nodes included."""
+    calls = []
+    real = F.conv1d
+    monkeypatch.setattr(stencils.F, "conv1d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.linspace(-0.5, 1.0, 9, dtype=torch.float64)
+    h = 1.5 / 8
+    d = FiniteDifference((h,), kind, ("c", "cc"))((x**3 - 2 * x**2 + x)[None, None])[0]
+    torch.testing.assert_close(d[1], 6 * x - 4)
+    d = FiniteDifference((h,), kind, ("c",))((3 * x**2 - x)[None, None])[0]
+    torch.testing.assert_close(d[0], 6 * x - 1)
+    assert len(calls) == 2
+
+
+def test_one_axis_on_blocks_is_the_undivided_one():
+    u = torch.randn((2, 1, 16), dtype=torch.float64)
+    fd = FiniteDifference((0.1,), "sobel", ("c", "cc"))
+    ts = ThreadSplit((16,), [2])
+    blocks, parts = run_blocks(ts, lambda b: fd(b.local(u), b))
+    got = ts.assemble({b.coord: r for b, r in zip(blocks, parts)}, 2)
+    torch.testing.assert_close(got, fd(u), rtol=1e-12, atol=1e-9)
+
+
+def test_gradient_helper_any_dimension():
+    u = torch.randn((1, 1, 5, 6, 7), dtype=torch.float64)
+    parts = gradient(u, (0.1, 0.2, 0.3), kind="central")
+    want = FiniteDifference((0.1, 0.2, 0.3), "central", ("d", "r", "c"))(u)
+    assert len(parts) == 3 and all(torch.equal(p, want[:, k:k + 1]) for k, p in enumerate(parts))

@@ -228,3 +228,15 @@ def test_bad_inputs_are_refused():
     assert fd.index("c") == 2
     with pytest.raises(ValueError, match="derivative name"):
         stencil_kernel_3d("x", (0.1, 0.1, 0.1))
+
+
+def test_the_3d_names_are_the_general_code():
+    """FiniteDifference3D, stencil_kernel_3d and pad_cubic_3d are FiniteDifference,
+    stencil_kernel and pad_cubic with a 3-D spacing: the same numbers, bit for bit."""
+    u = torch.randn(2, 1, 5, 6, 7, dtype=F64)
+    h = (0.1, 0.2, 0.3)
+    general = FiniteDifference(h, "sobel3103", DERIVATIVES_3D)
+    assert general.dims == 3
+    assert torch.equal(general(u), FiniteDifference3D(h, "sobel3103", DERIVATIVES_3D)(u))
+    assert torch.equal(stencils.stencil_kernel("dr", h), stencil_kernel_3d("dr", h))
+    assert torch.equal(stencils.pad_cubic(u), pad_cubic_3d(u))

@@ -148,8 +148,8 @@ def check_grids(model, cfg, task, grow) -> None:
 
 def check_splits(cfg, problems, rank: int) -> None:
     """ValueError, before the run directory is made, when the problem of a visit's grid cannot
-    compute its loss on this rank's block of ``parallel.domain`` (its ``check_block``, e.g. a
-    user's problem written for the whole grid only), with the problem's reason."""
+    compute its loss on this rank's block of ``parallel.domain`` (its ``check_split_block``, e.g.
+    a user's problem written for the whole grid only), with the problem's reason."""
     import math
 
     import numpy as np
@@ -165,7 +165,7 @@ def check_splits(cfg, problems, rank: int) -> None:
         shape = [int(g) // s for g, s in zip(grid, split)]
         block = Block(grid, [int(i) * n for i, n in zip(index, shape)], shape)
         try:
-            problems(grid).check_block(block)
+            problems(grid).check_split_block(block)
         except ValueError as e:
             raise ValueError(f"parallel.domain = {split}: {e}") from None
 

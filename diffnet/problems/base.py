@@ -22,22 +22,14 @@ and of the inputs (built for the global grid and cut with ``block.local``), and 
 per-sample term is this block's PART: the sum over the blocks of each term equals the undivided
 term, value and gradient (up to rounding; the collectives' backward carries the gradient
 across blocks, so every block must backpropagate its whole loss, all terms together, as the
-engine does: a backward of one term alone may skip an exchange on the blocks where that term
-does not depend on it). Hence, in a problem's split code:
-
-* a mean over the field becomes the sum over the block's nodes divided by the GLOBAL count;
-* a term on a boundary row / column / face counts only on the blocks that hold it
-  (``block.at_lo`` / ``at_hi``), divided by the global count of its nodes;
-* masks and weights are built for the global grid and cut to the block (``part``), so an
-  interior mask like ``r[:, 1:-1, 1:-1]`` follows GLOBAL node indices;
-* a quantity on edges between nodes is counted once, by the block holding the edge's first
-  node, which reads the other node from ``block.halo``;
-* a term that is not a sum over nodes (a sqrt of a sum, a max) needs ``block.sum`` inside and
-  care with the split of its value, or must be refused on a split block (``check_block``).
-  None of the current problems has one.
-
-Each problem's docstring or ``check_block`` says which of its options split; ``on_block``
-refuses the others with a ValueError naming what does.
+engine does). A loss written with the split-exact helpers has that property with no block code
+(:mod:`.blocks`; each is a method here): derivatives by ``FiniteDifference(u, self.block)``,
+means over nodes by ``self.mean(t, interior)``, boundary terms by ``self.wall_mean(t, axis,
+side)``, quantities on edges by ``self.edges(t)``, global masks and weights cut by
+``self.part``, non-linear reductions by ``self.total`` and ``self.share``; a plain sum over
+nodes needs nothing. A term written otherwise is declared in ``unsplit_terms`` (``on_block``
+then refuses a split naming it), and options that cannot split are refused by ``check_block``
+with a ValueError saying why.
 
 Inputs given as fields (``inputs_from_fields``) and the reference solution of given fields
 (``solve_from_inputs``) are part of the contract too, so the application can run a network or a
@@ -56,7 +48,8 @@ import torch
 from ..domain import Block
 from ..validation import (check_array, check_bool, check_choice, check_grid,  # noqa: F401
                           check_number, check_range, grid_axes)
-from .blocks import cut
+from .answer_check import flags
+from .blocks import cut, edges, node_mean, share, total, wall_mean
 
 
 @dataclass(frozen=True)
@@ -84,9 +77,15 @@ class Problem(abc.ABC):
             solver needs parameter vectors).
         fields_hint: optional text for the message of missing channels in
             ``inputs_from_fields``, e.g. which channels are derived from which.
+        refines: whether ``refine`` is available (the reference solver is iterative and
+            takes an initial guess: an approximate answer is refined to a tolerance).
         dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
         output_channels: the fields the generator outputs (default 1); ``impose`` maps them
             to the one solution field (B, 1, *grid).
+        unsplit_terms: the loss terms NOT written with the split-exact helpers (default none):
+            a split block is refused naming them (an instance may set it by its options).
+        residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
+            be trusted; None (default): the family has no answer residual.
     """
 
     name: str = ""
@@ -95,9 +94,12 @@ class Problem(abc.ABC):
     loss_term_names: tuple[str, ...] = ("pde", "bc")
     reference_methods: tuple[str, ...] = ("auto",)
     solves_from_inputs: bool = False
+    refines: bool = False
     fields_hint: str = ""
     dims: int = 2
     output_channels: int = 1
+    unsplit_terms: tuple[str, ...] = ()
+    residual_threshold: float | None = None
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)
@@ -107,16 +109,27 @@ class Problem(abc.ABC):
     def on_block(self, block: Block) -> "Problem":
         """Compute on ``block`` of the grid from now on (see the module docstring); returns self.
 
-        ValueError if the block is not one of this grid or this problem's options cannot be
-        split that way (``check_block``).
+        ValueError if the block is not one of this grid or this problem cannot compute on it
+        (``check_split_block``: its ``unsplit_terms``, then ``check_block``).
         """
         if tuple(block.grid) != tuple(self.grid):
             raise ValueError(f"block {block!r} is a block of grid {list(block.grid)}, but problem "
                              f"{self.name!r} is on grid {list(self.grid)}")
         if not block.whole:
-            self.check_block(block)
+            self.check_split_block(block)
         self.block = block
         return self
+
+    def check_split_block(self, block: Block) -> None:
+        """What ``on_block`` checks of a split ``block``, without moving to it: ValueError
+        naming the ``unsplit_terms`` if any, then ``check_block``'s."""
+        if self.unsplit_terms:
+            raise ValueError(
+                f"problem {self.name!r} computes its loss term(s) {list(self.unsplit_terms)} on "
+                f"the whole grid only (they are not written with the split-exact helpers of "
+                f"diffnet.problems.blocks): run without a domain split (parallel.domain = []), "
+                f"or write them with the helpers (docs/your-own-pde.md)")
+        self.check_block(block)
 
     def check_block(self, block: Block) -> None:
         """ValueError if this problem cannot compute its losses on the split ``block``
@@ -126,6 +139,31 @@ class Problem(abc.ABC):
         """This block's part of a global field (..., *grid), grid axes of size 1 broadcast
         (masks, weights); the field itself when undivided. A view, no copy."""
         return cut(self.block, field)
+
+    # -- split-exact helpers (diffnet.problems.blocks): a loss written with them splits ------
+    def mean(self, t: torch.Tensor, interior=0) -> torch.Tensor:
+        """(B,) mean of a nodal field t (B, ..., *grid) over the nodes at least ``interior``
+        nodes (an int, or one per axis) from the boundary; this block's part on a split."""
+        return node_mean(self.block, t, interior)
+
+    def wall_mean(self, t: torch.Tensor, axis: int, side: str) -> torch.Tensor:
+        """(B,) mean of a nodal field t over the boundary nodes of grid ``axis`` on ``side``
+        ("lo" or "hi"); this block's part on a split (zero on a block away from the wall)."""
+        return wall_mean(self.block, t, axis, side)
+
+    def edges(self, t: torch.Tensor, axes=None) -> list:
+        """[(first, second) end nodes of the edges along each of ``axes`` (default all)] that
+        this block owns, t (B, C, *grid): each edge of the grid once over the blocks."""
+        return edges(self.block, t, axes)
+
+    def total(self, part: torch.Tensor) -> torch.Tensor:
+        """The sum over the blocks of per-sample partial sums ``part`` (B,), on every block:
+        the inside of a non-linear reduction; return a function of it through ``share``."""
+        return total(self.block, part)
+
+    def share(self, value: torch.Tensor) -> torch.Tensor:
+        """This block's share of a value every block holds (a function of ``total``)."""
+        return share(self.block, value)
 
     # -- geometry ---------------------------------------------------------------------------
     @property
@@ -256,6 +294,29 @@ class Problem(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} sets solves_from_inputs but does not "
                                   f"implement solve_from_inputs")
 
+    def answer_residual(self, u, inputs) -> np.ndarray:
+        """(B,) float64 discrete residual of answers u (B, 1, *grid) to inputs (B, C, *grid)
+        on the whole grid (numpy or torch), normalised so that a boundary lift (the field
+        holding only the boundary values) reads 1 and the discrete solution 0
+        (``answer_check``).
+
+        Optional: a family that has it sets ``residual_threshold``; this default (threshold
+        None) raises NotImplementedError saying the family has none.
+        """
+        raise NotImplementedError(f"problem {self.name!r} has no answer residual (its "
+                                  f"residual_threshold is None)")
+
+    def check_answers(self, u, inputs) -> dict:
+        """{"residual": (B,) float64, "flagged": (B,) bool} of answers ``u`` to ``inputs`` (as
+        ``answer_residual`` takes them): flagged where the residual is above
+        ``residual_threshold`` or not finite. ValueError when the family has no residual."""
+        if self.residual_threshold is None:
+            raise ValueError(f"problem {self.name!r} has no answer residual to check its "
+                             f"answers with (its residual_threshold is None); run without "
+                             f"the check")
+        r = self.answer_residual(u, inputs)
+        return {"residual": r, "flagged": flags(r, self.residual_threshold)}
+
     def check_method(self, method, *, from_inputs: bool = False) -> str:
         """``method`` if it is one of ``reference_methods`` and, with ``from_inputs``, if this
         problem solves from given fields; ValueError saying what is allowed otherwise.
@@ -272,6 +333,30 @@ class Problem(abc.ABC):
                 f"parameter vectors instead")
         return check_choice(f"the reference method of problem {self.name!r}", method,
                             self.reference_methods)
+
+    def refine(self, inputs, u0, tol: float = 1e-8):
+        """(u, info): the answer ``u0`` (*grid) to the sample of input fields ``inputs``
+        (C, *grid) refined by the iterative reference solver until its relative residual is at
+        most ``tol``; ``u0=None`` is the cold start (zero initial guess) of the same solver.
+        info holds at least ``iterations``, ``residual``, ``initial_residual``, ``converged``
+        and the seconds ``solve_time``, ``setup_time``, ``assemble_time``. Problems whose
+        solver can do that set ``refines = True`` and override this; the default raises the
+        ValueError of ``check_refine``."""
+        self.check_refine(tol)
+        raise NotImplementedError(f"{type(self).__name__} sets refines but does not implement "
+                                  f"refine")
+
+    def check_refine(self, tol) -> float:
+        """``tol`` as a float in (0, 1) if this problem refines answers (``refines``);
+        ValueError naming the problem otherwise. Called before any work, so a request the
+        problem cannot serve is refused up front."""
+        if not self.refines:
+            why = ("it has no reference solver" if not self.reference_methods else
+                   "its reference solver is not an iterative solver that starts from a guess")
+            raise ValueError(f"problem {self.name!r} cannot refine an answer: {why}; run "
+                             f"without refinement")
+        return check_number("the refinement tolerance", tol, lo=0.0, hi=1.0, lo_open=True,
+                            hi_open=True, what="a relative residual in (0, 1), e.g. 1e-8")
 
     def check_sample(self, inputs) -> np.ndarray:
         """One sample's input fields as a finite float64 array (C, *grid) on this grid."""

@@ -9,6 +9,7 @@ from ..generators import impose_dirichlet
 from ..primitive import node_primitive
 from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_bool, check_choice, check_int, check_number, check_range
+from .answer_check import characteristic_residual
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
@@ -123,6 +124,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
     name = "burgers"
     param_names = ("c",)
     input_channels = ("u0", "t")
+    residual_threshold = 0.06    # of answer_residual: docs/answer-check.md says how chosen
 
     def __init__(self, *, grid=(64, 64), c_range=(3.0, 6.0), bc_weight: float = 10.0,
                  hard_bc: bool = False, stencil: str = "sobel", form: str = "conservative",
@@ -245,7 +247,7 @@ class Burgers(FiniteVolumeResiduals, Problem):
             raise ValueError("scheme='lax-oleinik' minimises a functional and has no residual "
                              "R(u); use loss_terms(u, inputs)")
         if self.scheme != "stencil":
-            return self._fv_residual(u) if self.block.whole else self._fv_residuals_part(u, (1,))[0]
+            return self.fv_residuals(u, (1,))[0]
         b = u.shape[0]
         if self.form == "conservative":
             d = self.fd(torch.cat([u, 0.5 * u * u], dim=0), self.block)
@@ -262,18 +264,14 @@ class Burgers(FiniteVolumeResiduals, Problem):
         (``basin_targets``): the pull that moves a shock node into the deeper basin. ``v``,
         ``geometry``: from ``_lo_nodes``."""
         blk = self.block
-        if blk.whole:
-            rows = v.detach()
-        else:  # a node's neighbours may sit on the next block: compare on the whole x row
-            with torch.no_grad():
-                rows = blk.gather(v.detach(), axis=1)
-            big_u0, u0, _, t, _, dx = geometry
-            x = torch.arange(self.grid[1], dtype=v.dtype, device=v.device) * dx
-            geometry = (big_u0, u0, x, t, big_u0[:, None, :], dx)
+        with torch.no_grad():   # a node's neighbours may sit on the next block: the whole x row
+            rows = blk.gather(v.detach(), axis=1)
+        big_u0, u0, _, t, _, dx = geometry
+        x = torch.arange(self.grid[1], dtype=v.dtype, device=v.device) * dx
+        geometry = (big_u0, u0, x, t, big_u0[:, None, :], dx)
         target = basin_targets(rows, lambda c: lax_oleinik_value(c, *geometry),
                                self.basin_reach)
-        if not blk.whole:
-            target = target[..., blk.start[1]:blk.start[1] + blk.shape[1]]
+        target = target[..., blk.start[1]:blk.start[1] + blk.shape[1]]
         h, w = self.grid
         return mean_part((v - target).square(), (1, 2), (h - 1) * w, self.block)
 
@@ -306,27 +304,22 @@ class Burgers(FiniteVolumeResiduals, Problem):
             if self.basin_weight > 0:
                 pde = pde + self.basin_weight * self._basin(v, geometry)
             return {"pde": pde, "bc": self._bc(u, inputs)}
-        if self.scheme != "stencil" and self.horizon > 1:
-            rs = self._fv_residuals(u) if self.block.whole else self._fv_residuals_part(u)
-        else:
-            rs = [self.pde_residual(u)]
+        rs = self.fv_residuals(u) if self.scheme != "stencil" else [self.pde_residual(u)]
         if self.row_weight > 0:
             rs = [r * self.part(self._row_weights(r)).sqrt() for r in rs]
-        pde = sum(mean_part(r.square(), (1, 2, 3), h * w, self.block) for r in rs) / len(rs)
+        pde = sum(self.mean(r.square()) for r in rs) / len(rs)
         return {"pde": pde, "bc": self._bc(u, inputs)}
 
     def _bc(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        u0 = inputs[:, 0, 0, :]
-        if self.block.whole:
-            bc = (u[:, 0, 0, :] - u0).square().mean(dim=1) + u[:, 0, :, 0].square().mean(dim=1)
-            return self.bc_weight * bc
-        h, w = self.grid
-        bc = u.new_zeros(u.shape[0])          # this block's part: the walls it holds
-        if self.block.at_lo(0):
-            bc = bc + (u[:, 0, 0, :] - u0).square().sum(dim=1) / w
-        if self.block.at_lo(1):
-            bc = bc + u[:, 0, :, 0].square().sum(dim=1) / h
+        # u = u0 on the row t = 0 (channel 0 holds u0 on every row), u = 0 on the column x = 0
+        bc = (self.wall_mean((u - inputs[:, 0:1]).square(), 0, "lo")
+              + self.wall_mean(u.square(), 1, "lo"))
         return self.bc_weight * bc
+
+    def answer_residual(self, u, inputs) -> np.ndarray:
+        """(B,) ||u - u0(x - u t)|| / ||u0|| over the nodes, the characteristic equation
+        (``answer_check``), whatever ``scheme`` the network was trained with."""
+        return characteristic_residual(self, u, inputs)
 
     def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
         from ..reference import solve_burgers, solve_burgers_exact

@@ -82,6 +82,14 @@ class FiniteVolumeResiduals:
             k *= 2
         return tuple(ks)
 
+    def fv_residuals(self, u: torch.Tensor, ks=None) -> list[torch.Tensor]:
+        """The k-step residuals (B, 1, *shape) of u for every k of ``ks`` (ascending; default
+        ``horizons()``) on ``self.block``: the whole grid's march, or on a split block its part
+        by a march of its halo window (``_fv_residuals_part``)."""
+        if self.block.whole:
+            return self._fv_residuals(u, ks)
+        return self._fv_residuals_part(u, ks)
+
     def _fv_residual(self, u: torch.Tensor, k: int = 1) -> torch.Tensor:
         """(B, 1, H, W): (u[i] - Phi^k(u[i-k])) / (k dt) on rows i >= k, columns >= 1; else 0."""
         return self._fv_residuals(u, (k,))[0]

@@ -22,63 +22,73 @@ milder (the terms rarely align), but the family does contain contrasts of 10^4.
 Quadrature: ``trapezoid_weights`` gives the nodal weights of the composite trapezoidal rule on the
 node grid (boundary nodes half, corners a quarter), normalised by the domain area so that a
 weighted sum is the *mean* of the integrand (O(1), independent of the grid size).
+
+The KL functions (``kl_modes``, ``kl_eigenvalues``, ``log_diffusivity``, ``log_nu_bound``) and
+the weights (``axis_weights``, ``nodal_weights``, ``trapezoid_weights``) are written once for
+any number of grid axes; the formulas above are their 2-D case, ``fields3d`` states the 3-D one.
 """
 from __future__ import annotations
 
 import abc
+import functools
+import itertools
 import math
+import operator
 
 import numpy as np
 import torch
 
 from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_array, check_choice, check_int, check_range
+from .answer_check import elliptic_residual
 from .base import Axis, Problem
-from .blocks import owned_edges
 
 
-def kl_modes(n_terms: int) -> list[tuple[int, int]]:
-    """The first ``n_terms`` frequency pairs (k, l) (k along x, l along y), by k^2 + l^2 then k."""
+def kl_modes(n_terms: int, dims: int = 2) -> list[tuple[int, ...]]:
+    """The first ``n_terms`` frequency tuples of a ``dims``-axis grid, listed along the grid
+    axes in reverse: (k, l) in 2-D, (k, l, m) in 3-D (k along x, l along y, m along z).
+
+    A mode has at least max(1, dims - 1) non-zero entries: every pair but (0, 0) in 2-D, the
+    triples coupling at least two axes in 3-D (``fields3d`` says why). Ordered by k^2 + l^2 + ...,
+    then k, then l, ...
+    """
     n = int(math.isqrt(int(n_terms))) + 2
-    pairs = [(k, l) for k in range(n + 1) for l in range(n + 1) if (k, l) != (0, 0)]
-    pairs.sort(key=lambda p: (p[0] ** 2 + p[1] ** 2, p[0]))
-    return pairs[:n_terms]
+    least = max(1, dims - 1)
+    modes = [t for t in itertools.product(range(n + 1), repeat=dims)
+             if sum(v > 0 for v in t) >= least]
+    modes.sort(key=lambda t: (sum(v * v for v in t), *t[:-1]))
+    return modes[:n_terms]
 
 
-def kl_eigenvalues(n_terms: int) -> np.ndarray:
-    """lambda_i = 1 / (1 + k_i^2 + l_i^2) of the first ``n_terms`` modes."""
-    return np.array([1.0 / (1.0 + k * k + l * l) for k, l in kl_modes(n_terms)])
+def kl_eigenvalues(n_terms: int, dims: int = 2) -> np.ndarray:
+    """lambda_i = 1 / (1 + k_i^2 + l_i^2 + ...) of the first ``n_terms`` modes."""
+    return np.array([1.0 / (1.0 + sum(v * v for v in t)) for t in kl_modes(n_terms, dims)])
 
 
-def log_diffusivity(omega: np.ndarray, y: np.ndarray, x: np.ndarray,
-                    lengths=(1.0, 1.0)) -> np.ndarray:
-    """log nu on the node grid: omega (n, m) -> (n, len(y), len(x)) float64."""
+def log_diffusivity(omega: np.ndarray, *coords, lengths=None) -> np.ndarray:
+    """log nu on the node grid whose axes have the 1-D coordinates ``coords`` (grid order:
+    (y, x) in 2-D, (z, y, x) in 3-D) and ``lengths`` (default 1 each): omega (n, m) ->
+    (n, *grid) float64."""
     omega = np.asarray(omega, dtype=np.float64)
-    m = omega.shape[1]
-    ly, lx = lengths
-    modes = kl_modes(m)
-    lam = kl_eigenvalues(m)
-    # basis (m, H, W): lambda_i * cos(l pi y) cos(k pi x)
-    basis = np.stack([lam[i] * np.outer(np.cos(l * np.pi * np.asarray(y) / ly),
-                                        np.cos(k * np.pi * np.asarray(x) / lx))
-                      for i, (k, l) in enumerate(modes)])
+    dims = len(coords)
+    lengths = (1.0,) * dims if lengths is None else tuple(lengths)
+    coords = [np.asarray(c, dtype=np.float64) for c in coords]
+    lam = kl_eigenvalues(omega.shape[1], dims)
+    letters = "abc"[:dims]
+
+    def mode(t):     # the separable cosine product of one mode; t lists the axes in reverse
+        f = [np.cos(t[dims - 1 - a] * np.pi * c / n)
+             for a, (c, n) in enumerate(zip(coords, lengths))]
+        return f[0] if dims == 1 else np.einsum(",".join(letters) + "->" + letters, *f)
+
+    basis = np.stack([lam[i] * mode(t) for i, t in enumerate(kl_modes(omega.shape[1], dims))])
     return np.tensordot(omega, basis, axes=(1, 0))
 
 
-def log_nu_bound(n_terms: int, omega_range) -> float:
+def log_nu_bound(n_terms: int, omega_range, dims: int = 2) -> float:
     """max |log nu| over the family (attained at a corner)."""
-    return float(max(abs(omega_range[0]), abs(omega_range[1])) * kl_eigenvalues(n_terms).sum())
-
-
-def trapezoid_weights(grid, dtype=torch.float64) -> torch.Tensor:
-    """(H, W) trapezoidal nodal weights normalised to sum to 1 (boundary 1/2, corners 1/4)."""
-    h, w = grid
-    wr = torch.ones(h, dtype=torch.float64)
-    wr[0] = wr[-1] = 0.5
-    wc = torch.ones(w, dtype=torch.float64)
-    wc[0] = wc[-1] = 0.5
-    out = torch.outer(wr / (h - 1), wc / (w - 1))
-    return out.to(dtype)
+    return float(max(abs(omega_range[0]), abs(omega_range[1]))
+                 * kl_eigenvalues(n_terms, dims).sum())
 
 
 def edge_weights(n: int) -> torch.Tensor:
@@ -86,6 +96,29 @@ def edge_weights(n: int) -> torch.Tensor:
     wv = torch.full((n,), 1.0 / (n - 1), dtype=torch.float64)
     wv[0] = wv[-1] = 0.5 / (n - 1)
     return wv
+
+
+def axis_weights(grid, like: torch.Tensor) -> list[torch.Tensor]:
+    """Normalised 1-D trapezoidal weights (each sums to 1) of every grid axis, shaped to
+    broadcast along it: (1, 1, H, 1), (1, 1, 1, W) in 2-D, in ``like``'s dtype and device."""
+    out = []
+    for axis, n in enumerate(grid):
+        shape = [1] * (2 + len(grid))
+        shape[2 + axis] = n
+        out.append(edge_weights(n).to(like).view(shape))
+    return out
+
+
+def nodal_weights(grid, like: torch.Tensor) -> torch.Tensor:
+    """(1, 1, *grid) trapezoidal nodal weights summing to 1 (a boundary node has half an
+    interior node's weight per boundary it is on), in ``like``'s dtype and device."""
+    return functools.reduce(operator.mul, axis_weights(grid, like))
+
+
+def trapezoid_weights(grid, dtype=torch.float64) -> torch.Tensor:
+    """``grid``-shaped trapezoidal nodal weights normalised to sum to 1 (boundary 1/2, corners
+    1/4 in 2-D), computed in float64."""
+    return nodal_weights(grid, torch.zeros((), dtype=torch.float64)).reshape(tuple(grid)).to(dtype)
 
 
 def harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -102,14 +135,16 @@ QUADRATURES = ("faces", "nodes")
 
 class DiffusivityInputs:
     """Inputs and reference of a problem whose coefficient is a diffusivity nu > 0 at the
-    nodes, for any number of axes. The class gives ``log_nu(params)`` (n, *grid) and
-    ``solve_nu(nu, method)``. Input channels ("nu", "log_nu"): the network sees the O(1) log
+    nodes, for any number of axes. The class gives ``log_nu(params)`` (n, *grid),
+    ``solve_nu(nu, method)`` and ``system_nu(nu)`` (the assembled ``ReferenceSystem``, which
+    ``refine`` solves from an initial guess). Input channels ("nu", "log_nu"): the network sees the O(1) log
     field, the losses read nu from channel 0. Given fields need "nu" alone; the reference
     solves from nu alone (log_nu is the network's view of the same field)."""
 
     input_channels = ("nu", "log_nu")
     reference_methods = ("auto", "direct", "amg")
     solves_from_inputs = True
+    refines = True
     fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
 
     def nu_nodes(self, params: np.ndarray) -> np.ndarray:
@@ -135,8 +170,52 @@ class DiffusivityInputs:
     def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
         return self.solve_nu(self.check_sample(inputs)[self.input_channels.index("nu")], method)
 
+    def answer_residual(self, u, inputs) -> np.ndarray:
+        """(B,) the reference solver's residual b - A u summed over subdomains, over the
+        lift's (``answer_check.elliptic_residual``)."""
+        return elliptic_residual(self, u, inputs)
 
-class KLDiffusionProblem(DiffusivityInputs, Problem):
+    def reference_system(self, inputs):
+        """The reference solver's assembled system (``diffnet.reference.ReferenceSystem``) of
+        one sample's input fields (C, *grid): refine answers from it, warm or cold, on one AMG
+        hierarchy."""
+        return self.system_nu(self.check_sample(inputs)[self.input_channels.index("nu")])
+
+    def refine(self, inputs, u0, tol: float = 1e-8):
+        """The answer ``u0`` refined by the reference AMG-preconditioned CG (``Problem.refine``);
+        u0 None: the cold start."""
+        tol = self.check_refine(tol)
+        return self.reference_system(inputs).refine(u0, tol)
+
+
+class KLDiffusivity:
+    """The KL log-normal diffusivity family of a problem on a grid of any number of axes:
+    ``n_terms`` coefficients omega_1 ... omega_m uniform in ``omega_range``, log nu at the nodes
+    by ``log_diffusivity`` over the problem's axes, and the range of nu over the family."""
+
+    def init_kl(self, n_terms: int, omega_range) -> None:
+        """Check and set ``n_terms``, ``omega_range`` and the parameter names."""
+        self.n_terms = check_int("n_terms", n_terms, 4,
+                                 what="an integer >= 4 (KL terms of log nu)")
+        self.param_names = tuple(f"omega_{i + 1}" for i in range(self.n_terms))
+        self.omega_range = check_range("omega_range", omega_range)
+
+    def param_bounds(self) -> np.ndarray:
+        return np.tile(np.array(self.omega_range, dtype=np.float64), (self.n_terms, 1))
+
+    def nu_range(self) -> tuple[float, float]:
+        """The extreme values of nu over the family (attained at a corner)."""
+        b = log_nu_bound(self.n_terms, self.omega_range, dims=len(self.grid))
+        return math.exp(-b), math.exp(b)
+
+    def log_nu(self, params: np.ndarray) -> np.ndarray:
+        """(n, *grid) float64 log nu of parameter vectors (n, m)."""
+        params = self.check_params(params)
+        c = self.coords()
+        return log_diffusivity(params, *(c[a.name] for a in self.axes))
+
+
+class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
     """Base of Poisson / ReactionDiffusion: nu = exp(KL field) on the unit square, rows = y.
 
     Inputs, given fields and the reference from nu: ``DiffusivityInputs``.
@@ -173,10 +252,7 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  quadrature: str = "faces", stencil: str = "sobel"):
         super().__init__(grid=grid)
-        self.n_terms = check_int("n_terms", n_terms, 4,
-                                 what="an integer >= 4 (KL terms of log nu)")
-        self.param_names = tuple(f"omega_{i + 1}" for i in range(self.n_terms))
-        self.omega_range = check_range("omega_range", omega_range)
+        self.init_kl(n_terms, omega_range)
         self.quadrature = check_choice("quadrature", quadrature, QUADRATURES)
         self.stencil = check_choice("stencil", stencil, KINDS)
         self.fd_grad = FiniteDifference(self.spacing, self.stencil, derivatives=("r", "c"))
@@ -186,24 +262,10 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
     def axes(self) -> tuple[Axis, Axis]:
         return (Axis("y", 0.0, 1.0), Axis("x", 0.0, 1.0))
 
-    def param_bounds(self) -> np.ndarray:
-        return np.tile(np.array(self.omega_range, dtype=np.float64), (self.n_terms, 1))
-
-    def nu_range(self) -> tuple[float, float]:
-        """The extreme values of nu over the family (attained at a corner)."""
-        b = log_nu_bound(self.n_terms, self.omega_range)
-        return math.exp(-b), math.exp(b)
-
     def config(self) -> dict:
         return {"grid": list(self.grid), "n_terms": self.n_terms,
                 "omega_range": list(self.omega_range), "quadrature": self.quadrature,
                 "stencil": self.stencil}
-
-    def log_nu(self, params: np.ndarray) -> np.ndarray:
-        """(n, H, W) float64 log nu of parameter vectors (n, m)."""
-        params = self.check_params(params)
-        c = self.coords()
-        return log_diffusivity(params, c["y"], c["x"])
 
     # -- reference solutions ----------------------------------------------------------------
     @abc.abstractmethod
@@ -218,14 +280,19 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
         return solve_diffusion(nu, lengths=lengths, method=self.check_method(method),
                                **self.diffusion_options())
 
+    def system_nu(self, nu: np.ndarray):
+        """The assembled reference system (``ReferenceSystem``) for the diffusivity ``nu``."""
+        from ..reference import diffusion_system
+
+        lengths = tuple(a.hi - a.lo for a in self.axes)
+        return diffusion_system(nu, lengths=lengths, **self.diffusion_options())
+
     # -- quadrature -------------------------------------------------------------------------
     def _weights(self, like: torch.Tensor):
         """Cached (row weights (1,1,H,1), column weights (1,1,1,W), nodal (1,1,H,W))."""
         key = (like.dtype, like.device)
         if key not in self._cache:
-            h, w = self.grid
-            wr = edge_weights(h).to(like).view(1, 1, h, 1)
-            wc = edge_weights(w).to(like).view(1, 1, 1, w)
+            wr, wc = axis_weights(self.grid, like)
             self._cache[key] = (wr, wc, wr * wc)
         return self._cache[key]
 
@@ -251,10 +318,10 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
             b, k = u.shape[:2]
             d = self.fd_grad(u.reshape(b * k, 1, *u.shape[2:]), self.block)
             return [(d.view(b, k, *d.shape[1:]), (0.5 * nu * wn).unsqueeze(1))]
-        if self.block.whole:
-            faces = self._face_differences_window(u, nu, (0, 0), self.grid)
-        else:
-            faces = self._face_differences_part(u, nu)
+        faces = []      # differences of u (not divided by the spacing), harmonic-mean nu
+        for axis in (1, 0):                                                # x-, then y-edges
+            [((u0, n0), (u1, n1))] = self.edges((u, nu), axes=(axis,))
+            faces += [u1 - u0, harmonic_mean(n1, n0)]
         return self._edge_pairs(*faces, wr, wc)
 
     def diffusion_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
@@ -294,15 +361,6 @@ class KLDiffusionProblem(DiffusivityInputs, Problem):
         kx = harmonic_mean(near[..., :y1 - y0, 1:nx + 1], near[..., :y1 - y0, :nx])
         ky = harmonic_mean(near[..., 1:ny + 1, :x1 - x0], near[..., :ny, :x1 - x0])
         return dx, kx, dy, ky
-
-    def _face_differences_part(self, u, nu):
-        """The edges this block owns (``owned_edges``): differences (not divided by the
-        spacing) and harmonic-mean nu on them along x, then the same along y."""
-        p = self.block.halo(torch.cat([u, nu], dim=1), 1)         # one exchange for both
-        (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 1))
-        dx, nx = u1 - u0, harmonic_mean(n1, n0)
-        (u0, n0), (u1, n1) = ((t[:, :-1], t[:, -1:]) for t in owned_edges(p, self.block, 0))
-        return dx, nx, u1 - u0, harmonic_mean(n1, n0)
 
     def integrate(self, g: torch.Tensor) -> torch.Tensor:
         """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square; on a

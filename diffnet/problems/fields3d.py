@@ -30,8 +30,8 @@ zero-flux walls of the Poisson problem) and amplitude <= 1, and
 
 attained at a corner of the box (all cosines +-1 there). With omega in [-3, 3]: M = 4 terms give
 sum lambda = 3/3 + 1/4 = 1.25, |log nu| <= 3.75, nu in [0.024, 42.5]; M = 5: 1.417, 4.25,
-nu in [0.014, 70.1]; M = 6: 1.583, 4.75, nu in [0.0087, 116] (``log_nu_bound_3d``), close to
-the 2-D family's range (4.6 with 4 terms). Typical draws are milder: over 200 draws at 17^3
+nu in [0.014, 70.1]; M = 6: 1.583, 4.75, nu in [0.0087, 116] (``log_nu_bound_3d``), close
+to the 2-D family's range (4.6 with 4 terms). Typical draws are milder: over 200 draws at 17^3
 the median max/min of nu is 30 (90th percentile 86) with 4 terms, 37 (96) with 6.
 
 Energy quadrature of integral nu |grad u|^2 / 2 over the box, divided by its volume:
@@ -41,103 +41,38 @@ Energy quadrature of integral nu |grad u|^2 / 2 over the box, divided by its vol
   of the two transverse axes (half on faces, a quarter on edges of the box) times the midpoint
   weight h_a along. Its minimiser is exactly the 7-point vertex-centred finite-volume solution of
   ``diffnet.reference.solve_diffusion_3d`` (the same conductances: gradient = A u - b).
-* ``nodal_weights_3d`` ("nodes"): trapezoidal nodal weights for nodal gradients (the ablation;
+* ``fields.nodal_weights`` ("nodes"): trapezoidal nodal weights for nodal gradients (the ablation;
   blind to the checkerboard mode like its 2-D counterpart).
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
-from .blocks import cut, owned_edges
-from .fields import edge_weights, harmonic_mean
+from .blocks import cut, edges
+from .fields import harmonic_mean, kl_modes, log_nu_bound
 
 
 def kl_modes_3d(n_terms: int) -> list[tuple[int, int, int]]:
-    """The first ``n_terms`` frequency triples (k, l, m) (along x, y, z) with at least two
+    """``fields.kl_modes`` of a 3-D grid: triples (k, l, m) (along x, y, z) with at least two
     non-zero entries, by k^2 + l^2 + m^2, then k, then l (the module docstring says why)."""
-    n = int(math.isqrt(int(n_terms))) + 2
-    triples = [(k, l, m) for k in range(n + 1) for l in range(n + 1) for m in range(n + 1)
-               if (k > 0) + (l > 0) + (m > 0) >= 2]
-    triples.sort(key=lambda t: (t[0] ** 2 + t[1] ** 2 + t[2] ** 2, t[0], t[1]))
-    return triples[:n_terms]
-
-
-def kl_eigenvalues_3d(n_terms: int) -> np.ndarray:
-    """lambda_i = 1 / (1 + k_i^2 + l_i^2 + m_i^2) of the first ``n_terms`` modes."""
-    return np.array([1.0 / (1.0 + k * k + l * l + m * m) for k, l, m in kl_modes_3d(n_terms)])
-
-
-def log_diffusivity_3d(omega, z, y, x, lengths=(1.0, 1.0, 1.0)) -> np.ndarray:
-    """log nu on the node grid: omega (n, M) -> (n, len(z), len(y), len(x)) float64."""
-    omega = np.asarray(omega, dtype=np.float64)
-    lz, ly, lx = lengths
-    lam = kl_eigenvalues_3d(omega.shape[1])
-    z, y, x = (np.asarray(t, dtype=np.float64) for t in (z, y, x))
-    # separable basis (M, D, H, W): lambda_i cos(m pi z) cos(l pi y) cos(k pi x)
-    basis = np.stack([lam[i] * np.einsum("a,b,c->abc", np.cos(m * np.pi * z / lz),
-                                         np.cos(l * np.pi * y / ly), np.cos(k * np.pi * x / lx))
-                      for i, (k, l, m) in enumerate(kl_modes_3d(omega.shape[1]))])
-    return np.tensordot(omega, basis, axes=(1, 0))
+    return kl_modes(n_terms, 3)
 
 
 def log_nu_bound_3d(n_terms: int, omega_range) -> float:
     """max |log nu| over the family (attained at a corner of the box)."""
-    return float(max(abs(omega_range[0]), abs(omega_range[1])) * kl_eigenvalues_3d(n_terms).sum())
+    return log_nu_bound(n_terms, omega_range, 3)
 
 
-def axis_weights_3d(grid, like: torch.Tensor) -> list[torch.Tensor]:
-    """Normalised 1-D trapezoidal weights (each sums to 1) of the three axes, shaped
-    (1, 1, D, 1, 1), (1, 1, 1, H, 1), (1, 1, 1, 1, W) in ``like``'s dtype and device."""
-    out = []
-    for axis, n in enumerate(grid):
-        shape = [1, 1, 1, 1, 1]
-        shape[2 + axis] = n
-        out.append(edge_weights(n).to(like).view(shape))
-    return out
-
-
-def nodal_weights_3d(grid, like: torch.Tensor) -> torch.Tensor:
-    """(1, 1, D, H, W) trapezoidal nodal weights summing to 1 (faces 1/2, edges 1/4, corners
-    1/8 of an interior node's weight)."""
-    wz, wy, wx = axis_weights_3d(grid, like)
-    return wz * wy * wx
-
-
-def face_energy_3d(u: torch.Tensor, nu: torch.Tensor, spacing,
-                   weights: list[torch.Tensor]) -> torch.Tensor:
-    """(B,) "faces" quadrature of integral nu |grad u|^2 / 2 over the box / its volume.
-
-    u, nu: (B, 1, D, H, W); spacing (h_z, h_y, h_x); weights: ``axis_weights_3d``. Pure
-    slicing, no convolution.
-    """
+def face_energy_3d(u: torch.Tensor, nu: torch.Tensor, spacing, weights: list[torch.Tensor],
+                   block) -> torch.Tensor:
+    """(B,) "faces" quadrature of integral nu |grad u|^2 / 2 over the box / its volume; on a
+    split ``block``, its part (``blocks.edges``: each edge on the block holding its first node;
+    the transverse weights cut to the block). u, nu: (B, 1, D, H, W) (the block's parts);
+    spacing (h_z, h_y, h_x); weights: ``fields.axis_weights``. Pure slicing, no convolution."""
     total = 0.0
-    for axis in range(3):
-        dim = 2 + axis
-        n = u.shape[dim]
-        du = (u.narrow(dim, 1, n - 1) - u.narrow(dim, 0, n - 1)) / spacing[axis]
-        e = harmonic_mean(nu.narrow(dim, 1, n - 1), nu.narrow(dim, 0, n - 1)) * du.square()
-        # trapezoid across (the two other axes' weights) x midpoint along (1 / (n - 1) each)
-        for other in range(3):
-            if other != axis:
-                e = e * weights[other]
-        total = total + e.sum(dim=(1, 2, 3, 4)) / (n - 1)
-    return 0.5 * total
-
-
-def face_energy_3d_part(u: torch.Tensor, nu: torch.Tensor, spacing,
-                        weights: list[torch.Tensor], block) -> torch.Tensor:
-    """This split ``block``'s part of ``face_energy_3d``: u, nu its parts (B, 1, *shape); each
-    edge counts on the block holding its first node (``blocks.owned_edges``), the transverse
-    weights are the global ones cut to the block. Summed over the blocks: the undivided energy.
-    """
-    p = block.halo(torch.cat([u, nu], dim=1), 1)          # one exchange for both fields
-    total = 0.0
-    for axis in range(3):
-        (u0, n0), (u1, n1) = ((t[:, :1], t[:, 1:]) for t in owned_edges(p, block, axis))
+    for axis, ((u0, n0), (u1, n1)) in enumerate(edges(block, (u, nu))):
         e = harmonic_mean(n1, n0) * ((u1 - u0) / spacing[axis]).square()
+        # trapezoid across (the two other axes' weights) x midpoint along (1 / (n - 1) each)
         for other in range(3):
             if other != axis:
                 e = e * cut(block, weights[other])

@@ -210,11 +210,12 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
     b_ia = l(u_i phi_a) is two small products with the 1-D hats. The features must be local
     (an edge or node feature of u phi depends on the node values of its own edge or node only:
     the two-point faces and nodal terms are, a wider stencil is not). Float64; c is a
-    constant to autograd unless ``differentiate``. ``window_features(v, start, stop)`` (an
-    undivided grid only): the pairs of the edges and nodes a cell owns from v cut to the closed
-    cell, [start, stop] per axis; with it G is assembled cell by cell from the cell's own
-    coloured fields, which stay in cache, instead of colouring and differencing the whole grid
-    first (at 1024x1024, K = 16, m = 8 that is 4 K float64 fields of 8 MiB, per pass)."""
+    constant to autograd unless ``differentiate``. ``window_features(v, start, stop)`` (used
+    on an undivided ``block`` only, ignored on a split one): the pairs of the edges and nodes
+    a cell owns from v cut to the closed cell, [start, stop] per axis; with it G is assembled
+    cell by cell from the cell's own coloured fields, which stay in cache, instead of
+    colouring and differencing the whole grid first (at 1024x1024, K = 16, m = 8 that is
+    4 K float64 fields of 8 MiB, per pass)."""
     b, k = u.shape[:2]
     m1 = partition.m + 1
     with torch.set_grad_enabled(differentiate and torch.is_grad_enabled()):
@@ -223,7 +224,7 @@ def partition_combination(u: torch.Tensor, features: Callable, load: torch.Tenso
         # Float32 features summed in float64 moved it by 2e-7, but would save only traffic.
         v = u.double()
         colours = partition.colours(block, v)
-        if window_features is not None:
+        if window_features is not None and block.whole:
             g = _window_gram(v, colours, window_features, partition, b, k)
         else:
             coloured = (v[:, :, None] * colours).reshape(b, 4 * k, *v.shape[2:])

@@ -38,6 +38,9 @@ factorisation fills in far more than in 2-D (nested-dissection fill ~ n^(4/3), w
 the crossover comes early: on small grids the AMG setup dominates and splu is faster, from
 about 17^3 nodes AMG-CG is, and the gap widens quickly with the grid (both are timed by
 ``python -m bench.fem_bench --problem poisson3d --sizes 13,17,24,33``).
+
+``diffusion_system_3d``: the assembled system as an ``elliptic.ReferenceSystem``, refined by
+AMG-preconditioned CG from a given initial guess (see ``elliptic``).
 """
 from __future__ import annotations
 
@@ -46,9 +49,11 @@ import time
 import numpy as np
 
 from ..validation import check_choice, check_number, check_positive_tuple
-from .elliptic import check_nodal_nu, check_source, eliminate_dirichlet, solve_assembled
+from .elliptic import (ReferenceSystem, check_nodal_nu, check_source, eliminate_dirichlet,
+                       solve_assembled)
 
-__all__ = ["solve_diffusion_3d", "assemble_diffusion_3d", "DIRECT_MAX_UNKNOWNS_3D"]
+__all__ = ["solve_diffusion_3d", "assemble_diffusion_3d", "DIRECT_MAX_UNKNOWNS_3D",
+           "diffusion_system_3d"]
 
 DIRECT_MAX_UNKNOWNS_3D = 16 ** 3
 DIRICHLET = ("poisson", "all_zero")
@@ -164,3 +169,14 @@ def solve_diffusion_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=Non
     return solve_assembled(a, b, free, u_full, method=method, direct_max=DIRECT_MAX_UNKNOWNS_3D,
                            rtol=rtol, maxiter=maxiter, t_assemble=time.perf_counter() - t0,
                            return_info=return_info)
+
+
+def diffusion_system_3d(nu, *, lengths=(1.0, 1.0, 1.0), kappa: float = 0.0, f=None,
+                        dirichlet: str = "poisson",
+                        face_mean: str = "harmonic") -> ReferenceSystem:
+    """The ``ReferenceSystem`` of ``solve_diffusion_3d``'s problem (same arguments), its
+    assembly timed."""
+    t0 = time.perf_counter()
+    parts = assemble_diffusion_3d(nu, lengths=lengths, kappa=kappa, f=f, dirichlet=dirichlet,
+                                  face_mean=face_mean)
+    return ReferenceSystem(*parts, assemble_time=time.perf_counter() - t0)
