@@ -50,6 +50,7 @@ demo: install
 BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench jobs tests lab > /dev/null
 
 test: install
+	@$(PY) -c "import onnx, onnxruntime, onnxscript" 2>/dev/null || $(PIP) install -q -e ".[onnx]" || echo "note: the onnx extra did not install here: the ONNX export tests are skipped"
 	@$(BYTECODE)
 	$(PYTEST)
 

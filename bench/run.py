@@ -2,7 +2,8 @@
 
     python -m bench.run --out bench/out [--grids 64:16,256:2] [--threads 1,2] [--repeats 5]
                         [--mem-sizes 256,512,1024] [--mem-batch 2] [--compile]
-                        [--with-infer] [--with-lbfgs] [--with-domain] [--quick]
+                        [--with-infer] [--with-lbfgs] [--with-refine CKPT] [--with-domain]
+                        [--quick]
 
 Writes OUT/bench.json and prints a short table:
   * the fp32 GEMM rate (torch.mm 2048^2, 1 and 2 threads) and each configuration's achieved
@@ -18,6 +19,8 @@ Writes OUT/bench.json and prints a short table:
     2048^2 sample split over 2 and 4 ranks, strong scaling 1 -> 2 ranks with the halo's share
     and its alpha-beta model, 4096^2 on 4 ranks with checkpointing (several minutes: not in
     the default run).
+  * with --with-refine CKPT, a trained elliptic model's answer refined by the reference solver
+    against the solver's cold start (bench/refine.py, 2 draws at 512^2 and 1024^2).
 No assertion is made about speed: the goals are reported as met or not, with their numbers.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import sys
 import time
 
-from bench import allocator_bench, comm_bench, domain_bench, memory_bench, step_bench
+from bench import allocator_bench, comm_bench, domain_bench, memory_bench, refine, step_bench
 from bench.common import ROOT, load, machine, run_json
 
 # The step's performance goals; each is printed as met / not met, never asserted.
@@ -238,6 +241,9 @@ def main(argv=None) -> int:
                    help="comma list of parts to skip: step,allocator,comm,memory")
     p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
     p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
+    p.add_argument("--with-refine", metavar="CKPT",
+                   help="also bench/refine.py with this elliptic checkpoint (a network's answer "
+                        "refined by the reference solver against its cold start; 2 draws)")
     p.add_argument("--with-domain", action="store_true",
                    help="also bench/domain_bench.py (domain parallelism: 2048^2 on 1, 2, 4 ranks "
                         "and 4096^2 on 4; several minutes)")
@@ -281,10 +287,18 @@ def main(argv=None) -> int:
         r = run_json([sys.executable, "-m", "bench.lbfgs_bench", "--out", path, "--problems",
                       "burgers", "--grid", "16", "--pool", "8", "--eval", "2", "--samples", "200"])
         res["lbfgs"] = json.load(open(path)) if os.path.exists(path) else r
+    if a.with_refine:
+        path = os.path.join(a.out, "refine.json")
+        r = run_json([sys.executable, "-m", "bench.refine", "--out", path, "--checkpoint",
+                      a.with_refine, "--sizes", "128" if a.quick else "512,1024",
+                      "--samples", "2", "--coarse", "none"])
+        res["refine"] = json.load(open(path)) if os.path.exists(path) else r
     if a.with_domain:
         res["domain"] = domain_bench.run(a.domain_size, a.domain_big, steps=1 if a.quick else 3,
                                          quick=a.quick)
     res["goals"] = goals(res)
+    if "sizes" in res.get("refine", {}):
+        res["goals"].update(refine.goals(res["refine"]))
     res["loadavg_end"] = load()
     res["seconds"] = time.perf_counter() - t0
     with open(os.path.join(a.out, "bench.json"), "w") as f:

@@ -154,7 +154,7 @@ def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivi
 
 def test_infer_refuses_a_domain_the_grid_cannot_take(undivided, tmp_path):
     p = infer(2, undivided, tmp_path / "x.h5", "--samples", "1", "--domain", "1x2",
-              "--grid", "16x20")
+              "--grid", "16x20", "--work-grid", "as-is")
     assert p.returncode == 2, p.stderr
     assert "cannot be split" in p.stderr
 

@@ -120,7 +120,8 @@ def test_bad_inputs(ckpt, tmp_path, cli):
     write_input_fields(other, np.ones((2, 2, 16, 16)), ["u0", "t"], problem="burgers")
     rc, _, err = cli(["infer", ckpt, "--inputs", other, "--out", out])
     assert rc == 2 and "made for problem 'burgers'" in err
-    rc, _, err = cli(["infer", ckpt, "--samples", "2", "--grid", "18x18", "--out", out])
+    rc, _, err = cli(["infer", ckpt, "--samples", "2", "--grid", "18x18", "--work-grid", "as-is",
+                      "--out", out])
     assert rc == 2 and "not divisible" in err
     rc, _, err = cli(["infer", ckpt, "--samples", "2", "--out", str(tmp_path / "no" / "p.h5")])
     assert rc == 2 and "does not exist" in err
@@ -222,7 +223,7 @@ def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     rc, out, _ = cli(["compare", fine, ref, "--out", str(tmp_path)])
     assert rc == 0 and "ran on a 16x16 work grid, interpolated to 46x46" in out
     assert json.loads((tmp_path / "compare.json").read_text())["pred_work_grid"] == GRID
-    # without --work-grid the network runs on the inference grid itself, with a note saying so
+    # without --work-grid: the training grid (the default), with a note saying so
     rc, _, err = cli(["infer", ckpt, "--samples", "1", "--grid", "48x48",
                       "--out", str(tmp_path / "n.h5")])
     assert rc == 0 and "trained on 16x16" in err and "--work-grid trained" in err
@@ -239,13 +240,14 @@ def test_bad_work_grid(ckpt, tmp_path, cli, value, message):
 
 
 def test_inputs_on_a_grid_the_network_cannot_take_exit_2_up_front(ckpt, tmp_path, cli):
-    """33x31 fields for a depth-2 network (multiples of 4): every rank stops at the input
-    check with exit 2 and one line naming the grid and the fix, not a traceback (exit 1)."""
+    """33x31 fields for a depth-2 network (multiples of 4) run as is: every rank stops at the
+    input check with exit 2 and one line naming the grid and the fix, not a traceback (exit 1)."""
     problem = get_problem("poisson", grid=(33, 31))
     nu = problem.build_input(problem.sample_params(0, range(2)))[:, :1].numpy()
     src, out = str(tmp_path / "nu.h5"), tmp_path / "p.h5"
     write_input_fields(src, nu, ["nu"])
-    res = deepfusion(0, ["infer", ckpt, "--inputs", src, "--out", str(out)], timeout=120)
+    res = deepfusion(0, ["infer", ckpt, "--inputs", src, "--work-grid", "as-is",
+                         "--out", str(out)], timeout=120)
     assert res.returncode == 2, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, res.stderr

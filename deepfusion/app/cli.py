@@ -1,4 +1,4 @@
-"""``deepfusion``: train, demo, evaluate, infer, solve, compare, config, problems,
+"""``deepfusion``: train, demo, evaluate, infer, solve, compare, export, config, problems,
 check-problem, status, plot, jobs.
 
 The parser is built here from every subcommand's own ``register``; each command module is
@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from jobs.cli import register as register_jobs
 
-from . import check_cli, check_problem_cli, inference_cli, problems_cli, status_cli
+from . import check_cli, check_problem_cli, export_cli, inference_cli, problems_cli, status_cli
 from .cli_options import ANSWER_SET_HELP, add_set, add_threads
 from .policy import ExitCode, run_distributed, run_local
 
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/configuration.md)")
     c.set_defaults(run=_local("cmd_config"))
     inference_cli.register(sub)
+    export_cli.register(sub)
     problems_cli.register(sub)
     check_problem_cli.register(sub)
     check_cli.register(sub)

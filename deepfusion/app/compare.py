@@ -104,6 +104,8 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
     mx = max_error(a["u"], b["u"], dims=dims)
     worst = int(rel.argmax())
     t_inf, t_ref = a["seconds_per_sample"], b["seconds_per_sample"]
+    if t_inf and a["refine_seconds"] is not None:   # a refined answer costs its refinement too
+        t_inf += float(np.mean(a["refine_seconds"]))
     summary = {
         "preds": os.path.abspath(pred_path), "ref": os.path.abspath(ref_path),
         "problem": a["problem"], "grid": list(a["u"].shape[1:]), "n": len(rel),
@@ -114,6 +116,7 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
         "rel_l2_worst": float(rel[worst]), "worst_index": worst,
         "max_err_mean": float(mx.mean()), "max_err_worst": float(mx.max()),
         "seconds_per_sample_inference": t_inf, "seconds_per_sample_solver": t_ref,
+        "refined": a["refine_seconds"] is not None,
         "speedup": (t_ref / t_inf) if t_inf and t_ref else None,
         "problem_kwargs_differ": sorted(k for k in set(a["problem_kwargs"]) | set(b["problem_kwargs"])
                                         if a["problem_kwargs"].get(k) != b["problem_kwargs"].get(k)),
@@ -139,7 +142,8 @@ def _table(s: dict, path: str) -> str:
     rows += [f"relative L2 over {n} samples: mean {s['rel_l2_mean']:.4e}  median "
              f"{s['rel_l2_median']:.4e}  worst {s['rel_l2_worst']:.4e} (sample "
              f"{s['worst_index']});  max error worst {s['max_err_worst']:.4e}",
-             f"seconds per sample: inference {s['seconds_per_sample_inference']:.4g}  solver "
+             f"seconds per sample: inference{' + refinement' if s['refined'] else ''} "
+             f"{s['seconds_per_sample_inference']:.4g}  solver "
              f"{s['seconds_per_sample_solver']:.4g}  (speedup {sp})",
              _work_grid_line(s),
              f"-> {path}, {s['figure']}"]

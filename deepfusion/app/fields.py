@@ -4,13 +4,24 @@
 File layout (one file per command, samples along the first axis; ``*grid`` is (H, W) on 2-D
 grids and (D, H, W) on 3-D grids)::
 
-    /u                float32 (N, *grid)    the solution (prediction or reference)
+    /u                float32 (N, *grid)    the solution (prediction or reference); float64
+                                            when refined (``infer --refine``)
     /inputs           float32 (N, C, *grid) the network's input fields
         attr channels                       names of the C channels (the problem's input_channels)
     /params           float64 (N, k)        the parameter vectors ((N, 0) for --inputs runs)
     /param_names      string (k,)           names of the k parameters, e.g. ["omega_1", ...]
                                             (older files: attribute ``names`` of /params)
     /coords/<axis>    float64 (n_axis,)     one 1-D node coordinate array per grid axis
+    /<name>           (N,)                  per-sample records of the command, e.g. with
+                                            ``infer --refine``: refine_iterations,
+                                            refine_residual, refine_initial_residual,
+                                            refine_seconds (``deepfusion.engine.refine``)
+    /residual         float64 (N,)          predictions checked (``infer``, by default where
+                                            the problem has one): the answer's residual
+                                            (``Problem.answer_residual``: 0 solves the
+                                            discrete equations, 1 is no better than the lift)
+    /flagged          bool (N,)             residual above the problem's threshold, or not
+                                            finite: an answer not to trust
     root attributes:
         format              "deepfusion-fields", format_version 1
         axes                names of the grid axes of /u (its dimensions after N), in order
@@ -24,6 +35,7 @@ grids and (D, H, W) on 3-D grids)::
         seconds_per_sample  compute seconds per sample (network forward, or solver call),
                             summed over ranks and divided by N; I/O and gathers excluded
         wall_seconds, ranks, batch   the whole command's wall time, MPI ranks, batch size
+        residual_threshold  with /residual: the threshold /flagged compares it with
         complete            True, written last
 
 Writing is atomic (:class:`deepfusion.engine.atomic.Staged`): the data go to
@@ -44,10 +56,13 @@ import h5py
 import numpy as np
 
 from ..engine.atomic import Staged
+from ..engine.refine import DATASETS as REFINE_DATASETS
 from .xdmf import write_sidecar
 
 FORMAT = "deepfusion-fields"
 FORMAT_VERSION = 1
+# the per-sample datasets of a checked prediction: name -> dtype
+CHECK_DATASETS = {"residual": "float64", "flagged": "bool"}
 
 
 def check_output_path(path) -> str:
@@ -71,7 +86,7 @@ class FieldWriter:
     """
 
     def __init__(self, path, *, n: int, grid, channels, params, param_names, coords: dict,
-                 axes):
+                 axes, u_dtype: str = "float32", extra: dict | None = None):
         self.path = check_output_path(path)
         self.staged = Staged(self.path)
         self.tmp = self.staged.tmp
@@ -83,7 +98,9 @@ class FieldWriter:
         except OSError as e:
             raise OSError(f"cannot write --out {self.path}: {e}") from None
         f = self.f
-        f.create_dataset("u", shape=(n, *grid), dtype="float32")
+        f.create_dataset("u", shape=(n, *grid), dtype=u_dtype)
+        for name, dtype in (extra or {}).items():    # per-sample records, (n,) each
+            f.create_dataset(name, shape=(n,), dtype=dtype)
         x = f.create_dataset("inputs", shape=(n, len(channels), *grid), dtype="float32")
         x.attrs["channels"] = list(channels)
         p = f.create_dataset("params", data=np.asarray(params, dtype=np.float64).reshape(n, -1))
@@ -96,11 +113,14 @@ class FieldWriter:
             g.create_dataset(name, data=np.asarray(coords[name], dtype=np.float64))
         f.attrs["axes"] = list(axes)
 
-    def write(self, lo: int, u, inputs) -> None:
-        """Store samples [lo, lo + len(u)): u (b, *grid), inputs (b, C, *grid)."""
+    def write(self, lo: int, u, inputs, extra: dict | None = None) -> None:
+        """Store samples [lo, lo + len(u)): u (b, *grid), inputs (b, C, *grid) and the
+        per-sample records ``extra`` (name -> (b,), datasets made by the constructor)."""
         hi = lo + len(u)
-        self.f["u"][lo:hi] = np.asarray(u, dtype=np.float32)
+        self.f["u"][lo:hi] = np.asarray(u, dtype=self.f["u"].dtype)
         self.f["inputs"][lo:hi] = np.asarray(inputs, dtype=np.float32)
+        for name, values in (extra or {}).items():
+            self.f[name][lo:hi] = values
 
     def close(self, attrs: dict) -> str:
         """Write the root attributes, fsync and publish under the output name; then its XDMF
@@ -172,6 +192,11 @@ def read_fields(path) -> dict:
         for k in ("problem", "source", "kind", "seconds_per_sample", "wall_seconds", "ranks",
                   "batch", "inputs_from", "has_reference"):
             out[k] = _attr(f, k)
+        for k in CHECK_DATASETS:   # checked predictions only
+            out[k] = f[k][()] if k in f else None
+        for k in REFINE_DATASETS:  # refined predictions only
+            out[k] = f[k][()] if k in f else None
+        out["residual_threshold"] = _attr(f, "residual_threshold")
         wg = f.attrs.get("work_grid")  # predictions only: the grid the network ran on
         out["work_grid"] = [int(v) for v in wg] if wg is not None else None
         kw = _attr(f, "problem_kwargs", "{}")

@@ -80,23 +80,57 @@ def trained_config(meta, section: str) -> dict:
     return (meta.get("config") or {}).get(section) or {}
 
 
+AS_IS = ("as-is", "none")   # --work-grid spellings of "the network runs on the output grid"
+
+
 def resolve_work_grid(text, meta) -> list[int] | None:
-    """--work-grid 'HxW' or 'DxHxW' / 'trained' / 'none' (or not given) -> the grid / the
-    training grid / None."""
+    """--work-grid 'HxW' or 'DxHxW' / 'trained' / 'as-is' (or 'none', or None) -> the grid /
+    the training grid / None (the network runs on the output grid itself). The commands and
+    ``deepfusion.load`` pass 'trained' when the user gives nothing; None stays 'as-is' for
+    callers of :func:`load_model` that choose per call (the benchmarks' controls)."""
     t = "none" if text is None else str(text).strip().lower()
-    if t == "none":
+    if t in AS_IS:
         return None
     if t == "trained":
         grid = training_grid(meta)
         if grid is None:
             raise ValueError("--work-grid trained: the checkpoint does not record its training "
-                             "grid; give --work-grid HxW")
+                             "grid; give --work-grid HxW, or --work-grid as-is")
         return grid
     try:
         return list(parse_grid(t))
     except ValueError:
         raise ValueError(f"--work-grid must be HxW (e.g. 64x64), DxHxW for a 3-D problem, "
-                         f"'trained' or 'none', got {text!r}") from None
+                         f"'trained' or 'as-is', got {text!r}") from None
+
+
+def trained_here(model, meta, grid) -> bool:
+    """Whether the network answers on ``grid`` as trained: the training grid, or one of a grown
+    (prolonged) network's chain of grids (``grids()``), each trained on its own level."""
+    grids = [tuple(g) for g in model.grids()] if hasattr(model, "grids") else []
+    return tuple(grid) in grids + [tuple(training_grid(meta) or ())]
+
+
+def grid_note(model, meta, grid, work, explicit: bool) -> str | None:
+    """What the user should know when the answer's grid is not the training grid: the network
+    ran on its training grid and was interpolated (said when that was the default, not asked
+    for), or it ran on another grid as is (what that costs). None when nothing changed."""
+    trained = training_grid(meta)
+    on = list(work.grid if work is not None else grid)
+    if not trained or trained_here(model, meta, grid):
+        return None
+    if not trained_here(model, meta, on):
+        how = "--work-grid as-is" if work is None else f"--work-grid {grid_text(on)}"
+        return (f"the network was trained on {grid_text(trained)} and runs on "
+                f"{grid_text(on)} ({how}): its filters and receptive field count nodes, so "
+                f"on this grid they cover another physical extent and its error can be far "
+                f"above the training error; check it (deepfusion compare) or run it on its "
+                f"training grid with --work-grid trained")
+    if explicit:
+        return None
+    return (f"the network was trained on {grid_text(trained)}: it runs there and its answer "
+            f"is interpolated to {grid_text(grid)} (--work-grid trained, the default; "
+            f"--work-grid as-is runs it on {grid_text(grid)} itself)")
 
 
 def checkpoint_file(path: str, notes: list | None = None) -> str:
@@ -135,8 +169,9 @@ def load_model(path, grid=None, work_grid=None, options=None):
     """(model in eval mode, problem, work problem or None, meta) rebuilt from a checkpoint.
 
     ``problem`` is on ``grid`` (default: the training grid); with ``work_grid`` (the
-    ``--work-grid`` text, see :func:`resolve_work_grid`) the network runs on the work problem's
-    grid and its imposed output is interpolated to ``grid`` (see :func:`predictor`).
+    ``--work-grid`` text, see :func:`resolve_work_grid`; None here means as-is, the commands
+    pass 'trained' by default) the network runs on the work problem's grid and its imposed
+    output is interpolated to ``grid`` (see :func:`predictor`).
     ``options`` (``--set problem.options.KEY=VALUE``) replace problem options of the checkpoint, e.g. how
     the answer is formed from the network's output; the network must still fit the problem.
     """
@@ -207,6 +242,8 @@ def work_problem(model, problem, meta, work_grid, where=None):
     grid and the nearest sizes the network takes when it cannot run there.
     """
     wg = resolve_work_grid(work_grid, meta)
+    if str(work_grid).strip().lower() == "trained" and trained_here(model, meta, problem.grid):
+        wg = None   # a grown network answers as trained on each grid of its chain
     work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
         type(problem), problem.config(), wg, where="--work-grid")
     on = work or problem
@@ -244,9 +281,9 @@ def warmup_pays(n: int, batch: int, units: int) -> bool:
 def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
     """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
     ranks (on every rank). ``compute(lo, hi) -> (u (b, *grid), inputs (b, C, *grid),
-    seconds)``. Under a domain split (``domain``) the batches go to the groups, every rank of
-    a group computes them together and ``compute`` returns u = None except on the group's
-    first rank."""
+    seconds[, per-sample records {name: (b,)}])``. Under a domain split (``domain``) the
+    batches go to the groups, every rank of a group computes them together and ``compute``
+    returns u = None except on the group's first rank."""
     unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
     plan = rank_batches(n, batch, unit, units)
     rounds = max(len(rank_batches(n, batch, r, units)) for r in range(units))
@@ -255,9 +292,9 @@ def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
         item = None
         if k < len(plan):
             lo, hi = plan[k]
-            u, x, sec = compute(lo, hi)
+            u, x, sec, *records = compute(lo, hi)
             busy += sec
-            item = (lo, u, x) if u is not None else None
+            item = (lo, u, x, *records) if u is not None else None
         items = comm.gather_obj(item)
         if writer is not None:
             for it in items:
@@ -268,58 +305,47 @@ def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
 
 
 def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None,
-              domain=None, warmup: bool = True):
-    """compute(lo, hi) for run_blocks: the network's prediction (forward + impose, timed).
+              domain=None, warmup: bool = True, post=None, refine=None, check: bool = False):
+    """compute(lo, hi) for run_blocks: the prediction pipeline (``deepfusion.engine.predict``)
+    on one batch, timed from the inputs on the work grid to the answer on the output grid (the
+    inputs recorded on the output grid are built outside the time).
 
-    With a ``work`` problem (another grid of the same problem) the inputs are built on its grid
-    (from the parameters; given fields are resampled to it), the network runs and its output
-    is imposed there, and the solution is interpolated back to ``problem``'s grid (resampling
-    included in the time). Under a domain split
-    (``domain``; the model and the work problem on its block) each rank runs its block and the
-    group's first rank assembles the field (u = None on the others). With ``warmup`` every new
-    input shape first runs once untimed (one-off kernel selection stays out of the timing).
+    ``work``: the same problem on the grid the network runs on (see :func:`work_problem`);
+    ``domain``: the split, the model and ``work or problem`` on its block, u = None except on
+    the group's first rank; ``post``: the pipeline's per-batch post-step. With ``warmup``
+    every new batch size first runs once untimed (one-off kernel selection stays out of the
+    timing). ``refine`` (a tolerance): each answer is then refined by the problem's reference
+    solver (``deepfusion.engine.refine``), outside the time, and returned in float64 with its
+    per-sample records. ``check``: each answer written gets its residual and flag
+    (``Problem.check_answers``, outside the time) among its records.
     """
-    from diffnet.resample import resample_nodes
+    from ..engine.predict import Pipeline
+    from ..engine.refine import refine_batch
 
-    from ..engine.evaluate import assemble
-    from ..engine.memformat import as_format
-
-    dtype = next(model.parameters()).dtype
-    on = work or problem
-
-    def run(x, lo, hi):
-        # Draws given by parameters are rendered on the grid the network runs on, as in
-        # training; resampling the fine rendering would blur jumps in the inputs (on a 100:1
-        # coefficient that raises the same network's error markedly). Given fields are resampled.
-        if work is not None and samples.fields is None:
-            xin = samples.inputs(work, lo, hi, dtype)
-        else:
-            xin = resample_nodes(x, on.grid)
-        if domain is not None:
-            xin = domain.block.local(xin).contiguous()
-        xin = as_format(xin, channels_last)
-        u = on.impose(model(xin), xin)
-        if domain is not None:
-            whole = assemble(u[:, 0].double().numpy(), domain)
-            if whole is None:
-                return None
-            u = torch.as_tensor(whole, dtype=u.dtype)[:, None]
-        return resample_nodes(u, problem.grid)
-
+    pipe = Pipeline(model, problem, work=work, channels_last=channels_last, domain=domain,
+                    post=post)
     warm: set = set()
 
     @torch.inference_mode()
     def compute(lo, hi):
-        x = samples.inputs(problem, lo, hi, dtype)
-        if warmup and x.shape not in warm:  # a new shape pays one-off kernel selection
-            run(x, lo, hi)
-            warm.add(x.shape)
+        x = pipe.record(samples, lo, hi)
+        if warmup and hi - lo not in warm:  # a new shape pays one-off kernel selection
+            pipe.answer_batch(samples, lo, hi, x)
+            warm.add(hi - lo)
         t0 = time.perf_counter()
-        u = run(x, lo, hi)
+        b = pipe.answer_batch(samples, lo, hi, x)
         sec = time.perf_counter() - t0
-        if u is None:
+        if b.u is None:
             return None, None, sec
-        return u[:, 0].float().contiguous().numpy(), x.float().numpy(), sec
+        if refine is not None:
+            u, records = refine_batch(problem, b.u, samples.inputs(problem, lo, hi,
+                                                                   torch.float64), refine)
+        else:
+            u, records = b.u.float().contiguous().numpy(), {}
+        if check:
+            records.update(problem.check_answers(u, samples.inputs(problem, lo, hi,
+                                                                   torch.float64)))
+        return (u, b.inputs.float().numpy(), sec) + ((records,) if records else ())
     return compute
 
 
@@ -350,10 +376,18 @@ def solver_compute(problem, samples: Samples, solve):
     return compute
 
 
-def open_writer(path, problem, samples: Samples) -> h5io.FieldWriter:
-    """The output file's writer (rank 0 only), sized for all samples."""
+def open_writer(path, problem, samples: Samples, refined: bool = False,
+                checked: bool = False) -> h5io.FieldWriter:
+    """The output file's writer (rank 0 only), sized for all samples; ``refined``: float64
+    answers and the refinement's per-sample records (``deepfusion.engine.refine``);
+    ``checked``: the answers' residuals and flags (``h5io.CHECK_DATASETS``)."""
+    from ..engine.refine import DATASETS
+
     axes = [a.name for a in problem.axes]
     names = list(problem.param_names) if samples.params.shape[1] else []
+    extra = {name: dtype for name, (dtype, _) in DATASETS.items()} if refined else {}
+    extra.update(h5io.CHECK_DATASETS if checked else {})
     return h5io.FieldWriter(path, n=samples.n, grid=problem.grid,
                             channels=problem.input_channels, params=samples.params,
-                            param_names=names, coords=problem.coords(), axes=axes)
+                            param_names=names, coords=problem.coords(), axes=axes,
+                            u_dtype="float64" if refined else "float32", extra=extra)

@@ -51,11 +51,24 @@ def register(sub) -> None:
     i.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16 runs the generator's weights and activations in bfloat16 (faster "
                         "on CPUs with AMX/AVX512-BF16, ~3 significant digits; refused elsewhere)")
-    i.add_argument("--work-grid", metavar="HxW|DxHxW|trained|none",
-                   help="run the network on this grid and interpolate its output to --grid "
-                        "(resolution transfer; 'trained' = the checkpoint's training grid; "
-                        "default 'none': the network runs on the inference grid itself)")
+    i.add_argument("--work-grid", metavar="trained|as-is|HxW|DxHxW",
+                   help="the grid the network runs on; its answer is interpolated to --grid. "
+                        "Default 'trained': the checkpoint's training grid. 'as-is' (or "
+                        "'none'): the network runs on --grid itself, which changes the "
+                        "physical extent its filters and receptive field cover (they count "
+                        "nodes), so its error there can be far above the training error")
     add_set(i, ANSWER_SET_HELP)
+    i.add_argument("--refine", type=float, metavar="TOL",
+                   help="refine each answer with the problem's iterative reference solver "
+                        "(the network's answer is its initial guess) to the relative residual "
+                        "TOL, e.g. 1e-8; the answer is then written in float64 with the "
+                        "iterations and residuals per sample (docs/refine.md); refused for a "
+                        "problem without such a solver")
+    i.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                   help="record each answer's residual and whether it is above the problem's "
+                        "threshold (/residual, /flagged; docs/answer-check.md). Default: on "
+                        "where the problem has an answer residual; --check refuses a problem "
+                        "without one")
     i.add_argument("--domain", metavar="PRxPC|PDxPRxPC",
                    help="split every field over ranks (domain parallelism, exact): blocks per "
                         "axis, e.g. 1x2; the ranks form groups of that many, each group "
@@ -108,10 +121,11 @@ def _check_batch(args) -> None:
         raise ValueError(f"--batch must be a positive integer, got {args.batch}")
 
 
-def _open_writer(rank: int, path, problem, samples):
+def _open_writer(rank: int, path, problem, samples, refined: bool = False,
+                 checked: bool = False):
     from .inference import open_writer
 
-    return open_writer(path, problem, samples) if rank == 0 else None
+    return open_writer(path, problem, samples, refined, checked) if rank == 0 else None
 
 
 def _inputs_note(args) -> str:
@@ -126,24 +140,31 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
     """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
     print one line."""
     from ..engine.memory import peak_rss_mib
+    from ..engine.refine import DATASETS, report
     from diffnet.problems import has_reference
 
     from .inference import grid_text, run_blocks
     from .xdmf import sidecar_path
 
-    writer = collective_check(comm, _open_writer, comm.rank, args.out, problem, samples)
+    refine = getattr(args, "refine", None)
+    checked = "residual_threshold" in attrs
+    writer = collective_check(comm, _open_writer, comm.rank, args.out, problem, samples,
+                              refine is not None, checked)
     t0 = time.perf_counter()
     try:
         busy = run_blocks(comm, samples.n, args.batch, compute, writer, domain)
         wall = time.perf_counter() - t0
         # Every rank's high-water mark, so a user can size --batch or --domain for the next run.
         peaks = [round(m, 1) for m in comm.allgather_obj(peak_rss_mib())]
+        held = writer is not None and refine is not None
+        refined = report({k: writer.f[k][()] for k in DATASETS} if held else None, refine)
+        flagged = writer.f["flagged"][()] if writer is not None and checked else None
         if writer is not None:
             writer.close({**attrs, "problem": problem.name, "problem_kwargs": problem.config(),
                           "has_reference": has_reference(problem),
                           "seconds_per_sample": busy / samples.n, "wall_seconds": wall,
                           "ranks": comm.size, "batch": args.batch, "inputs_from": _inputs_note(args),
-                          "peak_rss_mib_per_rank": peaks})
+                          "peak_rss_mib_per_rank": peaks, **refined["attrs"]})
     except BaseException:
         if writer is not None:
             writer.discard()
@@ -153,9 +174,24 @@ def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) ->
     say_once(comm, f"{attrs['kind']}: {samples.n} samples of {problem.name} "
                  f"{grid_text(problem.grid)} on {comm.size} rank(s): "
                  f"{busy / samples.n:.4g} s/sample compute{cold}, {wall:.3g} s wall, "
-                 f"peak memory {max(peaks):.0f} MiB on the largest rank -> "
+                 f"peak memory {max(peaks):.0f} MiB on the largest rank{refined['text']}"
+                 f"{_check_text(flagged)} -> "
                  f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
+    for w in refined["warnings"]:
+        say_once(comm, f"deepfusion: WARNING: {w}")
+    if flagged is not None and flagged.any():   # rank 0, which holds the file
+        bad = flagged.nonzero()[0].tolist()
+        say_once(comm, f"deepfusion: WARNING: {len(bad)} of {samples.n} answers have a "
+                       f"residual above {attrs['residual_threshold']:g}, the threshold of "
+                       f"problem {problem.name!r}: do not trust them (samples {bad[:10]}"
+                       f"{' ...' if len(bad) > 10 else ''}; /residual and /flagged in "
+                       f"{os.path.abspath(args.out)}, docs/answer-check.md)")
     return 0
+
+
+def _check_text(flagged) -> str:
+    """The summary line's part on the check (rank 0; empty without one)."""
+    return "" if flagged is None else f"; residual checked: {int(flagged.sum())} flagged"
 
 
 def _samples(comm, args, problem):
@@ -185,7 +221,7 @@ def _load(args):
     args.checkpoint = checkpoint_file(args.checkpoint, args.checkpoint_notes)
     args.options = problem_options(args, "infer")
     model, problem, work, meta = load_model(args.checkpoint, parse_grid(args.grid),
-                                            work_grid=args.work_grid, options=args.options)
+                                            work_grid=_work_grid(args), options=args.options)
     if args.precision == "bf16":
         import torch
 
@@ -194,7 +230,7 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import (grid_text, predictor, trained_config, training_grid, warmup_pays,
+    from .inference import (grid_note, grid_text, predictor, trained_config, warmup_pays,
                             work_problem)
 
     _warn_deprecated(comm, args)
@@ -204,38 +240,54 @@ def _infer(args, comm) -> int:
         say_once(comm, f"deepfusion: {level}: {text}")
     problem, samples = _samples(comm, args, problem)
     if args.inputs:  # the file set the grid: refuse one the network cannot run on, up front
-        work = collective_check(comm, work_problem, model, problem, meta, args.work_grid,
+        work = collective_check(comm, work_problem, model, problem, meta, _work_grid(args),
                                 f"--inputs {args.inputs} holds {grid_text(problem.grid)} fields")
     data_seed = trained_config(meta, "data").get("seed")
     if args.samples is not None and data_seed is not None and args.seed == data_seed:
         say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
                        f"(data.seed): these samples are the training pool, not unseen inputs")
+    if args.refine is not None:   # refused up front, before any network runs
+        from ..engine.refine import check_refine
+
+        collective_check(comm, check_refine, problem, args.refine, "--refine")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
     domain = _split(comm, args, model, work or problem)
-    trained = training_grid(meta)
-    if work is None and trained and trained != list(problem.grid):
-        say_once(comm, f"deepfusion: note: the network was trained on {grid_text(trained)} "
-                       f"and runs on {grid_text(problem.grid)} as is; its filters are "
-                       f"tied to the training grid spacing, so check the error (deepfusion "
-                       f"compare) or run it on its training grid with --work-grid trained")
+    note = grid_note(model, meta, problem.grid, work, explicit=args.work_grid is not None)
+    if note:
+        say_once(comm, f"deepfusion: note: {note}")
     warm = warmup_pays(samples.n, args.batch, domain.groups if domain else comm.size)
+    check = collective_check(comm, _check, args, problem)
     compute = predictor(model, problem, samples, channels_last=cl, work=work, domain=domain,
-                        warmup=warm)
+                        warmup=warm, refine=args.refine, check=check)
     attrs = {"warmup": warm, "source": os.path.abspath(args.checkpoint), "kind": "prediction",
              "step": int(meta.get("step", -1)),
              "work_grid": list((work or problem).grid),
              "domain": list(domain.split) if domain else [],
              "options": args.options}
+    if check:
+        attrs["residual_threshold"] = float(problem.residual_threshold)
     return _execute(comm, args, problem, samples, compute, attrs, domain)
+
+
+def _check(args, problem) -> bool:
+    """Whether infer checks its answers: --check / --no-check, by default where the problem
+    has an answer residual; ValueError for --check on a problem without one."""
+    if args.check and problem.residual_threshold is None:
+        raise ValueError(f"--check: problem {problem.name!r} has no answer residual (its "
+                         f"residual_threshold is None); run without --check")
+    return problem.residual_threshold is not None if args.check is None else args.check
+
+
+def _work_grid(args) -> str:
+    """--work-grid as given, else the default: the training grid."""
+    return "trained" if args.work_grid is None else args.work_grid
 
 
 def _split(comm, args, model, on):
     """The domain split of --domain over the ranks, the model and the problem ``on`` (the grid
-    the network runs on) set to compute on this rank's block; None without --domain."""
-    from diffnet.split_layers import check_generator_split, split_generator
-
-    from ..engine.data import group_count
-    from ..engine.parallel import make_domain
+    the network runs on) set to compute on this rank's block, as training splits them
+    (``deepfusion.engine.predict.split_for_prediction``); None without --domain."""
+    from ..engine.predict import check_split, split_for_prediction
     from .inference import grid_text, parse_grid
 
     if not args.domain:
@@ -247,15 +299,9 @@ def _split(comm, args, model, on):
             raise ValueError(f"--domain must give one block count per axis of the "
                              f"{grid_text(on.grid)} grid, e.g. {'x'.join(['1'] * (len(on.grid) - 1) + ['2'])}, "
                              f"got {args.domain!r}")
-        check_generator_split(model, on.grid, split)
-        group_count(comm.size, split, f"--domain {args.domain}")
+        check_split(comm.size, split, model, on.grid, f"--domain {args.domain}")
         return split
-    split = collective_check(comm, check)
-    domain = make_domain(comm, split, on.grid)
-    if domain is not None:
-        split_generator(model, domain.block)
-        on.on_block(domain.block)
-    return domain
+    return split_for_prediction(comm, collective_check(comm, check), model, on)
 
 
 def run_infer(args) -> int:

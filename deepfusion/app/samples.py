@@ -3,31 +3,12 @@
 the checks that name what is wrong in the file and how to fix it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-import torch
 
 from diffnet.validation import grid_axes
 
+from ..engine.predict import Samples
 from . import fields as h5io
-
-
-@dataclass
-class Samples:
-    """N samples: parameter vectors (N, k) (k = 0 for given fields) and/or fields (N, C, *grid)."""
-
-    params: np.ndarray
-    fields: np.ndarray | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.params)
-
-    def inputs(self, problem, lo: int, hi: int, dtype=torch.float32) -> torch.Tensor:
-        if self.fields is not None:
-            return torch.as_tensor(self.fields[lo:hi], dtype=dtype)
-        return problem.build_input(self.params[lo:hi], dtype=dtype)
 
 
 def range_warnings(problem, params: np.ndarray) -> list[str]:
@@ -51,35 +32,63 @@ def _params_from_file(problem, path) -> np.ndarray:
     if names and names != want:
         raise ValueError(f"--params {path} names the parameters {names}, but problem "
                          f"{problem.name!r} takes {want} (in this order)")
+    return check_params(problem, params, f"--params {path}")
+
+
+def check_params(problem, params, where: str = "params") -> np.ndarray:
+    """``params`` as float64 (n, k) parameter vectors of ``problem``, finite; ValueError naming
+    ``where`` (the flag and file, or the argument) and the shape expected."""
+    want = list(problem.param_names)
+    try:
+        params = np.asarray(params, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where} must be numbers, (n, {len(want)}) for problem "
+                         f"{problem.name!r}, got {type(params).__name__}") from None
     if params.ndim != 2 or params.shape[1] != len(want):
-        raise ValueError(f"--params {path}: each vector needs {len(want)} values {want} for "
+        raise ValueError(f"{where}: each vector needs {len(want)} values {want} for "
                          f"problem {problem.name!r}, got shape {params.shape}")
+    if not len(params):
+        raise ValueError(f"{where} holds no parameter vectors")
     if not np.all(np.isfinite(params)):
-        raise ValueError(f"--params {path} holds non-finite values")
+        raise ValueError(f"{where} holds non-finite values")
     return params
 
 
 def _fields_from_file(problem, path):
-    """(problem with the file's grid, network inputs (N, C, *grid) float64) from --inputs.
-
-    The channels are named by the file's 'channels' attribute (without one, the problem's own
-    channels in order); which of them the problem needs or derives is the problem's business
-    (``Problem.inputs_from_fields``).
-    """
+    """(problem with the file's grid, network inputs (N, C, *grid) float64) from --inputs."""
     d = h5io.read_input_fields(path)
     if d["problem"] and d["problem"] != problem.name:
         raise ValueError(f"--inputs {path} was made for problem {d['problem']!r}, not "
                          f"{problem.name!r}")
-    x = d["inputs"]
-    names = d["channels"] or list(problem.input_channels)
+    return fields_inputs(problem, d["inputs"], d["channels"], f"--inputs {path}", "/inputs",
+                         "or name them in a 'channels' attribute of /inputs")
+
+
+def fields_inputs(problem, x, channels, where: str, what: str = "the array",
+                  naming: str = "or name the channels you give"):
+    """(problem with the fields' grid, network inputs (N, C, *grid) float64) from fields ``x``
+    (N, C, *grid) whose channels are named ``channels`` (None: the problem's own, in order).
+
+    Which channels the problem needs or derives is the problem's business
+    (``Problem.inputs_from_fields``). ValueError naming ``where`` (the flag and file, or the
+    argument) and ``what`` (the dataset), and the fix (``naming``: how to name channels, for
+    a problem that derives some).
+    """
+    names = list(channels or problem.input_channels)
+    need = list(problem.input_channels)
+    if x.ndim < 2:
+        raise ValueError(f"{where}: {what} has shape {x.shape}: give fields of shape "
+                         f"(N, C, {grid_axes(len(problem.grid))}), C = {len(need)} {need}")
+    if channels is None and x.shape[1] != len(need):
+        raise ValueError(f"{where}: {what} has {x.shape[1]} channels, but problem "
+                         f"{problem.name!r} takes {len(need)}, {need} in this order; {naming}")
     if len(names) != x.shape[1] or len(set(names)) != len(names):
-        raise ValueError(f"--inputs {path}: /inputs has {x.shape[1]} channels, but its "
-                         f"'channels' attribute is {d['channels'] or 'missing'}; give one "
-                         f"distinct name per channel (problem {problem.name!r} needs "
-                         f"{list(problem.input_channels)})")
+        raise ValueError(f"{where}: {what} has {x.shape[1]} channels, but its channel names "
+                         f"are {channels}; give one distinct name per channel (problem "
+                         f"{problem.name!r} needs {need})")
     if x.ndim - 2 != len(problem.grid):
         want = f"(N, C, {grid_axes(len(problem.grid))})"
-        raise ValueError(f"--inputs {path}: /inputs has shape {x.shape}, but problem "
+        raise ValueError(f"{where}: {what} has shape {x.shape}, but problem "
                          f"{problem.name!r} has {len(problem.grid)} grid axes: give fields of "
                          f"shape {want}")
     if tuple(x.shape[2:]) != tuple(problem.grid):
@@ -87,16 +96,16 @@ def _fields_from_file(problem, path):
         try:
             problem = get_problem(type(problem), **{**problem.config(), "grid": list(x.shape[2:])})
         except ValueError as e:
-            raise ValueError(f"--inputs {path}: /inputs holds fields on a "
+            raise ValueError(f"{where}: {what} holds fields on a "
                              f"{'x'.join(map(str, x.shape[2:]))} grid, which problem "
                              f"{problem.name!r} cannot take: {e}") from None
     try:
         made = problem.inputs_from_fields({n: x[:, i] for i, n in enumerate(names)})
     except ValueError as e:
-        raise ValueError(f"--inputs {path}: {e}") from None
+        raise ValueError(f"{where}: {e}") from None
     bad = int(np.size(made) - np.count_nonzero(np.isfinite(made)))
     if bad:  # a problem's own check should have said which field; never pass NaN to the network
-        raise ValueError(f"--inputs {path}: the network inputs made from /inputs hold {bad} "
+        raise ValueError(f"{where}: the network inputs made from {what} hold {bad} "
                          f"non-finite value(s) (NaN or inf); give finite fields")
     return problem, made
 

@@ -21,35 +21,37 @@ import torch
 from diffnet.metrics import max_error, relative_l2
 from diffnet.problems import has_reference
 
-from .memformat import as_format
 from .plots import fields_figure, views
+from .predict import Pipeline, Samples, run_batches
 
 
 @torch.no_grad()
 def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True, block=None, terms: bool = False) -> tuple:
-    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches;
-    with ``terms``, a third item: each loss term of each prediction ({name: (n,)}).
+            channels_last: bool = True, domain=None, terms: bool = False) -> tuple:
+    """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches
+    through the prediction pipeline (:mod:`.predict`); with ``terms``, a third item: each loss
+    term of each prediction ({name: (n,)}).
 
-    With a split ``block`` the network and the problem compute on this rank's block: the
-    inputs are whole, the predictions are the block's (n, *block.shape), the terms the whole
-    field's (summed over the blocks: collective within the block's group)."""
+    Under a domain split (``domain``, ``model`` and ``task`` on its block) the group's first
+    rank gets the whole inputs and predictions, the other ranks empty arrays; the terms are the
+    whole field's (summed over the blocks: collective within the group) on every rank."""
+    def loss_terms(u, x):  # the pipeline's post-step: per sample, summed over the blocks
+        return {k: task.block.sum(v.detach().contiguous()).double().numpy()
+                for k, v in task.loss_terms(u, x).items()}
+    pipe = Pipeline(model, task, channels_last=channels_last, domain=domain, dtype=dtype,
+                    post=loss_terms if terms else None)
     model.eval()
     xs, us, ts = [], [], []
-    for lo in range(0, len(params), batch):
-        x = task.build_input(params[lo:lo + batch], dtype=dtype)
-        xin = as_format(x if block is None else block.local(x).contiguous(), channels_last)
-        u = task.impose(model(xin), xin)
-        xs.append(x.float().numpy())
-        us.append(u[:, 0].float().contiguous().numpy())
-        if terms:
-            ts.append({k: task.block.sum(v.detach().contiguous()).double().numpy()
-                       for k, v in task.loss_terms(u, xin).items()})
+    for _lo, b in run_batches(pipe, Samples(params), batch):
+        if b.u is not None:
+            xs.append(b.inputs.float().numpy())
+            us.append(b.u.float().contiguous().numpy())
+        ts.append(b.extra)
     model.train()
-    if not xs:  # this rank got no samples (more ranks than held-out draws)
-        return (np.zeros((0,)), np.zeros((0,))) + (({},) if terms else ())
-    out = (np.concatenate(xs), np.concatenate(us))
-    return out + (({k: np.concatenate([t[k] for t in ts]) for k in ts[0]},) if terms else ())
+    out = (np.concatenate(xs), np.concatenate(us)) if xs else (np.zeros((0,)), np.zeros((0,)))
+    if not terms:
+        return out
+    return out + ({k: np.concatenate([t[k] for t in ts]) for k in ts[0]} if ts else {},)
 
 
 def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
@@ -66,11 +68,9 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
     idx, params = _my_draws(task, comm, n, seed, domain)
     t0 = time.perf_counter()
     inputs, preds = predict(model, task, params, dtype=dtype, channels_last=channels_last,
-                            block=domain.block if domain else None)
-    if domain is not None:
-        preds = assemble(preds, domain)
-        if domain.comm.rank != 0:  # the group's first rank reports its draws
-            idx, params = idx[:0], params[:0]
+                            domain=domain)
+    if domain is not None and domain.comm.rank != 0:  # the group's first rank reports its draws
+        idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
     t0 = time.perf_counter()
     refs = np.stack([task.reference_solution(p) for p in params]) if len(params) else preds
@@ -104,8 +104,7 @@ def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
     idx, params = _my_draws(task, comm, n, seed, domain)
     t0 = time.perf_counter()
     _inputs, _preds, terms = predict(model, task, params, dtype=dtype, terms=True,
-                                     channels_last=channels_last,
-                                     block=domain.block if domain else None)
+                                     channels_last=channels_last, domain=domain)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports
         idx, params, terms = idx[:0], params[:0], {}
     local = {"idx": idx.tolist(), "params": params.tolist(), "t_inf": time.perf_counter() - t0,
@@ -139,21 +138,6 @@ def _my_draws(task, comm, n: int, seed: int, domain=None) -> tuple[np.ndarray, n
 def _in_draw_order(lists, order) -> np.ndarray:
     """The ranks' gathered per-draw lists, concatenated and put in draw order."""
     return np.array(sum(lists, []))[order]
-
-
-def assemble(pieces: np.ndarray, domain) -> np.ndarray | None:
-    """The whole fields (n, *grid) from every rank's block (n, *block.shape), on the group's
-    first rank (None elsewhere)."""
-    b = domain.block
-    if pieces.ndim == 1:  # the group got no draws (more groups than draws): all its ranks alike
-        return np.zeros((0, *b.grid)) if domain.comm.rank == 0 else None
-    parts = domain.comm.gather_obj((b.start, b.shape, pieces))
-    if parts is None:
-        return None
-    whole = np.empty((pieces.shape[0], *b.grid), dtype=pieces.dtype)
-    for start, shape, piece in parts:
-        whole[(slice(None), *(slice(s, s + k) for s, k in zip(start, shape)))] = piece
-    return whole
 
 
 def summary_text(summary: dict) -> str:

@@ -167,3 +167,30 @@ def test_checkpoint_average_means_the_float_tensors_and_keeps_the_others(tmp_pat
         checkpoint_average.main([str(tmp_path), "--last", "3"])
 
 
+
+
+def test_residual_flags_records_each_draw_and_the_shares(tmp_path):
+    """An untrained Darcy network on 2 draws of its family and of the 30/1 contrast: every
+    draw is recorded with its signals, the 30/1 coefficient is outside the trained range, and
+    the shares are those of the rows."""
+    import numpy as np
+
+    from lab.tools import residual_flags
+    from tests.test_answer_check import checkpoint
+
+    ck, out = checkpoint(tmp_path, "darcy", (16, 16), 2), tmp_path / "flags.json"
+    assert residual_flags.main([ck, "--family", "trained", "--family", "c30", "a_hi=30",
+                                "a_lo=1", "--samples", "2", "--calibrate", "2", "--bad", "0.5",
+                                "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["threshold"] == 0.4 and res["calibration"]["n"] == 2
+    trained, c30 = res["families"]["trained"], res["families"]["c30"]
+    assert c30["options"] == {"a_hi": 30, "a_lo": 1} and trained["n"] == c30["n"] == 2
+    assert not any(r["fields_out_of_range"] for r in trained["rows"])
+    assert all(r["fields_out_of_range"] for r in c30["rows"])
+    bad = np.array([r["error"] > 0.5 for r in c30["rows"]])
+    flagged = np.array([r["residual"] > 0.4 for r in c30["rows"]])
+    if bad.any():
+        assert c30["flags"]["residual"]["bad_flagged"] == flagged[bad].mean()
+    assert res["pooled"]["n"] == 4
+    assert all(r["nodal_residual"] > 0 for r in trained["rows"])
