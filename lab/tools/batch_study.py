@@ -110,8 +110,13 @@ def base_pool(path: str) -> int:
 
 
 def state(arm: dict) -> str:
-    """'done', 'started' or 'new' from the run directory."""
+    """'done', 'started' or 'new' from the run directory: done once a segment exited 0 or the
+    newest checkpoint is at the arm's last step (a training that ended while nobody waited)."""
     if os.path.exists(os.path.join(arm["run_dir"], "study_done")):
+        return "done"
+    steps = records(arm["run_dir"], "step")
+    last = dict(s.split("=", 1) for s in arm["sets"])["train.max_steps"]
+    if steps and steps[-1]["step"] == int(last) and records(arm["run_dir"], "eval"):
         return "done"
     if os.path.isdir(os.path.join(arm["run_dir"], "checkpoints")):
         return "started"
