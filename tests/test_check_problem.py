@@ -188,6 +188,19 @@ def test_a_refused_split_is_no_domain_parallelism_not_a_failure(cls, why):
         assert why in r.detail
 
 
+def test_a_term_with_a_stop_gradient_is_left_out_of_the_gradient_check_and_named():
+    """Burgers' basin term holds its target fixed: declared in detached_terms, it passes."""
+    report = check_problem("burgers", options={"scheme": "lax-oleinik", "basin_weight": 0.1})
+    assert report.ok, report.text()
+    grad = results(report)["float64 gradient"]
+    assert grad.status == "OK" and "without the detached terms ['pde']" in grad.detail
+
+    class AllDetached(Smooth):
+        detached_terms = ("pde", "bc")
+    grad = results(check_problem(AllDetached))["float64 gradient"]
+    assert grad.status == "SKIP" and "every loss term is declared detached" in grad.detail
+
+
 def test_a_family_without_a_reference_solver_skips_those_checks():
     report = check_problem(NoReference)
     assert report.ok, report.text()

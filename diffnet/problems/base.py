@@ -86,6 +86,10 @@ class Problem(abc.ABC):
             a split block is refused naming them (an instance may set it by its options).
         residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
             be trusted; None (default): the family has no answer residual.
+        detached_terms: the loss terms that hold part of their value fixed on purpose (a
+            target with no gradient through it): their autograd gradient is not the
+            derivative of their value, so the checker's gradient check leaves them out and
+            says so (default none; an instance may set it by its options).
     """
 
     name: str = ""
@@ -100,6 +104,7 @@ class Problem(abc.ABC):
     output_channels: int = 1
     unsplit_terms: tuple[str, ...] = ()
     residual_threshold: float | None = None
+    detached_terms: tuple[str, ...] = ()
 
     def __init__(self, *, grid=(64, 64)):
         self.grid = check_grid(grid)

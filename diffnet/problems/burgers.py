@@ -158,6 +158,8 @@ class Burgers(FiniteVolumeResiduals, Problem):
         self.reference = check_choice("reference", reference, REFERENCES)
         self.basin_weight = check_number("basin_weight", basin_weight, lo=0.0)
         self.basin_reach = check_int("basin_reach", basin_reach, 1)
+        # the basin target is held fixed (no gradient through it), and it is part of "pde"
+        self.detached_terms = ("pde",) if self.basin_weight > 0 else ()
         if self.basin_weight > 0 and self.scheme != "lax-oleinik":
             raise ValueError(f"basin_weight > 0 needs scheme='lax-oleinik' (scheme is "
                              f"{self.scheme!r}), got {basin_weight!r}")
