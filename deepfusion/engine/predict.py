@@ -5,7 +5,8 @@ evaluate``, ``deepfusion infer`` and the Python API (``deepfusion.load``) all pr
 One batch at a time::
 
     samples[lo:hi] -> inputs on the work grid (parameter draws rendered there, given fields
-    resampled) -> this rank's block (domain split) -> memory format -> the answer
+    resampled), under a domain split only this rank's block of them (draws rendered at the
+    block's nodes alone: Problem.build_block_input) -> memory format -> the answer
     (diffnet.answer.Answer: network, boundary imposition, answer head) -> post-step (extra
     per-sample outputs, on the block) -> the whole field on the group's first rank ->
     interpolated to the output grid
@@ -66,6 +67,14 @@ class Samples:
         fields resampled (bilinear / trilinear on the nodes)."""
         return resample_nodes(self.inputs(problem, lo, hi, dtype), problem.grid)
 
+    def on_block(self, problem, block, lo: int, hi: int, dtype=torch.float32) -> torch.Tensor:
+        """Samples [lo, hi) on ``block`` of ``problem``'s grid: draws rendered at the block's
+        nodes alone (``build_block_input``: the block of :meth:`on_grid`'s field bit for
+        bit); given fields resampled to the whole grid, then cut."""
+        if self.rendered:
+            return problem.build_block_input(self.params[lo:hi], block, dtype=dtype)
+        return block.local(self.on_grid(problem, lo, hi, dtype)).contiguous()
+
 
 @dataclass
 class Batch:
@@ -121,13 +130,7 @@ class Pipeline:
     def answer_batch(self, samples: Samples, lo: int, hi: int, x=None) -> Batch:
         """Samples [lo, hi) through the network; ``x``: their :meth:`record`, if made (reused
         when it already is the network's input)."""
-        if x is not None and (self.on is self.problem or not samples.rendered):
-            xin = resample_nodes(x, self.on.grid)
-        else:
-            xin = samples.on_grid(self.on, lo, hi, self.dtype)
-        if self.domain is not None:   # cut right away: only the block stays alive
-            xin = self.domain.block.local(xin).contiguous()
-        xin = as_format(xin, self.channels_last)
+        xin = as_format(self.network_input(samples, lo, hi, x), self.channels_last)
         u = self.answer(xin)
         # the post-step: per-sample outputs computed from the answer on this rank's block
         extra = self.post(u, xin) if self.post is not None else {}
@@ -137,6 +140,19 @@ class Pipeline:
             if u is None:
                 return Batch(None, None, extra)
         return Batch(resample_nodes(u, self.problem.grid)[:, 0], x, extra)
+
+    def network_input(self, samples: Samples, lo: int, hi: int, x=None) -> torch.Tensor:
+        """Samples [lo, hi) on the work grid, this rank's block of it under a split: the
+        recorded ``x`` when it already is that input, else drawn anew (on a split, at the
+        block's nodes alone: no rank builds a whole field it does not keep)."""
+        reuse = x is not None and (self.on is self.problem or not samples.rendered)
+        if self.domain is None:
+            if reuse:
+                return resample_nodes(x, self.on.grid)
+            return samples.on_grid(self.on, lo, hi, self.dtype)
+        if reuse:   # the group's first rank, which keeps x for the file anyway: cut it
+            return self.domain.block.local(resample_nodes(x, self.on.grid)).contiguous()
+        return samples.on_block(self.on, self.domain.block, lo, hi, self.dtype)
 
     def gather(self, u: torch.Tensor) -> torch.Tensor | None:
         """The whole answers (b, 1, *grid) from every rank's block, on the group's first rank

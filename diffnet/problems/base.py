@@ -220,6 +220,16 @@ class Problem(abc.ABC):
     def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
         """(n, C, H, W) network input for parameter vectors ``params`` (n, k)."""
 
+    def build_block_input(self, params: np.ndarray, block: Block,
+                          dtype=torch.float32) -> torch.Tensor:
+        """(n, C, *block.shape) network input of ``params`` on the nodes of ``block`` (a block
+        of this grid) only: bit for bit ``cut(block, build_input(params, dtype))``, what a rank
+        of a domain split needs. This default builds the whole grid and cuts it (right for
+        any problem, no saving); a problem whose inputs are pointwise functions of the node
+        coordinates overrides it to evaluate the block's nodes alone."""
+        x = cut(block, self.build_input(params, dtype=dtype))
+        return x if block.whole else x.clone(memory_format=torch.contiguous_format)
+
     def inputs_from_fields(self, fields: Mapping) -> np.ndarray:
         """(N, C, H, W) float64 network input from given fields keyed by channel name.
 

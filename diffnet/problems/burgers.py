@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..domain import Block
 from ..generators import impose_dirichlet
 from ..primitive import node_primitive
 from ..stencils import KINDS, FiniteDifference, check_block_sizes
@@ -13,6 +14,7 @@ from .answer_check import characteristic_residual
 from .base import Axis, Problem
 from .blocks import mean_part
 from .burgers_fv import FiniteVolumeResiduals
+from .fields import block_coords
 from .lax_oleinik import basin_targets, lax_oleinik_nodes, lax_oleinik_value, smoothing_points
 
 FORMS = ("conservative", "advective")
@@ -196,13 +198,19 @@ class Burgers(FiniteVolumeResiduals, Problem):
 
     # -- fields -----------------------------------------------------------------------------
     def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+        """(n, 2, H, W): u0 on every row, and the normalised time t / T in [0, 1]."""
+        return self.build_block_input(params, Block(self.grid), dtype)
+
+    def build_block_input(self, params: np.ndarray, block: Block,
+                          dtype=torch.float32) -> torch.Tensor:
+        """The inputs at ``block``'s nodes alone: u0 at its x nodes, t / T on its rows."""
         params = self.check_params(params)
-        h, w = self.grid
-        x = self.coords()["x"]
-        u0 = initial_condition(params[:, :1], x[None, :])               # (n, W)
+        _, x = block_coords(self, block)
+        (r0, _), (h, w) = block.start, block.shape
+        u0 = initial_condition(params[:, :1], x[None, :])               # (n, w)
         out = np.empty((params.shape[0], 2, h, w), dtype=np.float64)
         out[:, 0] = u0[:, None, :]
-        out[:, 1] = np.linspace(0.0, 1.0, h)[None, :, None]
+        out[:, 1] = np.linspace(0.0, 1.0, self.grid[0])[None, r0:r0 + h, None]
         return torch.as_tensor(out, dtype=dtype)
 
     def _mask(self, like: torch.Tensor):

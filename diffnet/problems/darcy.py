@@ -11,8 +11,10 @@ import math
 import numpy as np
 import torch
 
+from ..domain import Block
 from ..validation import check_choice, check_int, check_number
 from .random_fields import cosine_basis, draw_coefficients, grf_scales, render
+from .fields import block_coords
 from .reaction_diffusion import ReactionDiffusion
 
 # The named configurations (``family``); explicit tau / alpha / a_hi / a_lo override them.
@@ -154,10 +156,10 @@ class Darcy(ReactionDiffusion):
     def sample_params(self, seed: int, indices) -> np.ndarray:
         return draw_coefficients(seed, indices, self.modes, self.tau, self.alpha)
 
-    def mu(self, params: np.ndarray) -> np.ndarray:
-        """(n, H, W) float64 Gaussian field mu at the nodes of parameter vectors (n, M*M)."""
-        c = self.coords()
-        return render(self.check_params(params), c["y"], c["x"])
+    def mu(self, params: np.ndarray, block: Block | None = None) -> np.ndarray:
+        """(n, H, W) float64 Gaussian field mu at the nodes of parameter vectors (n, M*M); at
+        the nodes of ``block`` alone when given."""
+        return render(self.check_params(params), *block_coords(self, block))
 
     def coefficient_of(self, mu: np.ndarray) -> np.ndarray:
         """a of a field mu (any shape): the two values of the threshold, or exp(mu)."""
@@ -175,16 +177,21 @@ class Darcy(ReactionDiffusion):
         return math.exp(-b), math.exp(b)
 
     # -- fields ----------------------------------------------------------------------------------
-    def log_nu(self, params: np.ndarray) -> np.ndarray:
-        mu = self.mu(params)
+    def log_nu(self, params: np.ndarray, block: Block | None = None) -> np.ndarray:
+        mu = self.mu(params, block)
         return mu if self.coefficient == "lognormal" else np.log(self.coefficient_of(mu))
 
     def nu_nodes(self, params: np.ndarray) -> np.ndarray:
         """(H, W) float64 a of one parameter vector: the exact values, not exp(log a)."""
         return self.coefficient_of(self.mu(np.asarray(params, dtype=np.float64).reshape(1, -1)))[0]
 
-    def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-        mu = self.mu(params)
+    def build_block_input(self, params: np.ndarray, block: Block,
+                          dtype=torch.float32) -> torch.Tensor:
+        """a and log a at ``block``'s nodes alone: ``render`` evaluates the modes at the
+        block's coordinates; each node's value is a sum over the modes that the matrix
+        products add in the same order whatever the number of nodes, so these are the whole
+        grid's values bit for bit (tests/test_block_inputs.py checks it)."""
+        mu = self.mu(params, block)
         a = self.coefficient_of(mu)
         lg = mu if self.coefficient == "lognormal" else np.log(a)
         return torch.as_tensor(np.stack([a, lg], axis=1), dtype=dtype)

@@ -38,6 +38,7 @@ import operator
 import numpy as np
 import torch
 
+from ..domain import Block
 from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_array, check_choice, check_int, check_range
 from .answer_check import elliptic_residual
@@ -126,6 +127,19 @@ def harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 2.0 * a * b / (a + b)
 
 
+def block_coords(problem, block: Block | None = None) -> list[np.ndarray]:
+    """The 1-D node coordinates of ``block`` of ``problem``'s grid (default: the whole grid),
+    one array per axis in grid order: slices of ``problem.coords()``, so a field evaluated
+    pointwise on them is the whole grid's field cut to the block, bit for bit. ValueError if
+    ``block`` is a block of another grid."""
+    block = Block(problem.grid) if block is None else block
+    if tuple(block.grid) != tuple(problem.grid):
+        raise ValueError(f"block {block!r} is a block of grid {list(block.grid)}, but problem "
+                         f"{problem.name!r} is on grid {list(problem.grid)}")
+    c = problem.coords()
+    return [c[a.name][s:s + n] for a, s, n in zip(problem.axes, block.start, block.shape)]
+
+
 # ----------------------------------------------------------------------------------------------
 # Shared base of the two elliptic families (diffusivity sampling, inputs, energy quadrature).
 # ----------------------------------------------------------------------------------------------
@@ -153,7 +167,13 @@ class DiffusivityInputs:
 
     def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
         """(n, 2, *grid): nu and log nu at the nodes."""
-        lg = self.log_nu(params)
+        return self.build_block_input(params, Block(self.grid), dtype)
+
+    def build_block_input(self, params: np.ndarray, block: Block,
+                          dtype=torch.float32) -> torch.Tensor:
+        """(n, 2, *block.shape): nu and log nu at ``block``'s nodes alone (``log_nu`` is
+        pointwise in the node coordinates, so these are the whole grid's values bit for bit)."""
+        lg = self.log_nu(params, block)
         return torch.as_tensor(np.stack([np.exp(lg), lg], axis=1), dtype=dtype)
 
     def inputs_from_fields(self, fields) -> np.ndarray:
@@ -208,11 +228,11 @@ class KLDiffusivity:
         b = log_nu_bound(self.n_terms, self.omega_range, dims=len(self.grid))
         return math.exp(-b), math.exp(b)
 
-    def log_nu(self, params: np.ndarray) -> np.ndarray:
-        """(n, *grid) float64 log nu of parameter vectors (n, m)."""
+    def log_nu(self, params: np.ndarray, block: Block | None = None) -> np.ndarray:
+        """(n, *grid) float64 log nu of parameter vectors (n, m); (n, *block.shape) on the
+        nodes of ``block`` alone when given."""
         params = self.check_params(params)
-        c = self.coords()
-        return log_diffusivity(params, *(c[a.name] for a in self.axes))
+        return log_diffusivity(params, *block_coords(self, block))
 
 
 class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
