@@ -8,18 +8,14 @@ set (OpenMP reads OMP_NUM_THREADS once). Exit codes and the error policy: :mod:`
 from __future__ import annotations
 
 import argparse
-import configparser
-import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from jobs.cli import register as register_jobs
 
 from . import check_cli, check_problem_cli, export_cli, inference_cli, problems_cli, status_cli
 from .cli_options import ANSWER_SET_HELP, add_set, add_threads
 from .policy import ExitCode, run_distributed, run_local
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .version import package_version
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,17 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     status_cli.register(sub)
     register_jobs(sub)
     return p
-
-
-def package_version() -> str:
-    """The installed distribution's version, else (a source tree run without installing) the
-    one setup.cfg states."""
-    try:
-        return version("deepfusion")
-    except PackageNotFoundError:
-        cfg = configparser.ConfigParser()
-        cfg.read(os.path.join(ROOT, "setup.cfg"))
-        return cfg.get("metadata", "version", fallback="unknown")
 
 
 def _local(name: str):

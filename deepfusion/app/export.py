@@ -28,6 +28,7 @@ import re
 import warnings
 
 from .inference import checkpoint_file, grid_note, load_model, training_grid
+from .version import ROOT, package_version
 
 FORMATS = ("torchscript", "onnx")
 DTYPES = ("float32", "float64")
@@ -112,7 +113,7 @@ def describe(problem, work, meta, ckpt: str, fmt: str, dtype: str) -> dict:
     """What the file expects and where it comes from (stored in the file)."""
     c, grid = len(problem.input_channels), list(problem.grid)
     return {"format": "deepfusion-export", "format_version": 1, "export_format": fmt,
-            "deepfusion_version": deepfusion_version(),
+            "deepfusion_version": package_version(),
             "problem": problem.name, "problem_kwargs": problem.config(),
             "input_name": INPUT_NAME, "input_channels": list(problem.input_channels),
             "input_shape": ["N", c, *grid], "output_name": OUTPUT_NAME,
@@ -121,16 +122,6 @@ def describe(problem, work, meta, ckpt: str, fmt: str, dtype: str) -> dict:
             "work_grid": list((work or problem).grid), "trained_grid": training_grid(meta),
             "checkpoint": os.path.abspath(ckpt),
             "step": int(meta.get("step", -1))}
-
-
-def deepfusion_version() -> str:
-    """The installed distribution's version ('unknown' when running from an uninstalled tree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("deepfusion")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def fixed_branches(caught) -> list[str]:
@@ -240,8 +231,7 @@ def onnx_reason(e: BaseException) -> str:
 def source_path(filename: str) -> str:
     """``filename`` relative to the repository (the tracer's and exporter's messages name
     absolute paths)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.relpath(filename, root)
+    return os.path.relpath(filename, ROOT)
 
 
 def first_line(e: BaseException) -> str:
