@@ -135,6 +135,61 @@ def test_no_probe_reports_the_layout_and_the_data_parallel_limit(tmp_path, cli):
     assert "(rank 0) train.levels[1] (grid [16, 16]): data.global_batch = 2 is not divisible" in err
 
 
+def warning_lines(err: str) -> list[str]:
+    return [x for x in err.splitlines() if "parallel.max_useful_ranks = " in x]
+
+
+def test_past_the_useful_rank_count_is_a_warning_not_a_refusal(tmp_path, cli):
+    """parallel.max_useful_ranks = 2 (a batch of 4 allows 4 ranks): 4 ranks pass with one
+    warning saying what to do, 2 ranks say nothing; jobs render / sweep get the same line."""
+    from jobs.precheck import check_job
+
+    config = write(tmp_path, "parallel.max_useful_ranks=2")
+    js = tmp_path / "r.json"
+    rc, out, err = cli(["check", config, "--ranks", "4", "--no-probe", "--json", str(js)])
+    assert rc == 0, err
+    (line,) = warning_lines(err)
+    assert line.startswith("deepfusion: warning: 4 ranks is past parallel.max_useful_ranks = 2")
+    assert "Run on 2 ranks or fewer" in line and "parallel.domain" in line
+    assert "largest useful rank count: 2 (parallel.max_useful_ranks); the batches allow up " \
+           "to 4" in out
+    assert json.loads(js.read_text())["max_useful_ranks"] == 2
+    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe"])
+    assert rc == 0 and warning_lines(err) == [], err
+    render = check_job(config, [], 2, 2, 1, None)  # 2 nodes x 2 ranks
+    assert [f"deepfusion: warning: {w}" for w in warning_lines("\n".join(render))] == [line]
+
+
+def test_without_a_useful_rank_count_the_batches_limit_is_said(tmp_path, cli):
+    """No parallel.max_useful_ranks: the data-parallel limit is the largest useful count, at
+    it a warning (one sample per rank), past it train's refusal; a stated count past what the
+    batches allow is said to be so."""
+    config = write(tmp_path)
+    rc, out, err = cli(["check", config, "--ranks", "4", "--no-probe"])
+    assert rc == 0 and "largest useful rank count: 4 (4 data-parallel units" in out
+    assert "is 1 sample each" in err and warning_lines(err) == []
+    rc, _, err = cli(["check", config, "--ranks", "8", "--no-probe"])
+    assert rc == 2 and "data.global_batch = 4 is not divisible" in err
+    rc, out, _ = cli(["check", config, "--ranks", "2", "--no-probe",
+                      "--set", "parallel.max_useful_ranks=16"])
+    assert rc == 0 and "largest useful rank count: 4 (4 data-parallel units: every level's " \
+                       "global batch splits evenly over them; parallel.max_useful_ranks = 16 " \
+                       "is past what these batches allow)" in out
+
+
+@pytest.mark.mpi
+def test_train_warns_once_past_the_useful_rank_count(tmp_path, cli):
+    """mpiexec -n 2 train with parallel.max_useful_ranks = 1: check's warning line, printed
+    once (rank 0), and the run trains."""
+    config = write(tmp_path, "parallel.max_useful_ranks=1", "train.max_steps=1",
+                   "data.eval_samples=0")
+    _, _, err = cli(["check", config, "--ranks", "2", "--no-probe"])
+    (said,) = warning_lines(err)
+    train = deepfusion(2, ["train", config], env=REAL_MPI)
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert warning_lines(train.stderr) == [said], train.stderr[-2000:]
+
+
 def test_the_probe_measures_each_level(tmp_path, cli):
     """Two levels (the second grows the network): per level, warm-up + N step times, the
     median after the warm-up, the peak memory of the rank, at one rank's share of the batch."""

@@ -50,6 +50,7 @@ def test_defaults():
     assert not hasattr(t, "fail_at_step")  # test hooks live in DEEPFUSION_FAULT, not the config
     assert (cfg.parallel.threads_per_rank, cfg.parallel.overlap, cfg.parallel.bucket_mb) == (
         0, False, 4.0)
+    assert cfg.parallel.max_useful_ranks == 0  # not stated: check gives the batches' limit
     assert (cfg.run.dir, cfg.run.progress) == ("runs/default", "auto")
     # mutable defaults are not shared between instances
     a, b = Config(), Config()
@@ -72,6 +73,7 @@ def test_every_section_is_kw_only_with_help():
     ("train.epochs=5", lambda c: c.train.epochs == 5),
     ("train.epochs=5.0", lambda c: c.train.epochs == 5 and type(c.train.epochs) is int),
     ("parallel.overlap=true", lambda c: c.parallel.overlap is True),
+    ("parallel.max_useful_ranks=16", lambda c: c.parallel.max_useful_ranks == 16),
     ("optim.name=sgd", lambda c: c.optim.name == "sgd"),                  # bare string
     ('optim.name="lbfgs"', lambda c: c.optim.name == "lbfgs"),           # quoted string
     ("run.dir=runs/x y", lambda c: c.run.dir == "runs/x y"),
@@ -153,6 +155,8 @@ def test_wrong_type_messages():
     ("data.test_seed=12345", "data.test_seed must differ from data.seed (0) and data.eval_seed"),
     ("train.fail_at_step=3", "unknown key 'train.fail_at_step'"),
     ("parallel.bucket_mb=0", "parallel.bucket_mb must be > 0.0"),
+    ("parallel.max_useful_ranks=-1", "parallel.max_useful_ranks must be >= 0, got -1"),
+    ("parallel.max_useful_ranks=2.5", "parallel.max_useful_ranks must be an int"),
     ("optim.switch_to_lbfgs_epoch=10", "optim.switch_to_lbfgs_epoch must be < train.epochs"),
     ("problem.options.grid=[8, 8]", "problem.options.grid is not allowed: set problem.grid"),
     ("run.dir=", "run.dir must be a non-empty directory path"),

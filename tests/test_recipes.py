@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -49,6 +50,45 @@ def test_recipe_loads(recipe):
     assert tuple(cfg.problem.grid) == GRIDS.get(recipe, (64, 64))
     for grid in {v.grid for v in plan(cfg)}:  # options valid on every level's grid
         get_problem(cfg.problem.name, grid=grid, **cfg.problem.options)
+
+
+def useful_column(page: str) -> dict[str, list[int]]:
+    """Per recipe, the leading number of the "largest useful rank count" cell of each table of
+    docs/recipes.md that has that column."""
+    found, col = {}, None
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") \
+            else None
+        if cells is None:
+            col = None
+        elif col is None:
+            hits = [i for i, c in enumerate(cells) if c.startswith("largest useful rank count")]
+            col = hits[0] if hits else None
+        elif re.match(r"\[?`[a-z0-9_]+\.toml`", cells[0]):
+            name = re.match(r"\[?`([a-z0-9_]+\.toml)`", cells[0]).group(1)
+            found.setdefault(name, []).append(int(re.match(r"\d+", cells[col]).group(0)))
+    return found
+
+
+def test_every_recipe_states_its_useful_rank_count_in_one_place():
+    """parallel.max_useful_ranks is set, launchable (within the batches' data-parallel limit),
+    and the header's "Up to N ranks" and both tables of docs/recipes.md say the same N."""
+    from deepfusion.app.preflight import data_limit
+    from deepfusion.config import load_config
+
+    with open(os.path.join(ROOT, "docs", "recipes.md")) as f:
+        docs = useful_column(f.read())
+    names = sorted(f for f in os.listdir(RECIPES) if f.endswith(".toml"))
+    assert sorted(docs) == names, "docs/recipes.md's tables list other recipes than configs/recipes"
+    for name in names:
+        path = os.path.join(RECIPES, name)
+        n = load_config(path).parallel.max_useful_ranks
+        assert 1 <= n <= data_limit(load_config(path)), (name, n)
+        with open(path) as f:
+            header = " ".join(line[2:] for line in f.read().split("\n\n")[0].splitlines())
+        said = re.search(r"Up to (\d+) ranks? \(parallel\.max_useful_ranks", header)
+        assert said and int(said.group(1)) == n, (name, n, header)
+        assert docs[name] == [n, n], (name, n, docs[name])
 
 
 TINY = ["problem.grid=[16,16]", "model.name=\"unet-small\"", "data.n_samples=32",

@@ -24,7 +24,7 @@ from ..engine.errors import InputError
 from ..engine.levels import plan
 from .policy import INPUT_ERRORS, ExitCode, raise_first, run_local
 from .preflight import (apply_resume, batch_warnings, check_batches, check_lock, check_run,
-                        data_limit, data_units)
+                        data_limit, data_units, useful_ranks_warning)
 
 RANKS_HELP = ("the number of MPI ranks of the job to check (nodes x ranks per node): the "
               "batches, the domain split and the messages are those of a launch on P ranks")
@@ -104,6 +104,7 @@ class Checked:
         return {"ranks": size, "units": units, "ranks_per_sample": cfg.parallel.blocks(),
                 "threads_per_rank": cfg.parallel.threads_per_rank,
                 "data_limit": data_limit(cfg), "levels": list(levels.values()),
+                "max_useful_ranks": cfg.parallel.max_useful_ranks,
                 "run_dir": cfg.run.dir, "notes": self.notes, "warnings": self.warnings}
 
 
@@ -126,7 +127,8 @@ def check_launch(config, sets, size: int, *, resume: bool = False, overwrite: bo
     from .build import build_checked  # torch: after the checks that need none
 
     build_checked(cfg, simulated(size, cfg.parallel.blocks()))
-    done.warnings += batch_warnings(cfg, size)
+    past = useful_ranks_warning(cfg, size)
+    done.warnings += ([past] if past else []) + batch_warnings(cfg, size)
     return done
 
 
@@ -185,11 +187,27 @@ def summary(r: dict, config, resume, overwrite) -> str:
         lines.append(f"  level {lv['level']} ({'x'.join(map(str, lv['grid']))}): global batch "
                      f"{lv['global_batch']} = {lv['per_unit']} per unit{micro}, "
                      f"{lv['steps']} step(s)")
-    per = f" x {d} ranks per sample" if d > 1 else ""
-    lines.append(f"  largest useful rank count: {r['data_limit']} ({r['data_limit'] // d} "
-                 f"data-parallel units{per}: every level's global batch splits evenly over them)")
+    lines.append(useful_line(r))
     lines.append(f"  run directory {r['run_dir']}: {state}")
     return "\n".join(lines)
+
+
+def useful_line(r: dict) -> str:
+    """The largest useful rank count: ``parallel.max_useful_ranks`` where the config states
+    one within the data-parallel limit, else that limit (what the batches allow at all)."""
+    d, limit, stated = r["ranks_per_sample"], r["data_limit"], r["max_useful_ranks"]
+    per = f" x {d} ranks per sample" if d > 1 else ""
+    allow = (f"{limit // d} data-parallel units{per}: every level's global batch splits evenly "
+             f"over them")
+    if not stated:
+        return f"  largest useful rank count: {limit} ({allow})"
+    if stated > limit:
+        return (f"  largest useful rank count: {limit} ({allow}; parallel.max_useful_ranks = "
+                f"{stated} is past what these batches allow)")
+    if stated == limit:
+        return f"  largest useful rank count: {limit} (parallel.max_useful_ranks; {allow})"
+    return (f"  largest useful rank count: {stated} (parallel.max_useful_ranks); the batches "
+            f"allow up to {limit}")
 
 
 def probe_text(r: dict) -> str:

@@ -94,6 +94,20 @@ def data_limit(cfg) -> int:
     return math.gcd(*(v.global_batch for v in plan(cfg))) * cfg.parallel.blocks()
 
 
+def useful_ranks_warning(cfg, size: int) -> str:
+    """The warning of a launch on more ranks than ``parallel.max_useful_ranks`` ("" within it,
+    or when the config states no limit): valid, but the ranks past it add cost, not speed."""
+    limit = cfg.parallel.max_useful_ranks
+    if not limit or size <= limit:
+        return ""
+    return (f"{size} ranks is past parallel.max_useful_ranks = {limit}, past which this "
+            f"config's time to its accuracy stops falling: the extra ranks cost core-hours "
+            f"without shortening the run. Run on {limit} ranks or fewer; for more, enlarge "
+            f"the global batch (data.global_batch, each train.levels[i].global_batch) or "
+            f"split every sample over ranks (parallel.domain), and set "
+            f"parallel.max_useful_ranks to that variant's limit")
+
+
 def batch_warnings(cfg, size: int) -> list[str]:
     """A level where ``size`` ranks leave one sample per data-parallel unit: the launch is
     valid but at the data-parallel limit there, so more ranks cannot help that level."""

@@ -204,7 +204,7 @@ class TrainConfig(Section):
 
 @dataclass(kw_only=True)
 class ParallelConfig(Section):
-    """[parallel]: threads and gradient communication."""
+    """[parallel]: threads, gradient communication, the domain split and the useful job size."""
 
     _section: ClassVar[str] = "parallel"
 
@@ -224,6 +224,12 @@ class ParallelConfig(Section):
                                "columns), one block per rank; the P ranks form P / prod(domain) "
                                "data-parallel groups that each hold whole samples; [] = no split",
                                item_ge=1, max_len=3)
+    max_useful_ranks: int = option(0, "the rank count past which this config's time to its "
+                                      "accuracy stops falling (a recipe's measured limit): "
+                                      "'deepfusion check --ranks P', 'train' and 'jobs render' "
+                                      "warn when P is larger, they do not refuse; 0 = not "
+                                      "stated (check then gives the batches' data-parallel "
+                                      "limit)", ge=0)
 
     def reuses_memory(self) -> bool:
         """Whether freed memory is kept for reuse (``reuse_memory``, "auto" resolved)."""
