@@ -21,6 +21,11 @@ t_sample (on this machine). Modelled: everything else (Amdahl over threads, the 
 links of jobs/clusters.toml, the halo exchanges); a cluster's cores are taken as fast as this
 machine's, so the figures compare layouts and node counts, not CPUs. The per-sample time does
 not shrink with the batch (micro-batches run one after another).
+
+With ``--config RECIPE`` instead of a study, the recipe's own plan is projected at its own batch
+(so at its measured test error), domain splits carrying it past the batch
+(``jobs.project_recipe``); ``--t-sample`` is then optional, one figure per level, and measured
+by ``deepfusion check``'s probe when left out.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import json
 import sys
 from pathlib import Path
 
+from deepfusion.engine.errors import InputError
 from jobs.domain_model import Net, choose_split, domain_step, parse_grid
 from jobs.model import DEFAULT_SERIAL_FRACTION, allreduce_time, amdahl, link_params
 from jobs.profiles import get_profile, load_profiles
@@ -99,6 +105,8 @@ def best_plan(prof: dict, nodes: int, steps: dict, args, net: Net) -> dict | Non
 
 
 def project(args) -> dict:
+    if args.config:
+        return project_recipe(args)
     with open(args.study) as f:
         study = json.load(f)
     steps = steps_to_target(study, args.family)
@@ -107,13 +115,9 @@ def project(args) -> dict:
     out = {}
     for name in args.clusters:
         prof = get_profile(name, profiles)
-        rows = [best_plan(prof, n, steps, args, net) for n in args.nodes]
-        base = next((r for r in rows if r), None)
-        for r in rows:
-            if r:
-                r["speedup"] = base["hours"] / r["hours"]
-        out[name] = rows
+        out[name] = speedups([best_plan(prof, n, steps, args, net) for n in args.nodes])
     return {"inputs": {"study": args.study, "family": args.family, "steps": steps,
+                       "nodes": args.nodes,
                        "t_sample": args.t_sample, "t_sample_threads": args.t_sample_threads,
                        "grid": list(args.grid), "params": args.params, "domain": args.domain,
                        "measured": "steps to target (the study) and t_sample (this machine)",
@@ -121,12 +125,55 @@ def project(args) -> dict:
             "projection": out}
 
 
+def project_recipe(args) -> dict:
+    from jobs import project_recipe as pr
+
+    cfg, levels = pr.recipe_levels(args.config, args.set)
+    if args.t_sample:
+        t_samples = [float(v) for v in args.t_sample.split(",")]
+        if len(t_samples) != len(levels):
+            raise ValueError(f"--t-sample gives {len(t_samples)} figure(s) for the {len(levels)} "
+                             f"level visit(s) of {args.config}: give one per visit, or none to "
+                             f"measure them with the probe")
+        measured = "steps (the recipe's plan) and t_sample (--t-sample)"
+    else:
+        t_samples = pr.probe_t_samples(cfg, levels, args.t_sample_threads)
+        measured = "t_sample (deepfusion check's probe on this host, one rank)"
+    net = pr.recipe_net(cfg, len(levels[0]["grid"]))
+    args.params = pr.param_count(net)
+    splits = pr.Splits(args.config, args.set, levels, net.depth)
+    out = {}
+    for name in args.clusters:
+        prof = get_profile(name, load_profiles(args.profiles))
+        out[name] = speedups([pr.best_recipe_plan(prof, n, levels, t_samples, args, net, splits)
+                              for n in args.nodes])
+    return {"inputs": {"config": args.config, "set": args.set, "family": args.config,
+                       "nodes": args.nodes,
+                       "levels": levels, "t_sample": t_samples,
+                       "t_sample_threads": args.t_sample_threads, "params": args.params,
+                       "measured": measured,
+                       "modelled": "step times on the clusters (alpha-beta links, Amdahl, halo "
+                                   "exchanges); the error reached is the recipe's own"},
+            "projection": out}
+
+
+def speedups(rows: list) -> list:
+    """The rows with their speed-up against the first (the fewest nodes) that can run."""
+    base = next((r for r in rows if r), None)
+    for r in rows:
+        if r:
+            r["speedup"] = base["hours"] / r["hours"]
+    return rows
+
+
 def table(doc: dict) -> str:
     lines = ["| cluster | nodes | batch | layout (ranks x threads, split) | steps | step s | "
              "hours to target | speed-up |", "|---|---|---|---|---|---|---|---|"]
     for name, rows in doc["projection"].items():
-        for r in rows:
+        for nodes, r in zip(doc["inputs"].get("nodes", []) or [None] * len(rows), rows):
             if r is None:
+                lines.append(f"| {name} | {nodes} | no layout: the batch cannot spread over "
+                             f"this many nodes | | | | | |")
                 continue
             split = f", domain {r['domain']}" if r["domain"] else ""
             lines.append(f"| {name} | {r['nodes']} | {r['batch']} ({r['rule']}) | "
@@ -158,14 +205,19 @@ def plot(doc: dict, path: Path) -> None:
 
 def build_parser(prog: str = "deepfusion jobs project") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--study", required=True, help="a report of lab/tools/batch_study.py (JSON)")
-    p.add_argument("--family", required=True, help="the study family to project")
-    p.add_argument("--t-sample", type=float, required=True,
-                   help="measured seconds per sample (forward + backward) on one rank")
+    p.add_argument("--study", help="a report of lab/tools/batch_study.py (JSON); or --config")
+    p.add_argument("--family", help="the study family to project (with --study)")
+    p.add_argument("--config", help="project this recipe's own plan at its own batch instead "
+                   "of a study's steps (TOML)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --config: override a config key (repeatable)")
+    p.add_argument("--t-sample", default=None,
+                   help="measured seconds per sample (forward + backward) on one rank; with "
+                   "--config one per level visit, comma-separated (default: the probe's)")
     p.add_argument("--t-sample-threads", type=int, default=1, help="threads of that rank")
     p.add_argument("--serial-fraction", type=float, default=DEFAULT_SERIAL_FRACTION,
                    help="Amdahl serial fraction of a rank's threads")
-    p.add_argument("--grid", type=parse_grid, required=True, help="the training grid, HxW")
+    p.add_argument("--grid", type=parse_grid, help="the training grid, HxW (with --study)")
     p.add_argument("--depth", type=int, default=4, help="U-Net depth (domain splits need "
                    "block sides that are multiples of 2**depth)")
     p.add_argument("--params", type=int, default=2_000_000, help="model parameters")
@@ -179,15 +231,33 @@ def build_parser(prog: str = "deepfusion jobs project") -> argparse.ArgumentPars
     return p
 
 
+def check_args(args) -> None:
+    """ValueError naming what is missing or wrong in the command line."""
+    if min(args.nodes) < 1:
+        raise ValueError("--nodes must be >= 1")
+    if args.config:
+        if args.study or args.family:
+            raise ValueError("give either --config (a recipe's own plan) or --study and "
+                             "--family (a batch study's steps), not both")
+        return
+    missing = [o for o, v in (("--study", args.study), ("--family", args.family),
+                              ("--grid", args.grid), ("--t-sample", args.t_sample)) if not v]
+    if missing:
+        raise ValueError(f"with a batch study, {', '.join(missing)} must be given (or project a "
+                         f"recipe's own plan with --config)")
+    args.t_sample = float(args.t_sample)
+    if args.t_sample <= 0:
+        raise ValueError("--t-sample must be > 0")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
         args.clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
-        if args.t_sample <= 0 or min(args.nodes) < 1:
-            raise ValueError("--t-sample must be > 0 and --nodes >= 1")
+        check_args(args)
         doc = project(args)
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)

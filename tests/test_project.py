@@ -47,3 +47,76 @@ def test_a_family_without_a_reached_target_is_refused(tmp_path, capsys):
     rc = project.main(["--study", str(tmp_path / "study.json"), "--family", "g",
                        "--t-sample", "0.01", "--grid", "64x64", "--out", str(tmp_path / "o")])
     assert rc == 2 and "no arm of family 'g'" in capsys.readouterr().err
+
+
+# -- a recipe's own plan (--config): its batch, its steps, domain splits past the batch --------
+RECIPE = """
+[problem]
+name = "poisson"
+grid = [64, 64]
+[model]
+name = "unet"
+options = {depth = 2, base_width = 4}
+[data]
+n_samples = 16
+global_batch = 4
+[train]
+[[train.levels]]
+grid = [32, 32]
+steps = 40
+[[train.levels]]
+grid = [64, 64]
+steps = 20
+%s
+[run]
+dir = "%s"
+"""
+
+
+def recipe(tmp_path, level2="", *extra):
+    cfg = tmp_path / "recipe.toml"
+    cfg.write_text(RECIPE % (level2, tmp_path / "run"))
+    argv = ["--config", str(cfg), "--nodes", "1,16,64", "--clusters", "stampede2",
+            "--out", str(tmp_path / "out"), *extra]
+    return project.main(argv), tmp_path / "out"
+
+
+def test_a_recipe_keeps_its_batch_and_splits_samples_past_it(tmp_path):
+    rc, out = recipe(tmp_path, "", "--t-sample", "0.01,0.04")
+    assert rc == 0
+    doc = json.loads((out / "project.json").read_text())
+    assert [lv["steps"] for lv in doc["inputs"]["levels"]] == [40, 20]
+    rows = doc["projection"]["stampede2"]
+    for r in rows:
+        assert r["batch"] == "4/4" and r["steps"] == 60
+        split = r["domain"] or [1]
+        per_sample = split[0] * split[-1] if len(split) > 1 else 1
+        assert 4 % (r["ranks"] // per_sample) == 0     # the groups divide the recipe's batch
+    assert rows[-1]["ranks"] > 4 and rows[-1]["domain"]  # more ranks than samples: a split
+    assert rows[-1]["hours"] < rows[0]["hours"]
+
+
+def test_a_recipe_that_grows_its_network_is_never_split(tmp_path):
+    rc, out = recipe(tmp_path, "prolong = true", "--t-sample", "0.01,0.04")
+    assert rc == 0
+    rows = json.loads((out / "project.json").read_text())["projection"]["stampede2"]
+    assert rows[0]["domain"] is None and rows[0]["ranks"] <= 4
+    assert rows[1:] == [None, None]     # batch 4 and no split: 16 nodes have nothing to run
+    assert "| 16 | no layout" in (out / "project.md").read_text()
+
+
+def test_a_recipe_is_probed_when_no_sample_time_is_given(tmp_path):
+    rc, out = recipe(tmp_path)
+    assert rc == 0
+    doc = json.loads((out / "project.json").read_text())
+    assert len(doc["inputs"]["t_sample"]) == 2 and min(doc["inputs"]["t_sample"]) > 0
+    assert "probe" in doc["inputs"]["measured"]
+
+
+def test_bad_recipe_command_lines_are_refused(tmp_path, capsys):
+    rc, _ = recipe(tmp_path, "", "--t-sample", "0.01")
+    assert rc == 2 and "one per visit" in capsys.readouterr().err
+    rc, _ = recipe(tmp_path, "", "--study", "s.json")
+    assert rc == 2 and "not both" in capsys.readouterr().err
+    assert project.main(["--family", "f", "--out", str(tmp_path / "o")]) == 2
+    assert "--study, --grid, --t-sample must be given" in capsys.readouterr().err

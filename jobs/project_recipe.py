@@ -1,0 +1,139 @@
+"""Projected time to a recipe's own accuracy on a cluster: the recipe's plan as it is (its
+levels' grids, global batches and steps: the run that measured its test error) times the
+modelled step time of the best layout for each node count.
+
+    deepfusion jobs project --config configs/recipes/burgers_512_c16_basin.toml --out DIR
+
+The batch is the recipe's, so the error reached is the recipe's measured test error, not a
+projection; what more nodes buy is more ranks per step. Data parallelism stops at the global
+batch; a split of each sample over ``k`` ranks (``parallel.domain``) carries a level past it
+wherever the recipe can split (no grown network, a split the network's depth and the problem
+accept: ``deepfusion check`` decides, once per candidate split). One layout serves the whole
+run, as in a real job: P = nodes x r ranks (r ranks per node, T = cores / r threads each) in
+G = P / k groups, G dividing every level's batch, and
+
+    t_sample_l(k) = jobs.domain_model.domain_step's compute + halo + norm time of one sample
+                    of level l on k ranks (k = 1: amdahl(t_sample_l, T)),
+    time          = sum over levels of steps_l * (ceil(B_l / G) * t_sample_l(k)
+                                                  + allreduce(P, 4 * params)).
+
+Measured: t_sample_l, by ``deepfusion check``'s probe on this host (or ``--t-sample``, one per
+level); modelled: the rest, as in ``jobs.project``.
+"""
+from __future__ import annotations
+
+import math
+
+from jobs.domain_model import Net, choose_split, domain_step, param_count, valid_split
+from jobs.model import allreduce_time, amdahl, link_params
+
+
+def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
+    """(the checked config, [{grid, batch, steps, grows}] per visit of its plan)."""
+    from deepfusion.app.check_cli import check_launch
+    from deepfusion.engine.levels import plan
+
+    cfg = check_launch(config, sets, 1, here=False).cfg
+    levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
+               "steps": v.steps, "grows": bool(v.inner_grid)} for v in plan(cfg)]
+    return cfg, levels
+
+
+def recipe_net(cfg, dims: int) -> Net:
+    """The modelled U-Net of the recipe's model options (the generator's defaults elsewhere)."""
+    o = cfg.model.options
+    return Net(dims=dims, depth=int(o.get("depth", 4)), base_width=int(o.get("base_width", 16)),
+               max_width=int(o.get("max_width", 128)))
+
+
+def probe_t_samples(cfg, levels: list[dict], threads: int) -> list[float]:
+    """Seconds per sample of each visit, from ``deepfusion check``'s probe on one rank."""
+    from dataclasses import replace
+
+    from deepfusion.app.probe import run_probe
+
+    one = replace(cfg, parallel=replace(cfg.parallel, domain=[], threads_per_rank=threads))
+    measured = {lv["level"]: lv["median_step_s"] / lv["local_batch"]
+                for lv in run_probe(one, 1, threads)["levels"]}
+    return [measured[lv["level"]] for lv in levels]
+
+
+class Splits:
+    """Which ``k`` ranks per sample a recipe accepts: a split valid on every level's grid
+    (``choose_split`` on the first, then ``valid_split``) that ``deepfusion check`` passes."""
+
+    def __init__(self, config: str, sets: list, levels: list[dict], depth: int):
+        self.config, self.sets, self.levels, self.depth = config, list(sets), levels, depth
+        self.cache: dict[int, tuple | None] = {1: ()}
+
+    def __call__(self, k: int):
+        if k not in self.cache:
+            self.cache[k] = self.find(k)
+        return self.cache[k]
+
+    def find(self, k: int):
+        if any(lv["grows"] for lv in self.levels):
+            return None
+        split = choose_split(self.levels[0]["grid"], k, self.depth)
+        if split is None or not all(valid_split(lv["grid"], split, self.depth)
+                                    for lv in self.levels):
+            return None
+        from deepfusion.app.check_cli import check_launch
+
+        domain = "[" + ", ".join(map(str, split)) + "]"
+        try:
+            check_launch(self.config, [*self.sets, f"parallel.domain={domain}"], k, here=False)
+        except Exception:  # any refusal of train's checks: the recipe cannot run on this split
+            return None
+        return split
+
+
+def level_sample_time(net: Net, grid, split, r: int, t_rank: float, prof: dict):
+    """Seconds of one sample of ``grid`` on the ranks of ``split`` (() = one rank); None if
+    the model has no row for it (the split's ranks do not fill whole nodes)."""
+    if not split:
+        return t_rank
+    row = domain_step(net, grid, split, min(r, math.prod(split)), t_rank, prof, params=0)
+    return None if row is None else row["t_compute"] + row["t_halo"] + row["t_norm"]
+
+
+def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
+    """(hours, per-level step seconds) of the recipe on one layout; None if it cannot run."""
+    p = nodes * r
+    groups = p // k
+    if any(lv["batch"] % groups for lv in levels):
+        return None
+    alpha, beta = link_params(prof, nodes)
+    t_grad = allreduce_time(p, 4.0 * args.params, alpha, beta)[0]
+    steps_s = []
+    for lv, ts in zip(levels, t_samples):
+        t_rank = amdahl(ts, args.t_sample_threads, threads, args.serial_fraction)
+        per = level_sample_time(net, lv["grid"], split, r, t_rank, prof)
+        if per is None:
+            return None
+        steps_s.append((lv["batch"] // groups) * per + t_grad)
+    hours = sum(lv["steps"] * s for lv, s in zip(levels, steps_s)) / 3600
+    return hours, steps_s
+
+
+def best_recipe_plan(prof: dict, nodes: int, levels, t_samples, args, net, splits) -> dict | None:
+    """The fastest layout of the recipe on ``nodes`` nodes of ``prof``."""
+    from jobs.project import layouts
+
+    best = None
+    for r, threads in layouts(prof):
+        p = nodes * r
+        for k in (d for d in range(1, p + 1) if p % d == 0):
+            split = splits(k)
+            if split is None:
+                continue
+            got = plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net)
+            if got is None:
+                continue
+            row = dict(nodes=nodes, batch="/".join(str(lv["batch"]) for lv in levels),
+                       rule="recipe", steps=sum(lv["steps"] for lv in levels),
+                       ranks_per_node=r, threads_per_rank=threads, ranks=p,
+                       domain=list(split) or None, t_step=max(got[1]), hours=got[0])
+            if best is None or row["hours"] < best["hours"]:
+                best = row
+    return best
