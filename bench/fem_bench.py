@@ -11,7 +11,7 @@ nodes) and each of S draws (``sample_params(seed, range(S))`` of ``get_problem("
 grid=(N, N), family=...)``; seed 271828 is ``data.test_seed``'s default, the draws ``deepfusion
 evaluate`` tests on; ``--problem`` names another problem whose input channel 0 is nu, 2-D or
 3-D, on an N x N (x N) grid) the linear system is assembled exactly as ``reference_solution``
-assembles it (``assemble_diffusion`` / ``assemble_diffusion_3d`` with the problem's lengths and
+assembles it (``assemble_diffusion``, 2-D or 3-D, with the problem's lengths and
 ``diffusion_options``: harmonic face means, the problem's source and Dirichlet values, Dirichlet
 nodes eliminated), timed apart, and solved by
 
@@ -110,13 +110,11 @@ def draw_nu(p, params, i: int):
 
 
 def assemble(p, nu):
-    """The reference solver's system of ``nu`` (as ``solve_nu`` calls ``solve_diffusion`` or
-    ``solve_diffusion_3d``)."""
-    from diffnet.reference import assemble_diffusion, assemble_diffusion_3d
+    """The reference solver's system of ``nu`` (as ``solve_nu`` calls ``solve_diffusion``)."""
+    from diffnet.reference import assemble_diffusion
 
     lengths = tuple(ax.hi - ax.lo for ax in p.axes)
-    fn = assemble_diffusion_3d if nu.ndim == 3 else assemble_diffusion
-    return fn(nu, lengths=lengths, **p.diffusion_options())
+    return assemble_diffusion(nu, lengths=lengths, **p.diffusion_options())
 
 
 def check_problem(name: str) -> None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diffnet.reference import (DIRECT_MAX_UNKNOWNS_3D, assemble_diffusion_3d,
-                               solve_diffusion_3d)
+from diffnet.reference import DIRECT_MAX_UNKNOWNS, assemble_diffusion, solve_diffusion
 
 PI = np.pi
 
@@ -31,7 +30,7 @@ def test_constant_nu_gives_the_linear_solution(method, face_mean):
     """Constant nu: u = 1 - x / Lx solves the scheme exactly (to the solver's tolerance: direct
     rounding; AMG relative residual 1e-10 -> 1e-9 nodal)."""
     z, y, x = box(5, 7, 9, lengths=(0.5, 2.0, 1.5))
-    u = solve_diffusion_3d(np.full(x.shape, 0.3), lengths=(0.5, 2.0, 1.5), method=method,
+    u = solve_diffusion(np.full(x.shape, 0.3), lengths=(0.5, 2.0, 1.5), method=method,
                            face_mean=face_mean)
     tol = 1e-12 if method == "direct" else 1e-9
     np.testing.assert_allclose(u, 1.0 - x / 1.5, atol=tol, rtol=0)
@@ -56,7 +55,7 @@ def test_nu_of_x_with_1_over_nu_linear_between_nodes_is_exact(inv_nu):
     closed form itself is the trapezoid sum here, exact for piecewise-linear 1/nu), and u
     depends on x alone."""
     z, y, x = box(4, 5, 17)
-    u = solve_diffusion_3d(1.0 / inv_nu(x), method="direct")
+    u = solve_diffusion(1.0 / inv_nu(x), method="direct")
     xs = x[0, 0]
     g = inv_nu(xs)
     cum = np.concatenate([[0.0], np.cumsum(0.5 * (g[1:] + g[:-1]) * np.diff(xs))])
@@ -74,7 +73,7 @@ def test_smooth_nu_of_x_against_the_closed_form_second_order(face_mean):
     errs = []
     for w in (9, 17, 33, 65):
         z, y, x = box(4, 4, w)
-        u = solve_diffusion_3d(nu_x(x), face_mean=face_mean, method="direct")
+        u = solve_diffusion(nu_x(x), face_mean=face_mean, method="direct")
         assert np.ptp(u, axis=(0, 1)).max() < 1e-12
         errs.append(np.abs(u[1, 2] - closed_form(lambda t: 1.0 / nu_x(t), x[0, 0])).max())
     got = orders(errs)
@@ -102,7 +101,7 @@ def test_manufactured_solution_second_order_with_neumann_half_cells():
     errs = []
     for n in (9, 17, 33):
         nu, f, exact = manufactured(n)
-        u = solve_diffusion_3d(nu, f=f)
+        u = solve_diffusion(nu, f=f)
         assert np.all(u[..., 0] == 1) and np.all(u[..., -1] == 0)
         errs.append(np.abs(u - exact).max())
     got = orders(errs)
@@ -113,7 +112,7 @@ def test_manufactured_solution_second_order_with_neumann_half_cells():
 def test_all_zero_torsion_symmetric_and_near_the_known_value():
     """-lap u = 1, u = 0 on the unit cube: symmetric under every axis reflection and axis swap,
     centre value 0.05588 at 17^3 (0.05613 at 33^3) -> 0.0562 (the cube's torsion maximum)."""
-    u = solve_diffusion_3d(np.ones((17, 17, 17)), f=1.0, dirichlet="all_zero", method="direct")
+    u = solve_diffusion(np.ones((17, 17, 17)), f=1.0, dirichlet="all_zero", method="direct")
     for v in (u[::-1], u[:, ::-1], u[..., ::-1], u.transpose(1, 0, 2), u.transpose(2, 1, 0)):
         np.testing.assert_allclose(v, u, atol=1e-14, rtol=0)
     assert 0.0555 < u[8, 8, 8] < 0.0565
@@ -128,8 +127,8 @@ def kl_nu(n):
 
 def test_direct_and_amg_agree_and_the_maximum_principle_holds():
     nu = kl_nu(17)
-    ud, infod = solve_diffusion_3d(nu, method="direct", return_info=True)
-    ua, infoa = solve_diffusion_3d(nu, method="amg", return_info=True)
+    ud, infod = solve_diffusion(nu, method="direct", return_info=True)
+    ua, infoa = solve_diffusion(nu, method="amg", return_info=True)
     assert infod["method"] == "direct" and infoa["method"] == "amg"
     assert infoa["residual"] < 1e-9 and infoa["iterations"] > 0
     np.testing.assert_allclose(ua, ud, atol=1e-8, rtol=0)
@@ -137,17 +136,17 @@ def test_direct_and_amg_agree_and_the_maximum_principle_holds():
 
 
 def test_auto_switches_to_amg_above_the_threshold():
-    _, small = solve_diffusion_3d(kl_nu(9), return_info=True)
+    _, small = solve_diffusion(kl_nu(9), return_info=True)
     assert small["method"] == "direct" and small["n_unknowns"] == 9 * 9 * 7
-    _, large = solve_diffusion_3d(kl_nu(17), return_info=True)
-    assert large["n_unknowns"] == 17 * 17 * 15 > DIRECT_MAX_UNKNOWNS_3D
+    _, large = solve_diffusion(kl_nu(17), return_info=True)
+    assert large["n_unknowns"] == 17 * 17 * 15 > DIRECT_MAX_UNKNOWNS[3]
     assert large["method"] == "amg"
 
 
 def test_matrix_is_symmetric_and_conservative():
     """Symmetric; with no Dirichlet elimination the rows would sum to zero, so here the row sums
     are exactly the conductances to the eliminated Dirichlet faces (b = row-sum at x = 0)."""
-    a, b, free, u_full = assemble_diffusion_3d(kl_nu(6))
+    a, b, free, u_full = assemble_diffusion(kl_nu(6))
     assert abs(a - a.T).max() < 1e-12 * abs(a).max()
     rows = np.asarray(a.sum(axis=1)).ravel()
     free_x = np.argwhere(free)[:, 2]
@@ -155,8 +154,21 @@ def test_matrix_is_symmetric_and_conservative():
     np.testing.assert_allclose(b[free_x == 1], rows[free_x == 1], rtol=1e-12)
 
 
+def test_a_field_constant_along_z_solves_like_its_2d_slice():
+    """One assembly for 2-D and 3-D: with nu and f constant along z and zero flux through the
+    z-faces, every z-slice of the 3-D solution is the 2-D solution of the slice (to rounding),
+    whatever the box's depth."""
+    rng = np.random.default_rng(5)
+    nu2 = np.exp(rng.normal(size=(7, 9)))
+    f2 = rng.normal(size=(7, 9))
+    u2 = solve_diffusion(nu2, f=f2, lengths=(0.8, 1.2))
+    nu3, f3 = (np.broadcast_to(a, (5, 7, 9)) for a in (nu2, f2))
+    u3 = solve_diffusion(nu3, f=f3, lengths=(0.5, 0.8, 1.2))
+    np.testing.assert_allclose(u3, np.broadcast_to(u2, u3.shape), rtol=0, atol=1e-13)
+
+
 @pytest.mark.parametrize("kwargs, word", [
-    (dict(nu=np.ones((5, 5))), "nu"),
+    (dict(nu=np.ones((5, 5, 5, 5))), "nu"),
     (dict(nu=np.ones((2, 5, 5))), "nu"),
     (dict(nu=-np.ones((5, 5, 5))), "nu"),
     (dict(nu=np.full((5, 5, 5), np.nan)), "nu"),
@@ -172,4 +184,4 @@ def test_matrix_is_symmetric_and_conservative():
 def test_bad_arguments_name_the_argument(kwargs, word):
     nu = kwargs.pop("nu")
     with pytest.raises(ValueError, match=word):
-        solve_diffusion_3d(nu, **kwargs)
+        solve_diffusion(nu, **kwargs)

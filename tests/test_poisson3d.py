@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, get_problem, problem_options
-from diffnet.problems.fields3d import kl_modes_3d, log_nu_bound_3d
-from diffnet.reference import assemble_diffusion_3d
+from diffnet.problems.fields import kl_modes, log_nu_bound
+from diffnet.reference import assemble_diffusion
 from diffnet.stencils import KINDS
 
 GRID = (8, 10, 12)   # (D, H, W) = (z, y, x)
@@ -82,9 +82,9 @@ def test_sampler_deterministic_and_bounded():
 
 
 def test_documented_modes_and_bounds():
-    assert kl_modes_3d(6) == [(0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 1, 1), (0, 1, 2), (0, 2, 1)]
-    assert log_nu_bound_3d(4, (-3, 3)) == pytest.approx(3 * (3 / 3 + 1 / 4))
-    assert log_nu_bound_3d(6, (-3, 3)) == pytest.approx(4.75)
+    assert kl_modes(6, 3) == [(0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 1, 1), (0, 1, 2), (0, 2, 1)]
+    assert log_nu_bound(4, (-3, 3), 3) == pytest.approx(3 * (3 / 3 + 1 / 4))
+    assert log_nu_bound(6, (-3, 3), 3) == pytest.approx(4.75)
     lo, hi = make().nu_range()
     assert lo == pytest.approx(np.exp(-3.75)) and hi == pytest.approx(np.exp(3.75))
 
@@ -99,7 +99,7 @@ def test_nu_is_the_documented_formula_on_the_z_y_x_grid():
     x = p.build_input(omega, dtype=F64)[0]
     z, y, xs = np.meshgrid(*(np.linspace(0, 1, n) for n in GRID), indexing="ij")
     want = sum(w * np.cos(k * np.pi * xs) * np.cos(l * np.pi * y) * np.cos(m * np.pi * z)
-               / (1 + k * k + l * l + m * m) for w, (k, l, m) in zip(omega[0], kl_modes_3d(4)))
+               / (1 + k * k + l * l + m * m) for w, (k, l, m) in zip(omega[0], kl_modes(4, 3)))
     np.testing.assert_allclose(x[1].numpy(), want, rtol=0, atol=1e-13)
     np.testing.assert_allclose(x[0].numpy(), np.exp(want), rtol=1e-13)
     np.testing.assert_allclose(p.nu_nodes(omega[0]), np.exp(want), rtol=1e-13)
@@ -107,7 +107,7 @@ def test_nu_is_the_documented_formula_on_the_z_y_x_grid():
 
 def test_inputs_are_within_the_family_range_and_solutions_are_genuinely_3d():
     """Every draw's nu lies in nu_range(); the reference solution varies along z and along y
-    (with single-axis modes in the sum it would not: see fields3d)."""
+    (with single-axis modes in the sum it would not: see diffnet.problems.fields)."""
     p = make()
     params, x = inputs(p, n=4)
     lo, hi = p.nu_range()
@@ -166,14 +166,29 @@ def test_energy_gradient_vanishes_at_the_reference_solution():
     assert torch.all(e_ref < e_pert)
 
 
+@pytest.mark.parametrize("kw", [{}, {"quadrature": "nodes", "stencil": "central"},
+                                {"loss": "residual"}])
+def test_a_field_constant_along_z_has_the_2d_loss_of_its_slice(kw):
+    """One loss for 2-D and 3-D: u and nu constant along z give the 2-D problem's "pde" term
+    of the (y, x) slice (per unit volume vs per unit area: the same number), to rounding."""
+    p3, p2 = make(**kw), get_problem("poisson", grid=GRID[1:], **kw)
+    _, x2 = inputs(p2, n=2)
+    x3 = x2[:, :, None].expand(-1, -1, GRID[0], -1, -1)
+    g = torch.Generator().manual_seed(6)
+    raw = torch.randn((2, 1, *GRID[1:]), generator=g, dtype=F64)
+    t2 = p2.loss_terms(p2.impose(raw, x2), x2)
+    t3 = p3.loss_terms(p3.impose(raw[:, :, None].expand(-1, -1, GRID[0], -1, -1), x3), x3)
+    torch.testing.assert_close(t3["pde"], t2["pde"], rtol=1e-12, atol=0)
+
+
 def test_energy_is_the_solver_quadratic_form():
-    """E(u* + v) - E(u*) = v_I.A v_I / 2 with A = assemble_diffusion_3d's matrix (unit cube:
+    """E(u* + v) - E(u*) = v_I.A v_I / 2 with A = assemble_diffusion's matrix (unit cube:
     the energy is normalised by the volume 1), to 1e-10 relative: the loss and the reference
     are the same discrete problem, so the loss's minimiser IS the reference solution."""
     p = make()
     params, x = inputs(p, n=1, seed=3)
     nu = x[0, 0].numpy()
-    a, _, free, _ = assemble_diffusion_3d(nu)
+    a, _, free, _ = assemble_diffusion(nu)
     ref = torch.tensor(p.reference_solution(params[0], method="direct"))[None, None]
     rng = np.random.default_rng(4)
     for _ in range(3):

@@ -17,7 +17,9 @@ undivided arithmetic is what one would write without a split:
 * ``total(b, part)``: the sum of the blocks' parts, on every block: the inside of a
   non-linear reduction (a norm, a ratio); ``share(b, value)``: this block's share of a value
   every block holds (a function of totals), so that the shares add up to it;
-* ``cut(b, field)``: the block's part of a global mask or weight (size-1 axes kept).
+* ``cut(b, field)``: the block's part of a global mask or weight (size-1 axes kept);
+  ``block_coords(problem, b)``: the 1-D node coordinates of the block, so that a field
+  evaluated pointwise on them is the whole grid's field cut to the block, bit for bit.
 
 A plain per-node sum ``t.sum(dims)`` (a quadrature with weights cut by ``cut``) needs nothing:
 every node lies on exactly one block. Derivatives come from
@@ -35,7 +37,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from ..domain import Block
 
 SIDES = ("lo", "hi")
 
@@ -50,6 +55,19 @@ def cut(block, field: torch.Tensor) -> torch.Tensor:
         if field.shape[lead + a] != 1 or block.grid[a] == 1:
             field = field.narrow(lead + a, s, n)
     return field
+
+
+def block_coords(problem, block: Block | None = None) -> list[np.ndarray]:
+    """The 1-D node coordinates of ``block`` of ``problem``'s grid (default: the whole grid),
+    one array per axis in grid order: slices of ``problem.coords()``, so a field evaluated
+    pointwise on them is the whole grid's field cut to the block, bit for bit. ValueError if
+    ``block`` is a block of another grid."""
+    block = Block(problem.grid) if block is None else block
+    if tuple(block.grid) != tuple(problem.grid):
+        raise ValueError(f"block {block!r} is a block of grid {list(block.grid)}, but problem "
+                         f"{problem.name!r} is on grid {list(problem.grid)}")
+    c = problem.coords()
+    return [c[a.name][s:s + n] for a, s, n in zip(problem.axes, block.start, block.shape)]
 
 
 def _margins(block, interior) -> tuple[int, ...]:

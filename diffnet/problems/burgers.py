@@ -12,9 +12,8 @@ from ..stencils import KINDS, FiniteDifference, check_block_sizes
 from ..validation import check_bool, check_choice, check_int, check_number, check_range
 from .answer_check import characteristic_residual
 from .base import Axis, Problem
-from .blocks import mean_part
+from .blocks import block_coords, mean_part
 from .burgers_fv import FiniteVolumeResiduals
-from .fields import block_coords
 from .lax_oleinik import basin_targets, lax_oleinik_nodes, lax_oleinik_value, smoothing_points
 
 FORMS = ("conservative", "advective")

@@ -1,31 +1,41 @@
-"""Shared pieces of the elliptic problems: the KL-type log-normal diffusivity and quadrature.
+"""The elliptic problems' shared pieces, for any number of grid axes: the KL-type log-normal
+diffusivity, quadrature weights, and the diffusion energy of node fields (2-D and 3-D alike).
 
-Diffusivity (Poisson and reaction-diffusion)::
+Diffusivity (Poisson, reaction-diffusion, the 3-D Poisson), on the node grid of axes
+(y, x) in 2-D, (z, y, x) in 3-D::
 
-    nu(x, y; omega) = exp( sum_{i=1..m} omega_i * lambda_i * xi_i(x) * eta_i(y) ),
-    xi_i(x) = cos(k_i pi x / Lx),   eta_i(y) = cos(l_i pi y / Ly),
-    lambda_i = 1 / (1 + k_i^2 + l_i^2).
+    nu(omega) = exp( sum_{i=1..m} omega_i * lambda_i * cos(k_i pi x / Lx) * cos(l_i pi y / Ly)
+                                                    [* cos(m_i pi z / Lz) in 3-D] ),
+    lambda_i = 1 / (1 + k_i^2 + l_i^2 [+ m_i^2]).
 
-The modes (k_i, l_i) run over the integer pairs != (0, 0), ordered by frequency k^2 + l^2,
-ties broken by k (so (0,1), (1,0), (1,1), (0,2), (2,0), (1,2), (2,1), (2,2), (0,3), ...).
-The cosines satisfy the zero-flux condition of the Poisson problem's y-walls (a smooth, even
-reflection of the field) and lambda_i decays like an algebraic spectrum, as in a KL expansion of
-a smooth covariance. Every mode has amplitude <= 1, so
+The modes run over the integer tuples by frequency k^2 + l^2 (+ m^2), ties broken by k, then l
+(``kl_modes``). In 2-D every pair but (0, 0): (0,1), (1,0), (1,1), (0,2), (2,0), (1,2), ...
+In 3-D only the triples with AT LEAST TWO non-zero entries: (0,1,1), (1,0,1), (1,1,0), (1,1,1),
+(0,1,2), (0,2,1), ... Why not every triple: the first three would be the single-axis cosines,
+and with 4 terms log nu = A(x) + B(y, z), i.e. nu = a(x) b(y, z), for which the solution is u(x)
+alone (div(a b grad u) = b (a u')' = 0 with zero y- and z-fluxes; exactly so for the
+finite-volume scheme too, whose harmonic faces factor the same way): a 1-D family in a 3-D box.
+The modes kept couple every pair of axes from the first three terms on, so no axis separates
+(``tests/test_poisson3d.py`` checks that the solutions vary along z and y).
 
-    |log nu| <= max|omega| * sum_i lambda_i,
+The cosines satisfy the zero-flux condition of the Poisson walls (a smooth, even reflection of
+the field) and lambda_i decays like an algebraic spectrum, as in a KL expansion of a smooth
+covariance. Every mode has amplitude <= 1, so
 
-and the bound is attained at a domain corner (all cosines are +-1 there). With omega in [-3, 3]:
-m = 4 gives sum lambda = 1/2 + 1/2 + 1/3 + 1/5 = 1.533, |log nu| <= 4.6, nu in [0.010, 99.5];
-m = 6 gives sum lambda = 1.9, |log nu| <= 5.7, nu in [0.0033, 299] (`log_nu_bound`). Typical samples are much
-milder (the terms rarely align), but the family does contain contrasts of 10^4.
+    |log nu| <= max|omega| * sum_i lambda_i            (``log_nu_bound``),
 
-Quadrature: ``trapezoid_weights`` gives the nodal weights of the composite trapezoidal rule on the
-node grid (boundary nodes half, corners a quarter), normalised by the domain area so that a
-weighted sum is the *mean* of the integrand (O(1), independent of the grid size).
+attained at a domain corner (all cosines are +-1 there). With omega in [-3, 3], in 2-D: m = 4
+gives sum lambda = 1/2 + 1/2 + 1/3 + 1/5 = 1.533, |log nu| <= 4.6, nu in [0.010, 99.5]; m = 6:
+1.9, 5.7, nu in [0.0033, 299]. In 3-D: m = 4 gives 3/3 + 1/4 = 1.25, 3.75, nu in [0.024, 42.5];
+m = 5: 1.417, 4.25, nu in [0.014, 70.1]; m = 6: 1.583, 4.75, nu in [0.0087, 116]. Typical
+samples are much milder (the terms rarely align), but the 2-D family does contain contrasts
+of 10^4.
 
-The KL functions (``kl_modes``, ``kl_eigenvalues``, ``log_diffusivity``, ``log_nu_bound``) and
-the weights (``axis_weights``, ``nodal_weights``, ``trapezoid_weights``) are written once for
-any number of grid axes; the formulas above are their 2-D case, ``fields3d`` states the 3-D one.
+Quadrature: ``trapezoid_weights`` gives the nodal weights of the composite trapezoidal rule on
+the node grid (a boundary node has half an interior node's weight per boundary it is on),
+normalised by the domain's measure so that a weighted sum is the *mean* of the integrand (O(1),
+independent of the grid size); ``axis_weights`` are its 1-D factors. The diffusion energy's
+quadratures: ``KLDiffusionProblem``.
 """
 from __future__ import annotations
 
@@ -39,10 +49,11 @@ import numpy as np
 import torch
 
 from ..domain import Block
-from ..stencils import KINDS, FiniteDifference, check_block_sizes
+from ..stencils import KINDS, FiniteDifference, check_block_sizes, derivative_names
 from ..validation import check_array, check_choice, check_int, check_range
 from .answer_check import elliptic_residual
 from .base import Axis, Problem
+from .blocks import block_coords
 
 
 def kl_modes(n_terms: int, dims: int = 2) -> list[tuple[int, ...]]:
@@ -50,8 +61,8 @@ def kl_modes(n_terms: int, dims: int = 2) -> list[tuple[int, ...]]:
     axes in reverse: (k, l) in 2-D, (k, l, m) in 3-D (k along x, l along y, m along z).
 
     A mode has at least max(1, dims - 1) non-zero entries: every pair but (0, 0) in 2-D, the
-    triples coupling at least two axes in 3-D (``fields3d`` says why). Ordered by k^2 + l^2 + ...,
-    then k, then l, ...
+    triples coupling at least two axes in 3-D (the module docstring says why). Ordered by
+    k^2 + l^2 + ..., then k, then l, ...
     """
     n = int(math.isqrt(int(n_terms))) + 2
     least = max(1, dims - 1)
@@ -92,21 +103,17 @@ def log_nu_bound(n_terms: int, omega_range, dims: int = 2) -> float:
                  * kl_eigenvalues(n_terms, dims).sum())
 
 
-def edge_weights(n: int) -> torch.Tensor:
-    """(n,) 1-D trapezoidal weights normalised to sum to 1 (the two end nodes get half)."""
-    wv = torch.full((n,), 1.0 / (n - 1), dtype=torch.float64)
-    wv[0] = wv[-1] = 0.5 / (n - 1)
-    return wv
-
-
 def axis_weights(grid, like: torch.Tensor) -> list[torch.Tensor]:
-    """Normalised 1-D trapezoidal weights (each sums to 1) of every grid axis, shaped to
-    broadcast along it: (1, 1, H, 1), (1, 1, 1, W) in 2-D, in ``like``'s dtype and device."""
+    """Normalised 1-D trapezoidal weights (each sums to 1, the two end nodes get half) of every
+    grid axis, shaped to broadcast along it: (1, 1, H, 1), (1, 1, 1, W) in 2-D, in ``like``'s
+    dtype and device."""
     out = []
     for axis, n in enumerate(grid):
+        w = torch.full((n,), 1.0 / (n - 1), dtype=torch.float64)
+        w[0] = w[-1] = 0.5 / (n - 1)
         shape = [1] * (2 + len(grid))
         shape[2 + axis] = n
-        out.append(edge_weights(n).to(like).view(shape))
+        out.append(w.to(like).view(shape))
     return out
 
 
@@ -127,19 +134,6 @@ def harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 2.0 * a * b / (a + b)
 
 
-def block_coords(problem, block: Block | None = None) -> list[np.ndarray]:
-    """The 1-D node coordinates of ``block`` of ``problem``'s grid (default: the whole grid),
-    one array per axis in grid order: slices of ``problem.coords()``, so a field evaluated
-    pointwise on them is the whole grid's field cut to the block, bit for bit. ValueError if
-    ``block`` is a block of another grid."""
-    block = Block(problem.grid) if block is None else block
-    if tuple(block.grid) != tuple(problem.grid):
-        raise ValueError(f"block {block!r} is a block of grid {list(block.grid)}, but problem "
-                         f"{problem.name!r} is on grid {list(problem.grid)}")
-    c = problem.coords()
-    return [c[a.name][s:s + n] for a, s, n in zip(problem.axes, block.start, block.shape)]
-
-
 # ----------------------------------------------------------------------------------------------
 # Shared base of the two elliptic families (diffusivity sampling, inputs, energy quadrature).
 # ----------------------------------------------------------------------------------------------
@@ -151,9 +145,9 @@ class DiffusivityInputs:
     """Inputs and reference of a problem whose coefficient is a diffusivity nu > 0 at the
     nodes, for any number of axes. The class gives ``log_nu(params)`` (n, *grid),
     ``solve_nu(nu, method)`` and ``system_nu(nu)`` (the assembled ``ReferenceSystem``, which
-    ``refine`` solves from an initial guess). Input channels ("nu", "log_nu"): the network sees the O(1) log
-    field, the losses read nu from channel 0. Given fields need "nu" alone; the reference
-    solves from nu alone (log_nu is the network's view of the same field)."""
+    ``refine`` solves from an initial guess). Input channels ("nu", "log_nu"): the network sees
+    the O(1) log field, the losses read nu from channel 0. Given fields need "nu" alone; the
+    reference solves from nu alone (log_nu is the network's view of the same field)."""
 
     input_channels = ("nu", "log_nu")
     reference_methods = ("auto", "direct", "amg")
@@ -236,23 +230,24 @@ class KLDiffusivity:
 
 
 class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
-    """Base of Poisson / ReactionDiffusion: nu = exp(KL field) on the unit square, rows = y.
+    """Base of Poisson, Poisson3D and ReactionDiffusion: nu = exp(KL field) on the unit square
+    (rows = y) or cube (axes (z, y, x): ``dims = 3``), written once for both.
 
     Inputs, given fields and the reference from nu: ``DiffusivityInputs``.
 
-    Diffusion energy E_d(u) = integral of nu |grad u|^2 / 2 (divided by the domain area, which
-    is 1), by ``quadrature``:
+    Diffusion energy E_d(u) = integral of nu |grad u|^2 / 2 (divided by the domain's measure,
+    which is 1), by ``quadrature``:
 
-    * ``"faces"`` (default): the two-point-flux quadrature. Each x-difference
-      (u[i, j+1] - u[i, j]) / hx lives on the horizontal edge between two nodes and gets the
-      harmonic face diffusivity and the trapezoidal weight of its row (half on the first/last
-      row); likewise for y. Its minimiser is exactly the vertex-centred finite-volume (5-point)
-      scheme of the reference solver (second order, no spurious modes). Pure slicing, no conv.
+    * ``"faces"`` (default): the two-point-flux quadrature. Each difference
+      (u[.., i+1] - u[.., i]) / h along an axis lives on the edge between two nodes and gets the
+      harmonic face diffusivity, the midpoint weight h along it and the trapezoidal weights of
+      the other axes across it (half on a boundary row, in 3-D a quarter on an edge of the box).
+      Its minimiser is exactly the vertex-centred finite-volume scheme of the reference solver
+      (5-point, 7-point in 3-D; second order, no spurious modes). Pure slicing, no conv.
     * ``"nodes"``: nodal gradients from ``FiniteDifference(kind=stencil)`` and the trapezoidal
-      nodal weights (boundary 1/2, corners 1/4). Central-type stencils do not see the
-      checkerboard mode, so the minimiser decouples odd/even nodes and converges only like
-      O(h) (6% / 3.6% / 1.9% relative L2 at 17 / 33 / 65 nodes on a test field vs ~1e-6 for
-      "faces"); kept for the ablation.
+      nodal weights. Central-type stencils do not see the checkerboard mode, so the minimiser
+      decouples odd/even nodes and converges only like O(h) (6% / 3.6% / 1.9% relative L2 at
+      17 / 33 / 65 nodes on a 2-D test field vs ~1e-6 for "faces"); kept for the ablation.
 
     ``stencil`` (one of stencils.KINDS) is used by the "nodes" quadrature and by Poisson's
     "residual" loss; the default "faces" energy needs no stencil.
@@ -260,7 +255,7 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
     On a split block (``on_block``) the energies are exact, every quadrature: "faces" counts
     each edge on the block holding its first node (the other from a one-layer halo of u and
     nu), "nodes" takes the block's nodal gradients (``FiniteDifference`` on the block) and
-    weights; the nodal weights are the global ones cut to the block.
+    weights; the weights are the global ones cut to the block.
 
     The reference solution (``solve_nu``) is ``diffnet.reference.solve_diffusion`` of nu with
     the subclass's ``diffusion_options`` (boundary conditions, reaction, source), by ``method``
@@ -275,12 +270,13 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
         self.init_kl(n_terms, omega_range)
         self.quadrature = check_choice("quadrature", quadrature, QUADRATURES)
         self.stencil = check_choice("stencil", stencil, KINDS)
-        self.fd_grad = FiniteDifference(self.spacing, self.stencil, derivatives=("r", "c"))
+        first = derivative_names(self.dims)[:self.dims]          # d/d(axis) of every axis
+        self.fd_grad = FiniteDifference(self.spacing, self.stencil, derivatives=first)
         self._cache: dict = {}
 
     @property
-    def axes(self) -> tuple[Axis, Axis]:
-        return (Axis("y", 0.0, 1.0), Axis("x", 0.0, 1.0))
+    def axes(self) -> tuple[Axis, ...]:
+        return tuple(Axis(name, 0.0, 1.0) for name in "zyx"[-self.dims:])
 
     def config(self) -> dict:
         return {"grid": list(self.grid), "n_terms": self.n_terms,
@@ -293,7 +289,7 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
         """Keyword arguments of ``solve_diffusion`` besides nu: dirichlet, kappa, f."""
 
     def solve_nu(self, nu: np.ndarray, method: str = "auto") -> np.ndarray:
-        """(H, W) reference solution for the diffusivity ``nu`` (H, W) at the nodes."""
+        """(*grid) reference solution for the diffusivity ``nu`` (*grid) at the nodes."""
         from ..reference import solve_diffusion
 
         lengths = tuple(a.hi - a.lo for a in self.axes)
@@ -309,11 +305,11 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
 
     # -- quadrature -------------------------------------------------------------------------
     def _weights(self, like: torch.Tensor):
-        """Cached (row weights (1,1,H,1), column weights (1,1,1,W), nodal (1,1,H,W))."""
+        """Cached (``axis_weights``..., the nodal weights (1, 1, *grid): their product)."""
         key = (like.dtype, like.device)
         if key not in self._cache:
-            wr, wc = axis_weights(self.grid, like)
-            self._cache[key] = (wr, wc, wr * wc)
+            axis_w = axis_weights(self.grid, like)
+            self._cache[key] = (*axis_w, functools.reduce(operator.mul, axis_w))
         return self._cache[key]
 
     def check_block(self, block) -> None:
@@ -321,8 +317,8 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
             check_block_sizes(block)
 
     def diffusion_energy(self, u: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
-        """(B,) integral of nu |grad u|^2 / 2 over the unit square (see the class docstring);
-        on a split block, this block's part of it."""
+        """(B,) integral of nu |grad u|^2 / 2 over the domain (see the class docstring); on a
+        split block, this block's part of it."""
         return sum((w * f.square()).flatten(1).sum(dim=1)
                    for f, w in self.diffusion_features(u, nu))
 
@@ -332,17 +328,18 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
         sum(w * F^2) per sample. The quadratic form's polar a(u, v) then needs no second
         evaluation: the Ritz Gram matrix is sums of w * F_i * F_j. u may hold K fields per
         sample (B, K, *grid) against one nu (B, 1, *grid): F is then (B, K, ...), field-major
-        within a sample, and the weights, which depend on nu only, are made once per sample."""
-        wr, wc, wn = (self.part(t) for t in self._weights(u))
+        within a sample, and the weights, which depend on nu only, are made once per sample.
+        "faces": one pair per axis, the last axis (x) first."""
+        *axis_w, wn = (self.part(t) for t in self._weights(u))
         if self.quadrature == "nodes":
             b, k = u.shape[:2]
             d = self.fd_grad(u.reshape(b * k, 1, *u.shape[2:]), self.block)
             return [(d.view(b, k, *d.shape[1:]), (0.5 * nu * wn).unsqueeze(1))]
         faces = []      # differences of u (not divided by the spacing), harmonic-mean nu
-        for axis in (1, 0):                                                # x-, then y-edges
+        for axis in reversed(range(self.dims)):
             [((u0, n0), (u1, n1))] = self.edges((u, nu), axes=(axis,))
-            faces += [u1 - u0, harmonic_mean(n1, n0)]
-        return self._edge_pairs(*faces, wr, wc)
+            faces.append((u1 - u0, harmonic_mean(n1, n0)))
+        return self._edge_pairs(faces, axis_w)
 
     def diffusion_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
         """``diffusion_features`` of a window of the (whole, undivided) grid: u (B, K, ...) the
@@ -351,38 +348,52 @@ class KLDiffusionProblem(DiffusivityInputs, KLDiffusivity, Problem):
         (i < n - 1) across nodes start <= j < stop. Windows that tile the grid this way sum to
         the whole grid's energy. Two-point faces quadrature only."""
         assert self.block.whole and self.quadrature == "faces"
-        (y0, x0), (y1, x1) = start, stop
-        wr, wc, _ = self._weights(u)
-        return self._edge_pairs(*self._face_differences_window(u, nu, start, stop),
-                                wr[..., y0:y1, :], wc[..., x0:x1])
+        *axis_w, _ = self._weights(u)
+        across = [w[_window(self.dims, {a: slice(s, t)})]
+                  for a, (w, s, t) in enumerate(zip(axis_w, start, stop))]
+        return self._edge_pairs(self._face_differences_window(u, nu, start, stop), across)
 
-    def _edge_pairs(self, dx, nx, dy, ny, wr, wc) -> list:
-        """The weighted pairs of the face differences dx, dy (face diffusivities nx, ny; row
-        and column weights wr, wc of the same edges)."""
-        hy, hx = self.spacing
-        h, w = self.grid
-        # x-edges: trapezoid across (row weights) x midpoint along (length hx of 1). F is the
-        # plain difference and 1 / h^2 sits in the small weight: dividing F (K fields, or 4 K
-        # in a partition's Gram matrix) by h would be a whole pass over the largest tensor here.
-        return [(dx, nx * (0.5 / ((w - 1) * hx * hx)) * wr),
-                (dy, ny * (0.5 / ((h - 1) * hy * hy)) * wc)]
+    def _edge_pairs(self, faces, axis_w) -> list:
+        """The weighted pairs of the face differences and diffusivities ``faces`` (one (d, k)
+        per axis, the last axis first) with the weights ``axis_w`` of the axes' nodes."""
+        pairs = []
+        for (d, k), axis in zip(faces, reversed(range(self.dims))):
+            h, n = self.spacing[axis], self.grid[axis]
+            across = functools.reduce(operator.mul, [w for a, w in enumerate(axis_w) if a != axis])
+            # trapezoid across (the other axes' weights) x midpoint along (length h of 1). F is
+            # the plain difference and 1 / h^2 sits in the small weight: dividing F (K fields,
+            # or 4 K in a partition's Gram matrix) by h would be a pass over the largest tensor.
+            pairs.append((d, k * (0.5 / ((n - 1) * h * h)) * across))
+        return pairs
 
-    def _face_differences_window(self, u, nu, start, stop):
-        """The edges a window owns (see ``diffusion_features_window``; the whole grid is the
-        window from (0, 0) to ``grid``): differences of u (its nodes from ``start``) and
-        harmonic-mean nu (the whole grid's) on them along x, then the same along y."""
-        (y0, x0), (y1, x1) = start, stop
-        h, w = self.grid
-        ny, nx = min(y1, h - 1) - y0, min(x1, w - 1) - x0       # owned edges along y, x
-        near = nu[..., y0:y0 + ny + 1, x0:x0 + nx + 1]
-        rows, cols = u[..., :y1 - y0, :], u[..., :, :x1 - x0]
-        dx = rows[..., 1:nx + 1] - rows[..., :nx]
-        dy = cols[..., 1:ny + 1, :] - cols[..., :ny, :]
-        kx = harmonic_mean(near[..., :y1 - y0, 1:nx + 1], near[..., :y1 - y0, :nx])
-        ky = harmonic_mean(near[..., 1:ny + 1, :x1 - x0], near[..., :ny, :x1 - x0])
-        return dx, kx, dy, ky
+    def _face_differences_window(self, u, nu, start, stop) -> list:
+        """The edges a window owns (see ``diffusion_features_window``), (d, k) per axis, the last
+        axis first: differences of u (its nodes from ``start``) and harmonic-mean nu (the whole
+        grid's) on them."""
+        dims, axes = self.dims, range(self.dims - 1, -1, -1)
+        owned = [min(t, n - 1) - s for s, t, n in zip(start, stop, self.grid)]   # edges per axis
+        near = nu[_window(dims, {a: slice(s, s + owned[a] + 1) for a, s in enumerate(start)})]
+
+        def at(a, along):       # ``along`` on axis a, the nodes start <= j < stop on the others
+            return _window(dims, {**{b: slice(None, t - s) for b, (s, t)
+                                     in enumerate(zip(start, stop))}, a: along})
+
+        hi, lo = [slice(1, m + 1) for m in owned], [slice(None, m) for m in owned]
+        # views first, then differences, then face means: the order of the plain 2-D
+        # expressions, so that autograd adds up the gradients of u in the same order
+        lines = [u[at(a, slice(None))] for a in axes]
+        d = [v[_window(dims, {a: hi[a]})] - v[_window(dims, {a: lo[a]})]
+             for v, a in zip(lines, axes)]
+        k = [harmonic_mean(near[at(a, hi[a])], near[at(a, lo[a])]) for a in axes]
+        return list(zip(d, k))
 
     def integrate(self, g: torch.Tensor) -> torch.Tensor:
-        """(B,) trapezoidal integral of a nodal field (B, 1, H, W) over the unit square; on a
-        split block, of the block's part g (its part of the integral)."""
-        return (g * self.part(self._weights(g)[2])).sum(dim=(1, 2, 3))
+        """(B,) trapezoidal integral of a nodal field (B, 1, *grid) over the domain; on a split
+        block, of the block's part g (its part of the integral)."""
+        return (g * self.part(self._weights(g)[-1])).sum(dim=tuple(range(1, g.dim())))
+
+
+def _window(dims: int, slices: dict) -> tuple:
+    """The index of a (B, C, *grid) tensor taking ``slices[axis]`` along the grid axes named,
+    everything along the others."""
+    return (Ellipsis, *(slices.get(a, slice(None)) for a in range(dims)))

@@ -1,11 +1,15 @@
-"""Variable-diffusivity Poisson family (log-normal KL diffusivity), and its Dirichlet values
-on the x-faces (``DirichletX``, for any number of axes: ``poisson3d`` shares it)."""
+"""Variable-diffusivity Poisson family (log-normal KL diffusivity), its Dirichlet values on the
+x-faces (``DirichletX``) and its losses, written once for any number of grid axes: ``Poisson``
+is the 2-D problem, ``poisson3d.Poisson3D`` the same class on a box."""
 from __future__ import annotations
+
+import functools
+import operator
 
 import torch
 
 from ..generators import impose_dirichlet
-from ..stencils import FiniteDifference, check_block_sizes
+from ..stencils import FiniteDifference, check_block_sizes, derivative_names
 from ..validation import check_choice, check_number
 from .fields import KLDiffusionProblem
 
@@ -72,6 +76,8 @@ class Poisson(DirichletX, KLDiffusionProblem):
     Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly (``on_block``):
     the interior mean of "residual" follows global node indices and each wall counts on the
     blocks holding it.
+
+    The code holds for any number of axes (``dims``): ``Poisson3D`` is this class on the cube.
     """
 
     name = "poisson"
@@ -85,9 +91,9 @@ class Poisson(DirichletX, KLDiffusionProblem):
         self.loss = check_choice("loss", loss, LOSSES)
         self.bc_weight = check_number("bc_weight", bc_weight, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, BC_MODES)
-        if self.loss == "residual":
+        if self.loss == "residual":     # the first, then the second derivative along every axis
             self.fd = FiniteDifference(self.spacing, self.stencil,
-                                       derivatives=("r", "c", "rr", "cc"))
+                                       derivatives=derivative_names(self.dims)[:2 * self.dims])
 
     def config(self) -> dict:
         return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight,
@@ -102,12 +108,20 @@ class Poisson(DirichletX, KLDiffusionProblem):
         if self.loss == "energy":
             pde = self.diffusion_energy(u, inputs[:, 0:1])
             return {"pde": pde, "bc": torch.zeros_like(pde)}
-        b = u.shape[0]
+        b, n = u.shape[0], self.dims
         d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0), self.block)   # u and log nu, one conv
         du, dl = d[:b], d[b:]
-        r = du[:, 2] + du[:, 3] + dl[:, 0] * du[:, 0] + dl[:, 1] * du[:, 1]   # (B, H, W)
-        uy2 = du[:, 0].square()
-        bc = 0.5 * (self.wall_mean(uy2, 0, "lo") + self.wall_mean(uy2, 0, "hi"))
+        # Laplacian + grad(log nu) . grad u, added in the order of the plain 2-D expression
+        r = du[:, n]
+        for a in range(1, n):
+            r = r + du[:, n + a]
+        for a in range(n):
+            r = r + dl[:, a] * du[:, a]                                         # (B, *grid)
+        walls = []      # (du/dn)^2 on the zero-flux walls: both ends of every axis but x
+        for a in range(n - 1):
+            g2 = du[:, a].square()
+            walls += [self.wall_mean(g2, a, "lo"), self.wall_mean(g2, a, "hi")]
+        bc = functools.reduce(operator.add, walls) / len(walls)
         return {"pde": self.mean(r.square(), interior=1), "bc": self.bc_weight * bc}
 
     def diffusion_options(self) -> dict:

@@ -1,32 +1,45 @@
-"""Classical reference solver for variable-diffusivity (reaction-)diffusion (numpy/scipy/pyamg).
+"""Classical reference solver for variable-diffusivity (reaction-)diffusion on a rectangle or a
+box (numpy/scipy/pyamg), one implementation for 2-D and 3-D node grids.
 
-Equation on the rectangle [0, Ly] x [0, Lx] (rows = y, columns = x)::
+Equation on [0, Ly] x [0, Lx] (arrays (H, W), rows = y, columns = x) or [0, Lz] x [0, Ly] x
+[0, Lx] (arrays (D, H, W), axes (z, y, x))::
 
     -div(nu grad u) + kappa^2 u = f
 
 with one of two boundary conditions:
 
-* ``dirichlet="poisson"``: u = 1 on x = 0 (column 0), u = 0 on x = Lx (last column), zero flux
-  nu du/dn = 0 (natural condition) on y = 0 and y = Ly (first / last rows). With the defaults
-  kappa = 0, f = 0 this is the variable-diffusivity Poisson problem div(nu grad u) = 0.
+* ``dirichlet="poisson"``: u = 1 on x = 0 (index [..., 0]), u = 0 on x = Lx ([..., -1]), zero
+  flux nu du/dn = 0 (the natural condition) on every other face (y = 0, Ly; in 3-D also z = 0,
+  Lz). With the defaults kappa = 0, f = 0 this is the variable-diffusivity Poisson problem
+  div(nu grad u) = 0.
 * ``dirichlet="all_zero"``: u = 0 on the whole boundary (reaction-diffusion with source f).
 
-Discretisation: vertex-centred finite volumes on the node grid (H rows, W columns, spacing
-hy = Ly / (H - 1), hx = Lx / (W - 1)), i.e. the 5-point scheme in flux form. Each node owns the
-control volume [x - hx/2, x + hx/2] x [y - hy/2, y + hy/2] clipped to the domain (half volumes on
-the Neumann rows). The flux through the face between two neighbouring nodes a, b is
-nu_ab (u_b - u_a) / h times the face length, with the face diffusivity nu_ab the *harmonic* mean
-2 nu_a nu_b / (nu_a + nu_b) by default (``face_mean="arithmetic"`` uses (nu_a + nu_b) / 2). The
-reaction and the source are lumped: (kappa^2 u - f) at the node times the control-volume area.
+Discretisation: vertex-centred finite volumes on the node grid (spacing h_a = L_a / (n_a - 1)
+per axis), the 5-point (3-D: 7-point) scheme in flux form. Each node owns the box of half-widths
+h_a / 2 clipped to the domain (half cells on the boundary faces, quarter cells on edges, ...,
+so the Neumann faces need nothing else). The flux through the face between neighbours a, b
+along an axis of spacing h is nu_ab (u_b - u_a) / h times the face's measure (the product of
+the transverse control-volume widths), with the face diffusivity nu_ab the *harmonic* mean
+2 nu_a nu_b / (nu_a + nu_b) by default (``face_mean="arithmetic"``: (nu_a + nu_b) / 2). The
+reaction and the source are lumped: (kappa^2 u - f) at the node times the control volume.
 Dirichlet nodes are eliminated (moved to the right-hand side). The matrix is symmetric positive
-definite (an M-matrix). Order: second order (O(h^2) nodal error) for smooth nu, u and f; in
-particular a constant nu reproduces the linear Poisson solution u = 1 - x/Lx exactly.
+definite (an M-matrix: discrete maximum principle).
+
+Accuracy: second order (O(h^2) nodal error) for smooth nu, u and f. Exact to rounding when the
+solution is exact for the scheme: a constant nu gives u = 1 - x / Lx; nu = nu(x) gives a
+solution of x alone, u(x_j) = 1 - S_j / S, S_j the sum of h / nu_face over the faces left of
+x_j: the exact u(x) = 1 - int_0^x 1/nu / int_0^Lx 1/nu whenever 1/nu is linear between
+neighbouring nodes (harmonic face = trapezoid rule on 1/nu; e.g. nu = 1 / (a + b x)).
 
 Linear solvers: ``method="direct"`` (SuperLU ``splu``), ``"amg"`` (pyamg smoothed aggregation
-as a preconditioner of conjugate gradients, relative residual 1e-10), ``"auto"`` (direct for at
-most 256*256 unknowns, AMG above). The AMG setup (``amg_hierarchy``) and the preconditioned
-CG solve (``amg_cg``) are also callable apart, so a benchmark can time them separately or reuse
-one hierarchy as the preconditioner of another matrix (``python -m bench.fem_bench``).
+as a preconditioner of conjugate gradients, relative residual ``rtol``, default 1e-10;
+RuntimeError if 10 rtol is not reached in ``maxiter`` iterations), ``"auto"``: direct up to
+``DIRECT_MAX_UNKNOWNS[dims]`` unknowns (256^2 in 2-D, 16^3 in 3-D), AMG above. In 3-D a direct
+factorisation fills in far more than in 2-D (nested-dissection fill ~ n^(4/3), work ~ n^2), so
+the crossover comes early (both timed by ``python -m bench.fem_bench --problem poisson3d
+--sizes 13,17,24,33``). The AMG setup (``amg_hierarchy``) and the preconditioned CG solve
+(``amg_cg``) are also callable apart, so a benchmark can time them separately or reuse one
+hierarchy as the preconditioner of another matrix (``python -m bench.fem_bench``).
 
 Refinement (``diffusion_system`` -> :class:`ReferenceSystem`): the assembled system of one
 coefficient field, solved by the same AMG-preconditioned CG from a given initial guess (an
@@ -37,31 +50,32 @@ system stop at the same accuracy.
 """
 from __future__ import annotations
 
+import functools
+import operator
 import time
 
 import numpy as np
 
 from ..validation import (check_array, check_choice, check_int, check_number,
-                          check_positive_pair, grid_axes)
+                          check_positive_tuple, grid_axes)
 
 __all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS", "solve_direct",
            "solve_amg", "amg_hierarchy", "amg_cg", "ReferenceSystem", "diffusion_system"]
 
-DIRECT_MAX_UNKNOWNS = 256 * 256
+# "auto" solves directly up to this many unknowns, by grid dimension (the module docstring)
+DIRECT_MAX_UNKNOWNS = {2: 256 * 256, 3: 16 ** 3}
 DIRICHLET = ("poisson", "all_zero")
 METHODS = ("auto", "direct", "amg")
 FACE_MEANS = ("harmonic", "arithmetic")
 
 
-def check_nodal_nu(nu, ndim: int) -> np.ndarray:
-    """nu (the diffusivity at the nodes) as a positive finite float64 array of ``ndim`` axes,
+def check_nodal_nu(nu) -> np.ndarray:
+    """nu (the diffusivity at the nodes) as a positive finite float64 array of 2 or 3 axes,
     each of >= 3 nodes (one interior node at least); ValueError naming the shape otherwise."""
-    dims = grid_axes(ndim)
-    nu = check_array("nu (the diffusivity at the nodes)", nu, ndim=ndim, form=f"({dims})",
-                     positive=True)
-    if min(nu.shape) < 3:
-        raise ValueError(f"nu must be a {ndim}-D ({dims}) array with {dims} >= 3, got shape "
-                         f"{nu.shape}")
+    nu = check_array("nu (the diffusivity at the nodes)", nu, positive=True)
+    if nu.ndim not in DIRECT_MAX_UNKNOWNS or min(nu.shape) < 3:
+        raise ValueError(f"nu must be a 2-D ({grid_axes(2)}) or 3-D ({grid_axes(3)}) array with "
+                         f"every axis >= 3 nodes, got shape {nu.shape}")
     return nu
 
 
@@ -80,65 +94,87 @@ def check_source(f, shape) -> np.ndarray:
 
 
 def _check_inputs(nu, lengths, kappa, f, dirichlet, face_mean):
-    nu = check_nodal_nu(nu, 2)
-    ly, lx = check_positive_pair("lengths", lengths, "(Ly, Lx)")
+    nu = check_nodal_nu(nu)
+    dims = nu.ndim
+    if lengths is not None:
+        form = "(" + ", ".join(("Lz", "Ly", "Lx")[-dims:]) + ")"
+        lengths = check_positive_tuple("lengths", lengths, dims, form)
     kappa = check_number("kappa", kappa, lo=0.0)
     check_choice("dirichlet", dirichlet, DIRICHLET)
     check_choice("face_mean", face_mean, FACE_MEANS)
-    return nu, (ly, lx), kappa, check_source(f, nu.shape)
+    return nu, lengths or (1.0,) * dims, kappa, check_source(f, nu.shape)
 
 
-def assemble_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
+def _along(v: np.ndarray, axis: int, dims: int) -> np.ndarray:
+    """A 1-D array shaped to broadcast along ``axis`` of a ``dims``-axis array."""
+    shape = [1] * dims
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+def _faces(nu, widths, spacing, face_mean):
+    """(node a, node b, conductance nu_ab * face measure / h) of every face, the faces along
+    the last axis (x) first."""
+    dims = nu.ndim
+    idx = np.arange(nu.size).reshape(nu.shape)
+    pa, pb, cond = [], [], []
+    for axis in reversed(range(dims)):
+        lo = tuple(slice(None, -1) if k == axis else slice(None) for k in range(dims))
+        hi = tuple(slice(1, None) if k == axis else slice(None) for k in range(dims))
+        across = functools.reduce(operator.mul, [_along(widths[k], k, dims)
+                                                 for k in range(dims) if k != axis])
+        a, b = nu[lo], nu[hi]
+        face = 2.0 * a * b / (a + b) if face_mean == "harmonic" else 0.5 * (a + b)
+        cond.append((face * (across / spacing[axis])).ravel())
+        pa.append(idx[lo].ravel())
+        pb.append(idx[hi].ravel())
+    return np.concatenate(pa), np.concatenate(pb), np.concatenate(cond)
+
+
+def _dirichlet(shape, dirichlet):
+    """(free mask, u_full holding the Dirichlet values) for the boundary condition."""
+    free = np.ones(shape, dtype=bool)
+    u_full = np.zeros(shape)
+    if dirichlet == "poisson":
+        free[..., [0, -1]] = False
+        u_full[..., 0] = 1.0
+    else:
+        for axis in range(len(shape)):
+            free[tuple([0, -1] if k == axis else slice(None) for k in range(len(shape)))] = False
+    return free, u_full
+
+
+def assemble_diffusion(nu, *, lengths=None, kappa: float = 0.0, f=None,
                        dirichlet: str = "poisson", face_mean: str = "harmonic"):
     """Assemble the reduced finite-volume system A u_I = b (Dirichlet nodes eliminated).
 
     Returns ``(A, b, free, u_full)``: A is the (n, n) CSR matrix over the free nodes, b the
-    right-hand side, ``free`` the (H, W) boolean mask of unknown nodes (row-major order of the
-    unknowns) and ``u_full`` an (H, W) array holding the Dirichlet values (zero at free nodes).
-    Arguments as in :func:`solve_diffusion`.
+    right-hand side, ``free`` the boolean mask of unknown nodes (the shape of nu; C order of
+    the unknowns) and ``u_full`` an array of that shape holding the Dirichlet values (zero at
+    free nodes). Arguments as in :func:`solve_diffusion`.
     """
-    nu, (ly, lx), kappa, f = _check_inputs(nu, lengths, kappa, f, dirichlet, face_mean)
-    h, w = nu.shape
-    hy, hx = ly / (h - 1), lx / (w - 1)
-    # Control-volume extents: half at the boundary rows / columns.
-    len_y = np.full(h, hy)
-    len_y[[0, -1]] = 0.5 * hy
-    len_x = np.full(w, hx)
-    len_x[[0, -1]] = 0.5 * hx
-
-    def face(a, b):
-        if face_mean == "harmonic":
-            return 2.0 * a * b / (a + b)
-        return 0.5 * (a + b)
-
-    idx = np.arange(h * w).reshape(h, w)
-    # x-faces between (i, j) and (i, j+1): length len_y[i], distance hx.
-    cx = face(nu[:, :-1], nu[:, 1:]) * (len_y[:, None] / hx)
-    # y-faces between (i, j) and (i+1, j): length len_x[j], distance hy.
-    cy = face(nu[:-1, :], nu[1:, :]) * (len_x[None, :] / hy)
-    pa = np.concatenate([idx[:, :-1].ravel(), idx[:-1, :].ravel()])
-    pb = np.concatenate([idx[:, 1:].ravel(), idx[1:, :].ravel()])
-    c = np.concatenate([cx.ravel(), cy.ravel()])
-    area = (len_y[:, None] * len_x[None, :]).ravel()
-    diag = np.bincount(pa, weights=c, minlength=h * w) + np.bincount(pb, weights=c, minlength=h * w)
-    diag += kappa ** 2 * area
-    rows = np.concatenate([np.arange(h * w), pa, pb])
-    cols = np.concatenate([np.arange(h * w), pb, pa])
+    nu, lengths, kappa, f = _check_inputs(nu, lengths, kappa, f, dirichlet, face_mean)
+    dims, n = nu.ndim, nu.size
+    spacing = [length / (m - 1) for length, m in zip(lengths, nu.shape)]
+    widths = []           # control-volume widths along each axis: half at the ends
+    for m, h in zip(nu.shape, spacing):
+        w = np.full(m, h)
+        w[[0, -1]] = 0.5 * h
+        widths.append(w)
+    pa, pb, c = _faces(nu, widths, spacing, face_mean)
+    volume = functools.reduce(operator.mul, [_along(w, k, dims) for k, w in enumerate(widths)])
+    volume = volume.ravel()
+    diag = np.bincount(pa, weights=c, minlength=n) + np.bincount(pb, weights=c, minlength=n)
+    diag += kappa ** 2 * volume
+    rows = np.concatenate([np.arange(n), pa, pb])
+    cols = np.concatenate([np.arange(n), pb, pa])
     vals = np.concatenate([diag, -c, -c])
     import scipy.sparse as sp  # here, not at the top: every process that imports diffnet (a
     # Burgers rank too) would pay scipy.sparse.linalg's import for a solver it never runs
 
-    a_full = sp.csr_matrix((vals, (rows, cols)), shape=(h * w, h * w))
-
-    u_full = np.zeros((h, w))
-    free = np.ones((h, w), dtype=bool)
-    if dirichlet == "poisson":
-        free[:, [0, -1]] = False
-        u_full[:, 0] = 1.0
-    else:
-        free[[0, -1], :] = False
-        free[:, [0, -1]] = False
-    return (*eliminate_dirichlet(a_full, f.ravel() * area, free, u_full), free, u_full)
+    a_full = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
+    free, u_full = _dirichlet(nu.shape, dirichlet)
+    return (*eliminate_dirichlet(a_full, f.ravel() * volume, free, u_full), free, u_full)
 
 
 def eliminate_dirichlet(a_full, load: np.ndarray, free: np.ndarray, u_full: np.ndarray):
@@ -206,22 +242,22 @@ def solve_amg(a, b, rtol, maxiter):
                "iterations": info["iterations"], "levels": len(ml.levels)}
 
 
-def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
+def solve_diffusion(nu, *, lengths=None, kappa: float = 0.0, f=None,
                     dirichlet: str = "poisson", method: str = "auto",
                     face_mean: str = "harmonic", rtol: float = 1e-10, maxiter: int = 500,
                     return_info: bool = False):
     """Solve -div(nu grad u) + kappa^2 u = f on the node grid of ``nu`` (see module docstring).
 
     Args:
-        nu: (H, W) positive diffusivity at the nodes, H, W >= 3; rows = y in [0, Ly],
-            columns = x in [0, Lx].
-        lengths: (Ly, Lx) domain lengths (> 0).
+        nu: (H, W) or (D, H, W) positive diffusivity at the nodes, every axis >= 3 nodes;
+            axes (y, x) or (z, y, x), each [0, L].
+        lengths: (Ly, Lx) or (Lz, Ly, Lx) domain lengths (> 0); default 1 each.
         kappa: reaction coefficient (>= 0); the equation uses kappa^2.
-        f: source, None (zero), a number, or an (H, W) array at the nodes.
-        dirichlet: "poisson" (u=1 at x=0, u=0 at x=Lx, zero flux on y=0, y=Ly) or
-            "all_zero" (u=0 on the whole boundary).
+        f: source, None (zero), a number, or an array of nu's shape at the nodes.
+        dirichlet: "poisson" (u = 1 at x = 0, u = 0 at x = Lx, zero flux on the other faces)
+            or "all_zero" (u = 0 on the whole boundary).
         method: "direct" (SuperLU), "amg" (pyamg smoothed aggregation + CG) or "auto"
-            (direct for <= 256*256 unknowns, else amg).
+            (direct for <= ``DIRECT_MAX_UNKNOWNS[nu.ndim]`` unknowns, else amg).
         face_mean: face diffusivity, "harmonic" (default) or "arithmetic" mean of the nodes.
         rtol, maxiter: AMG stopping criterion (relative residual) and iteration cap.
         return_info: also return a dict with ``method``, ``n_unknowns``, ``assemble_time``,
@@ -229,29 +265,20 @@ def solve_diffusion(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
             ``residual`` (relative residual ||b - A u|| / ||b||).
 
     Returns:
-        (H, W) float64 solution including the boundary nodes (and the info dict if asked).
+        float64 solution of nu's shape including the boundary nodes (and the info dict if
+        asked).
     """
     t0 = time.perf_counter()
     a, b, free, u_full = assemble_diffusion(nu, lengths=lengths, kappa=kappa, f=f,
                                             dirichlet=dirichlet, face_mean=face_mean)
-    return solve_assembled(a, b, free, u_full, method=method, direct_max=DIRECT_MAX_UNKNOWNS,
-                           rtol=rtol, maxiter=maxiter, t_assemble=time.perf_counter() - t0,
-                           return_info=return_info)
-
-
-def solve_assembled(a, b, free, u_full, *, method, direct_max, rtol, maxiter, t_assemble,
-                    return_info):
-    """Solve the assembled system ``a x = b`` for the free nodes and return the full field
-    (``u_full`` with ``x`` written into ``free``), by ``method`` ("auto": direct up to
-    ``direct_max`` unknowns, else AMG); with ``return_info`` also the solve's info dict.
-    Shared by the 2-D and 3-D solvers."""
+    t_assemble = time.perf_counter() - t0
     check_choice("method", method, METHODS)
     rtol = check_number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
                         what="a number in (0, 1)")
     maxiter = check_int("maxiter", maxiter, 1)
     n = a.shape[0]
     if method == "auto":
-        method = "direct" if n <= direct_max else "amg"
+        method = "direct" if n <= DIRECT_MAX_UNKNOWNS[free.ndim] else "amg"
     if not np.any(b):
         x, info = np.zeros(n), {"setup_time": 0.0, "solve_time": 0.0, "iterations": 0}
     elif method == "direct":
@@ -269,8 +296,8 @@ def solve_assembled(a, b, free, u_full, *, method, direct_max, rtol, maxiter, t_
 
 
 class ReferenceSystem:
-    """The assembled system of one sample (``assemble_diffusion``'s or its 3-D counterpart's
-    ``(a, b, free, u_full)``), solved by AMG-preconditioned CG from any initial guess.
+    """The assembled system of one sample (``assemble_diffusion``'s ``(a, b, free, u_full)``),
+    solved by AMG-preconditioned CG from any initial guess.
 
     ``refine(u0, rtol)`` returns the full field at relative residual ``rtol`` and its info; the
     AMG hierarchy is built on the first call and reused, so a warm start (``u0`` an approximate
@@ -346,7 +373,7 @@ class ReferenceSystem:
         return u, info
 
 
-def diffusion_system(nu, *, lengths=(1.0, 1.0), kappa: float = 0.0, f=None,
+def diffusion_system(nu, *, lengths=None, kappa: float = 0.0, f=None,
                      dirichlet: str = "poisson", face_mean: str = "harmonic") -> ReferenceSystem:
     """The :class:`ReferenceSystem` of ``solve_diffusion``'s problem (same arguments), its
     assembly timed."""
