@@ -153,7 +153,7 @@ def step_flops(model, task, x) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as fc:
-        u = task.impose(model(x), x)
+        u = task.answer(model(x), x)
         terms = task.loss_terms(u, x)
         sum(t.sum() for t in terms.values()).backward()
     model.zero_grad(set_to_none=True)

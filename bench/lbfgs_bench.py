@@ -75,7 +75,7 @@ def _pool_loss(pm, task, x_pool):
 @torch.no_grad()
 def _rel_l2(model, task, x_eval, refs):
     model.eval()
-    u = task.impose(model(x_eval), x_eval)[:, 0].double().numpy()
+    u = task.answer(model(x_eval), x_eval)[:, 0].double().numpy()
     model.train()
     return float(np.mean(np.atleast_1d(relative_l2(u, refs))))
 

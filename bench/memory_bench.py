@@ -68,7 +68,7 @@ def infer_worker(a) -> int:
     base = rss_mb()
     with torch.inference_mode():
         t0 = time.perf_counter()
-        u = task.impose(model(x), x)
+        u = task.answer(model(x), x)
         dt = time.perf_counter() - t0
     assert u.shape[-2:] == x.shape[-2:]
     peak = peak_rss_mb()

@@ -87,7 +87,7 @@ def make_plain(task, model, x, lr=1e-3):
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     def step():
-        u = task.impose(model(x), x)
+        u = task.answer(model(x), x)
         terms = task.loss_terms(u, x)
         loss = (terms["pde"] + terms["bc"]).mean()
         loss.backward()

@@ -1,5 +1,5 @@
 """The answer a trained generator gives, as one torch module: the network, then the problem's
-boundary imposition and answer head (``Problem.impose``).
+boundary imposition and answer head (``Problem.answer``).
 
 Calling the network alone gives the wrong field for every problem that imposes its boundary
 values or forms its answer from several output channels (Poisson's lift, Darcy's Ritz
@@ -21,7 +21,7 @@ import torch
 
 
 class Answer(torch.nn.Module):
-    """``problem.impose(model(x), x)``: input fields (B, C, *grid) -> the solution field
+    """``problem.answer(model(x), x)``: input fields (B, C, *grid) -> the solution field
     (B, 1, *grid) on the problem's grid (its block, under a domain split).
 
     ``problem`` is held as a plain attribute, not a submodule: it has no parameters, and its
@@ -35,4 +35,4 @@ class Answer(torch.nn.Module):
         self.problem = problem
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.problem.impose(self.model(x), x)
+        return self.problem.answer(self.model(x), x)

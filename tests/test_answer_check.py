@@ -22,7 +22,7 @@ def zero_field(p, x) -> torch.Tensor:
         u = torch.zeros(len(x), 1, *p.grid, dtype=x.dtype)
         u[:, 0, 0, :] = x[:, 0, 0, :]                        # the initial condition, row t = 0
         return u
-    return p.impose(torch.zeros(len(x), p.output_channels, *p.grid, dtype=x.dtype), x)
+    return p.answer(torch.zeros(len(x), p.output_channels, *p.grid, dtype=x.dtype), x)
 
 
 @pytest.fixture(params=sorted(PROBLEMS))

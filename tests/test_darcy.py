@@ -280,13 +280,13 @@ def test_ritz_scaling_finds_the_amplitude(kw):
     x = p.build_input(params, dtype=torch.float64)
     ref = torch.tensor(np.stack([p.reference_solution(q) for q in params]))[:, None]
     raw = ref / p.output_scale * torch.tensor([0.37, 5.0], dtype=torch.float64).view(2, 1, 1, 1)
-    torch.testing.assert_close(p.impose(raw, x), ref, rtol=0, atol=1e-10 * float(ref.max()))
+    torch.testing.assert_close(p.answer(raw, x), ref, rtol=0, atol=1e-10 * float(ref.max()))
     gen = torch.Generator().manual_seed(0)
-    u = p.impose(raw * (1 + 0.3 * torch.rand(raw.shape, generator=gen, dtype=raw.dtype)), x)
+    u = p.answer(raw * (1 + 0.3 * torch.rand(raw.shape, generator=gen, dtype=raw.dtype)), x)
     t = torch.ones(2, 1, 1, 1, dtype=torch.float64, requires_grad=True)
     (dt,) = torch.autograd.grad(p.loss_terms(t * u, x)["pde"].sum(), t)
     assert float(dt.abs().max()) < 1e-10 * float(p.loss_terms(u, x)["pde"].abs().max())
-    assert torch.equal(p.impose(torch.zeros_like(raw), x), torch.zeros_like(raw))
+    assert torch.equal(p.answer(torch.zeros_like(raw), x), torch.zeros_like(raw))
     assert make((16, 16)).config()["ritz"] is False
 
 
@@ -302,13 +302,13 @@ def test_ritz_fields_find_the_solution_in_their_span():
     y, xx = torch.meshgrid(*[torch.linspace(0, 1, 33, dtype=torch.float64)] * 2, indexing="ij")
     s = (torch.sin(np.pi * xx) * torch.sin(2 * np.pi * y)).expand_as(ref)
     raw = torch.cat([(ref + 0.003 * s) / 0.01, 0.5 * s, torch.cos(3 * xx).expand_as(ref)], dim=1)
-    u = p.impose(raw, x)
+    u = p.answer(raw, x)
     assert u.shape == ref.shape
     assert rel_l2(u.numpy(), ref.numpy()) < 1e-5  # exact up to the 1e-7 shift of G
     one = make((33, 33), ritz=True, family="fine-scale", output_scale=0.01)
     e = p.loss_terms(u, x)["pde"]
     for i in range(3):
-        assert torch.all(e <= one.loss_terms(one.impose(raw[:, i:i + 1], x), x)["pde"] + 1e-15)
+        assert torch.all(e <= one.loss_terms(one.answer(raw[:, i:i + 1], x), x)["pde"] + 1e-15)
     with pytest.raises(ValueError, match="ritz_fields = 2 .* needs ritz = true"):
         make((16, 16), ritz_fields=2)
 
@@ -325,8 +325,8 @@ def test_ritz_fields_given_in_float32_are_combined_as_in_float64():
                           for i in range(3)])[None]
     raw = (1000 * bump + wiggle).expand(2, 3, 33, 33)     # exact in float32 to ~1e-4
     raw32 = raw.float()
-    want = p.impose(raw32.double(), x)
-    got = p.impose(raw32, x.float())
+    want = p.answer(raw32.double(), x)
+    got = p.answer(raw32, x.float())
     assert got.dtype == torch.float32
     assert rel_l2(got.double().numpy(), want.numpy()) < 5e-5      # float32 output rounding x 1000
 
@@ -420,7 +420,7 @@ def test_the_network_is_built_with_the_fields_the_problem_takes(tmp_path):
     task = build_problem(cfg)
     model, _ = build_model(cfg, task)
     x = task.build_input(task.sample_params(0, range(2)))
-    assert model(x).shape == (2, 3, 16, 16) and task.impose(model(x), x).shape == (2, 1, 16, 16)
+    assert model(x).shape == (2, 3, 16, 16) and task.answer(model(x), x).shape == (2, 1, 16, 16)
     cfg = load_config(str(cfg_file), ["model.options={out_channels = 1}"])
     with pytest.raises(ValueError, match="out_channels = 1, but problem 'darcy' takes 3"):
         build_model(cfg, build_problem(cfg))

@@ -56,7 +56,7 @@ def test_the_cell_by_cell_gram_is_the_dense_galerkin_solve(m):
     x = p.build_input(p.sample_params(3, [0, 1]), dtype=torch.float64)
     raw = torch.randn((2, 2, *GRID), generator=torch.Generator().manual_seed(1),
                       dtype=torch.float64)
-    got = p.impose(raw, x)
+    got = p.answer(raw, x)
     u = raw * p._interior(raw)
     nu = x[:, :1]
     want = ritz_combination(products(p, u), lambda v: p.quadratic_features(v, nu),
@@ -77,12 +77,12 @@ def test_the_windowed_assembly_is_the_whole_grid_one(name, m):
                     dtype=torch.float64)
     nu = x[:, :1]
     load = p.source * p._weights(u)[2]
-    args = (u, lambda v: p.quadratic_features(v, nu), load, p.block.sum, p._hats, p.block)
+    args = (u, lambda v: p.quadratic_features(v, nu), load, p.block.sum, p.head.partition_of(p.grid), p.block)
     window = lambda v, start, stop: p.quadratic_features_window(v, nu, start, stop)
     whole = partition_combination(*args)
     torch.testing.assert_close(partition_combination(*args, window_features=window), whole,
                                rtol=1e-12, atol=1e-14 * float(whole.abs().max()))
-    torch.testing.assert_close(p.impose(u, x), partition_combination(
+    torch.testing.assert_close(p.answer(u, x), partition_combination(
         u * p._interior(u), *args[1:], window_features=window), rtol=0, atol=0)
 
 
@@ -99,8 +99,8 @@ def test_a_bilinear_amplitude_error_is_corrected_exactly():
                        generator=torch.Generator().manual_seed(2)), hy, hx)
     raw = ref / amp / p.output_scale
     rel = lambda u: float((u - ref).norm() / ref.norm())
-    assert rel(p.impose(raw, x)) < 1e-5
-    assert rel(fine().impose(raw, x)) > 1e-2
+    assert rel(p.answer(raw, x)) < 1e-5
+    assert rel(fine().answer(raw, x)) > 1e-2
 
 
 @pytest.mark.parametrize("name", ["darcy", "reaction_diffusion"])
@@ -112,8 +112,8 @@ def test_the_energy_is_never_above_the_plain_combination(name):
     x = plain.build_input(plain.sample_params(5, [0, 1, 2]), dtype=torch.float64)
     raw = torch.randn((3, 3, *grid), generator=torch.Generator().manual_seed(3),
                       dtype=torch.float64).cumsum(-1).cumsum(-2)
-    e0 = plain.loss_terms(plain.impose(raw, x), x)["pde"]
-    e1 = part.loss_terms(part.impose(raw, x), x)["pde"]
+    e0 = plain.loss_terms(plain.answer(raw, x), x)["pde"]
+    e1 = part.loss_terms(part.answer(raw, x), x)["pde"]
     assert torch.all(e1 <= e0 + 1e-12 * e0.abs()) and torch.any(e1 < e0 - 1e-3 * e0.abs())
 
 
@@ -123,7 +123,7 @@ def test_gradients_through_the_partition_solve_are_exact():
     x = p.build_input(p.sample_params(3, [0]), dtype=torch.float64)
     raw = torch.randn((1, 2, 7, 9), dtype=torch.float64, requires_grad=True,
                       generator=torch.Generator().manual_seed(4))
-    assert torch.autograd.gradcheck(lambda r: p.loss_terms(p.impose(r, x), x)["pde"], (raw,))
+    assert torch.autograd.gradcheck(lambda r: p.loss_terms(p.answer(r, x), x)["pde"], (raw,))
 
 
 @pytest.mark.parametrize("kw,match", [

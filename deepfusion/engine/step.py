@@ -8,9 +8,10 @@
   4. one fused allreduce of [loss-term sums..., non-finite counts..., flags...], so every rank
      sees the global loss and takes the same branch on "is it finite?" and "stop requested?".
 
-The task is any object with ``impose(u, x)`` and ``loss_terms(u, x) -> {name: (B,)}``; the
-engine knows nothing of the PDE behind it. The model is a
-:class:`~deepfusion.engine.parallel.ParallelModel`: how the gradients are summed is its business.
+The task is any object with ``answer(y, x)`` (the network's output y to the answer field)
+and ``loss_terms(u, x) -> {name: (B,)}``; the engine knows nothing of the PDE behind it. The
+model is a :class:`~deepfusion.engine.parallel.ParallelModel`: how the gradients are summed is
+its business.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class LossAndGrad:
             y = y.float()
         else:
             y = self.model.forward(x)
-        u = self.task.impose(y, x)
+        u = self.task.answer(y, x)
         terms = self.task.loss_terms(u, x)
         assert set(terms) == set(self.term_names), \
             f"task returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"

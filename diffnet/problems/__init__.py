@@ -3,7 +3,8 @@
 ``get_problem(name, **options)`` builds a problem from a registered name, a
 ``"package.module:ClassName"`` importable from the PYTHONPATH, or a plugin's entry point
 (group ``diffnet.problems``): see :mod:`.registry`. The contract a problem implements:
-:mod:`.base`.
+:mod:`.base`, the three parts :class:`Family`, :class:`Loss` and an answer head
+(:mod:`.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import inspect
 
 from ..validation import keyword_options
 from .base import Axis, Problem
+from .family import Family
+from .heads import AnswerHead, Plain, QuadraticEnergy, Ritz
+from .loss import Loss
 from .burgers import Burgers
 from .darcy import Darcy
 from .poisson import Poisson
@@ -40,6 +44,18 @@ def get_problem(name, **kwargs) -> Problem:
     return cls(**kwargs)
 
 
-__all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "get_problem", "problem_options", "resolve",
-           "register", "problem_spec", "has_reference", "check_reference", "entry_point_names",
-           "available_text", "Burgers", "Darcy", "Poisson", "Poisson3D", "ReactionDiffusion"]
+def replace_options(name, stored: dict, given: dict) -> dict:
+    """The options of problem ``name`` (a name or a class): ``stored`` ones (e.g. a checkpoint's,
+    every value written out) with ``given`` ones in place. A given option that names a preset
+    (the class's ``option_presets``) drops the stored values of the options it presets, so the
+    preset gives them, unless they are given too."""
+    cls = name if inspect.isclass(name) else resolve(name)
+    reset = {k for opt in given for k in cls.option_presets.get(opt, ())}
+    return {**{k: v for k, v in stored.items() if k not in reset}, **given}
+
+
+__all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "AnswerHead", "Plain",
+           "Ritz", "QuadraticEnergy", "get_problem", "problem_options",
+           "replace_options", "resolve", "register", "problem_spec", "has_reference",
+           "check_reference", "entry_point_names", "available_text", "Burgers", "Darcy",
+           "Poisson", "Poisson3D", "ReactionDiffusion"]

@@ -1,18 +1,23 @@
-"""The problem checker: does a PDE family keep the contract of :mod:`diffnet.problems.base`?
+"""The problem checker: does a PDE family keep the contract of :mod:`diffnet.problems.base`
+(its family, loss and answer head)?
 
 ``check_problem(spec, grid=..., options=...)`` builds the problem (a registered name, a
 ``"package.module:ClassName"`` string or a Problem subclass) on a small grid and runs, in one
 process and in a few seconds:
 
 * shapes and dtypes of every method's outputs, float32 and float64 (parameter draws,
-  ``build_input``, ``impose``, ``loss_terms``, ``inputs_from_fields``, the reference solvers);
+  ``build_input``, ``impose``, ``answer``, ``loss_terms``, ``inputs_from_fields``, the
+  reference solvers);
 * per-sample terms: a sample's terms are the same in a batch of 3 and alone;
 * deterministic draws: the same seed gives the same parameters and inputs, another seed others;
 * a float64 gradient check of the loss w.r.t. the network output (directional differences);
+* the answer head, if not ``Plain`` (:mod:`.check_head`): what it needs of the problem, and an
+  answer at which the loss is stationary along each imposed field;
 * split against undivided on blocks [1, 2] and [2, 2] (3-D: [1, 1, 2] and [2, 2, 2]) of the
-  grid, emulated in threads (:mod:`diffnet.problems.check_split`): the sum over the blocks of
-  each term equals the undivided term, value and gradient; a problem that refuses a split
-  (``check_block``) has no domain parallelism there, which is reported, not failed;
+  grid, emulated in threads (:mod:`diffnet.problems.check_split`): the blocks' answer is the
+  undivided one and the sum over the blocks of each term equals the undivided term, value and
+  gradient; a problem that refuses a split (``check_block``) has no domain parallelism there,
+  which is reported, not failed;
 * checkpoint round trip: ``config()`` survives JSON (what a checkpoint stores) and rebuilds a
   problem with the same options, draws and losses.
 
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .base import Problem
+from .check_head import check_head
 from .check_methods import (Fault, Skipped, Subject, check_attributes, check_draws,
                             check_fields, check_gradient, check_parameters, check_per_sample,
                             check_reference, check_round_trip, check_solve_from_inputs,
@@ -161,7 +167,8 @@ def checks(s: Subject) -> list:
              ("deterministic draws", check_draws)]
             + [(f"shapes and dtypes, {d}", shapes_check(d)) for d in ("float32", "float64")]
             + [("inputs_from_fields", check_fields), ("per-sample terms", check_per_sample),
-               ("float64 gradient", check_gradient), ("reference_solution", check_reference),
+               ("float64 gradient", check_gradient), ("answer head", check_head),
+               ("reference_solution", check_reference),
                ("solve_from_inputs", check_solve_from_inputs)]
             + [(f"split {sp} against undivided", split_check(sp)) for sp in splits]
             + [("checkpoint round trip", check_round_trip)])

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .base import Problem
+from .heads import AnswerHead
 from .check_split import ThreadSplit, close, compare_split, fmt, split_run, undivided
 from .registry import has_reference, problem_spec
 
@@ -106,6 +107,9 @@ def check_attributes(s: Subject) -> str:
                                       "without a reference solver")
     expect(p.dims == len(s.grid), "class attribute dims", repr(p.dims),
            f"the number of grid axes, {len(s.grid)}")
+    expect(isinstance(p.head, AnswerHead) and isinstance(p.head.channels, int)
+           and p.head.channels >= 1, "head", repr(p.head), "an AnswerHead of "
+           "diffnet.problems.heads (Plain, Ritz or a subclass) with channels >= 1")
     expect(isinstance(p.output_channels, int) and p.output_channels >= 1,
            "output_channels", repr(p.output_channels), "an int >= 1")
     axes = call("axes", lambda: p.axes)
@@ -165,10 +169,13 @@ def raw_field(p: Problem, n: int = BATCH, dtype=torch.float64, seed: int = 0) ->
 
 
 def terms_of(p: Problem, raw: torch.Tensor, x: torch.Tensor) -> tuple:
-    """(imposed field, terms) of ``p`` at ``raw``, each output checked for shape and dtype."""
+    """(answer field, terms) of ``p`` at ``raw``, each output checked for shape and dtype: the
+    imposed fields (one per channel of the answer head), the answer, the terms."""
     n = raw.shape[0]
-    u = call("impose", p.impose, raw, x)
-    check_array("impose", u, torch.Tensor, (n, 1, *p.grid), raw.dtype)
+    v = call("impose", p.impose, raw, x)
+    check_array("impose", v, torch.Tensor, (n, p.head.channels, *p.grid), raw.dtype)
+    u = call("answer", p.answer, raw, x)
+    check_array("answer", u, torch.Tensor, (n, 1, *p.grid), raw.dtype)
     terms = call("loss_terms", p.loss_terms, u, x)
     names = set(p.loss_term_names)
     expect(isinstance(terms, dict) and set(terms) == names, "loss_terms",
@@ -197,7 +204,7 @@ def shapes_check(dtype_name: str):
             call("loss_terms (backward)", total.backward)
             expect(raw.grad is not None and bool(torch.isfinite(raw.grad).all()),
                    "loss_terms (backward)", "a non-finite gradient", "a finite gradient")
-        return (f"inputs {tuple(x.shape)}, impose {(BATCH, 1, *s.grid)}, "
+        return (f"inputs {tuple(x.shape)}, answer {(BATCH, 1, *s.grid)}, "
                 f"{len(terms)} terms of shape ({BATCH},)")
     return check
 
@@ -222,7 +229,7 @@ def check_per_sample(s: Subject) -> str:
     u, terms = terms_of(p, raw, x)
     for j in range(BATCH):
         uj, alone = terms_of(p, raw[j:j + 1], x[j:j + 1])
-        expect(close(uj, u[j:j + 1], 1e-10, 1e-13), "impose",
+        expect(close(uj, u[j:j + 1], 1e-10, 1e-13), "answer",
                f"another field for sample {j} alone than in a batch of {BATCH}",
                "a sample's field not to depend on the other samples of the batch")
         for k, v in terms.items():
@@ -313,8 +320,8 @@ def split_check(split):
         p = s.make()
         _, x = draw(p, n=2)
         raw = raw_field(p, n=2)
-        ref_u, ref = call("impose/loss_terms (undivided)", undivided, p, raw, x, PROGRESS)
-        got_u, got = call(f"impose/loss_terms on blocks {split}", split_run, s.make, split,
+        ref_u, ref = call("answer/loss_terms (undivided)", undivided, p, raw, x, PROGRESS)
+        got_u, got = call(f"answer/loss_terms on blocks {split}", split_run, s.make, split,
                           raw, x, PROGRESS)
         bad = compare_split(ref_u, ref, got_u, got, len(ts.coords), exact_impose=False)
         if bad is not None:

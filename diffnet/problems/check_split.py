@@ -7,9 +7,9 @@ for every block and builds its result from all the posted tensors by differentia
 concatenation (halo: the window of ``F.pad`` of the assembled global field). Every block
 computes on views of the SAME global autograd leaf, so summing the blocks' terms and
 backpropagating once carries the gradient across the blocks exactly as the collectives' adjoint
-exchange would. :func:`compare_split` then states, per term, whether the sum over the blocks
-equals the undivided term, value and gradient (the contract of "Domain parallelism" in
-:mod:`diffnet.problems.base`).
+exchange would. :func:`compare_split` then states whether the blocks' answer is the undivided
+one and, per term, whether the sum over the blocks equals the undivided term, value and
+gradient (the contract of "Domain parallelism" in :mod:`diffnet.problems.loss`).
 """
 from __future__ import annotations
 
@@ -129,14 +129,14 @@ def terms_and_grads(terms: dict, raw: torch.Tensor) -> dict:
 
 
 def undivided(problem, raw: torch.Tensor, x: torch.Tensor, progress: float = 0.25):
-    """(imposed field, {term: (value, gradient)}) of ``problem`` on the whole grid."""
+    """(answer field, {term: (value, gradient)}) of ``problem`` on the whole grid."""
     problem.set_progress(progress)
-    u = problem.impose(raw, x)
+    u = problem.answer(raw, x)
     return u.detach(), terms_and_grads(problem.loss_terms(u, x), raw)
 
 
 def split_run(make, split, raw: torch.Tensor, x: torch.Tensor, progress: float = 0.25):
-    """(imposed field assembled from the blocks, {term: (sum over the blocks, its gradient)}):
+    """(answer field assembled from the blocks, {term: (sum over the blocks, its gradient)}):
     a fresh ``make()`` on every block of ``split``. ValueError from ``on_block``: the problem
     refuses that split."""
     ts = ThreadSplit(raw.shape[2:], split)
@@ -144,7 +144,7 @@ def split_run(make, split, raw: torch.Tensor, x: torch.Tensor, progress: float =
     def work(blk):
         p = make().on_block(blk)
         p.set_progress(progress)
-        u = p.impose(blk.local(raw), blk.local(x))
+        u = p.answer(blk.local(raw), blk.local(x))
         return u, p.loss_terms(u, blk.local(x))
 
     blocks, results = run_blocks(ts, work)
@@ -175,16 +175,17 @@ def compare_split(ref_u, ref, got_u, got, n_blocks: int, exact_impose: bool = Tr
     """The first :class:`SplitMismatch` between the undivided (``ref_u``, ``ref``) and the
     split (``got_u``, ``got``) results, or None when they agree.
 
-    ``exact_impose``: the blocks' imposed field must equal the undivided one bit for bit (a
-    pointwise impose); otherwise to rounding (a global reduction inside impose sums in another
-    order). ``rtol`` and ``atol``: see :func:`close`."""
+    ``exact_impose``: the blocks' answer field must equal the undivided one bit for bit (a
+    pointwise impose and the Plain head); otherwise to rounding (a global reduction in the
+    answer head sums in another order). ``rtol`` and ``atol``: see :func:`close`."""
     same_u = torch.equal(got_u, ref_u) if exact_impose else close(got_u, ref_u, rtol, atol)
     if not same_u:
         err = (got_u - ref_u).abs().max().item() if got_u.shape == ref_u.shape else None
+        got = f"a field {tuple(got_u.shape)}"
         return SplitMismatch(
-            method="impose", got=(f"a field {tuple(got_u.shape)} differing by up to {err:.3g}"
-                                  if err is not None else f"a field {tuple(got_u.shape)}"),
-            expected=f"the undivided imposed field {tuple(ref_u.shape)}")
+            method="answer (impose, then the answer head)",
+            got=got if err is None else f"{got} differing by up to {err:.3g}",
+            expected=f"the undivided answer field {tuple(ref_u.shape)}")
     if set(got) != set(ref):
         return SplitMismatch(method="loss_terms", got=f"terms {sorted(got)}",
                              expected=f"the undivided terms {sorted(ref)}")

@@ -13,8 +13,8 @@ import torch
 
 from ..domain import Block
 from ..validation import check_choice, check_int, check_number
+from .blocks import block_coords
 from .random_fields import cosine_basis, draw_coefficients, grf_scales, render
-from .fields import block_coords
 from .reaction_diffusion import ReactionDiffusion
 
 # The named configurations (``family``); explicit tau / alpha / a_hi / a_lo override them.
@@ -51,7 +51,9 @@ class Darcy(ReactionDiffusion):
     ~1/10, where the 64x64 solution interpolated to 512x512 is a few percent from the 512x512
     one (lab/notes/readme-second-release.md, "Does the family need the fine grid?"). ``tau``
     (> 0), ``alpha`` (> 1: finite variance in 2-D), ``a_hi``, ``a_lo`` (> 0, threshold only)
-    given explicitly override the preset.
+    given explicitly override the preset; a ``family`` given anew over stored options
+    (``--set`` on a checkpoint) brings its preset's values, unless they are given too
+    (``option_presets``).
 
     Parameters: the M*M coefficients c_lk, row-major over (l, k) (l along y, k along x), named
     "c_l_k"; c_00 is always 0 in the draws. ``sample_params(seed, indices)`` draws them (draw i
@@ -104,6 +106,9 @@ class Darcy(ReactionDiffusion):
 
     name = "darcy"
     residual_threshold = 0.4     # of answer_residual: docs/answer-check.md says how chosen
+    # config() writes the preset's values out (a checkpoint reloads exactly); a family given
+    # anew on it (--set) must still bring its own values: replace_options drops these
+    option_presets = {"family": ("tau", "alpha", "a_hi", "a_lo")}
 
     def __init__(self, *, grid=(64, 64), family: str = "benchmark", tau=None, alpha=None,
                  a_hi=None, a_lo=None, coefficient: str = "threshold", modes: int = 32,
@@ -143,7 +148,7 @@ class Darcy(ReactionDiffusion):
                "tau": self.tau, "alpha": self.alpha, "modes": self.modes,
                "source": self.source, "quadrature": self.quadrature, "stencil": self.stencil,
                "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz,
-               "ritz_fields": self.output_channels, "ritz_partition": self.partition}
+               "ritz_fields": self.head.channels, "ritz_partition": self.partition}
         if self.coefficient == "threshold":
             cfg.update(a_hi=self.a_hi, a_lo=self.a_lo)
         return cfg

@@ -1,14 +1,15 @@
-"""Reaction-diffusion family: log-normal KL diffusivity, fixed reaction and source."""
+"""Reaction-diffusion family: log-normal KL diffusivity, fixed reaction and source; its energy
+is a ``QuadraticEnergy``, so it answers through a Ritz head with option ``ritz``."""
 from __future__ import annotations
 
 import torch
 
 from ..validation import check_bool, check_choice, check_int, check_number
 from .fields import KLDiffusionProblem
-from .ritz import Partition, partition_combination, ritz_combination
+from .heads import Plain, QuadraticEnergy, Ritz
 
 
-class ReactionDiffusion(KLDiffusionProblem):
+class ReactionDiffusion(KLDiffusionProblem, QuadraticEnergy):
     """-div(nu grad u) + kappa^2 u = f on (y, x) in [0, 1]^2, u = 0 on the whole boundary.
 
     Family: nu = the same KL log-normal diffusivity as ``Poisson`` (``n_terms`` default 4,
@@ -22,8 +23,9 @@ class ReactionDiffusion(KLDiffusionProblem):
     zeroed (so a boundary layer one cell wide costs the network nothing); ``"lift"`` returns
     u = output_scale * 16 x (1 - x) y (1 - y) * raw, smooth up to the walls.
     ``output_scale`` (default 1) sets the size of the network's output (u ~ f / kappa^2 here).
-    ``ritz`` (default False): the output is then the energy's minimiser in the span of the
-    network's fields (``diffnet.problems.ritz``): with ``ritz_fields`` K = 1 (default) c u,
+    ``ritz`` (default False): the answer head (``diffnet.problems.heads.Ritz``) is then the
+    energy's minimiser in the span of the network's fields, each with its boundary values
+    imposed (the numerics: ``diffnet.problems.ritz``): with ``ritz_fields`` K = 1 (default) c u,
     c = l(u) / a(u, u) per sample; with K > 1 the network outputs K fields (the problem's
     ``output_channels``) and their Galerkin combination is the answer. The network then only
     has to span the solution: the amplitudes, global properties (for Darcy, the effective
@@ -59,13 +61,15 @@ class ReactionDiffusion(KLDiffusionProblem):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.ritz = check_bool("ritz", ritz)
-        self.output_channels = check_int("ritz_fields", ritz_fields, 1, 16)
-        if self.output_channels > 1 and not self.ritz:
+        fields = check_int("ritz_fields", ritz_fields, 1, 16)
+        if fields > 1 and not self.ritz:
             raise ValueError(f"ritz_fields = {ritz_fields} combines the network's fields by the "
                              f"Ritz-Galerkin solve, which needs ritz = true; set ritz = true or "
                              f"ritz_fields = 1")
         self.partition = self._check_partition(ritz_partition)
-        self._hats = Partition(self.grid, self.partition) if self.partition else None
+        self.head = Ritz(fields, self.partition) if self.ritz else Plain()
+        if self.partition:
+            self.head.partition_of(self.grid)      # built with the problem, not at a first answer
         self.kappa = check_number("kappa", kappa, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, ("overwrite", "lift"))
         self.output_scale = check_number("output_scale", output_scale, lo=0.0)
@@ -75,7 +79,7 @@ class ReactionDiffusion(KLDiffusionProblem):
     def config(self) -> dict:
         return {**super().config(), "kappa": self.kappa, "source": self.source,
                 "bc_mode": self.bc_mode, "output_scale": self.output_scale, "ritz": self.ritz,
-                "ritz_fields": self.output_channels, "ritz_partition": self.partition}
+                "ritz_fields": self.head.channels, "ritz_partition": self.partition}
 
     def _check_partition(self, m) -> int:
         m = check_int("ritz_partition", m, 0, min(self.grid) - 1)
@@ -101,36 +105,34 @@ class ReactionDiffusion(KLDiffusionProblem):
     def impose(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         # impose_dirichlet(u, boundary, 0) * scale == u * (scale * interior): one multiply.
         mask = self._bubble(u) if self.bc_mode == "lift" else self._interior(u)
-        u = u * self.part(mask)
-        if not self.ritz:
-            return u
-        nu = inputs[:, 0:1].to(torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
-                                else u.dtype)
-        features = lambda v: self.quadratic_features(v, nu.to(v.dtype))
-        if self._hats is not None:
-            load = self.source * self.part(self._weights(u)[2])
-            nu_d = nu.double()  # float64 as the partition works: converted once, not per cell
-            window = lambda v, start, stop: self.quadratic_features_window(v, nu_d, start, stop)
-            return partition_combination(u, features, load, self.block.sum, self._hats,
-                                         self.block, window_features=window)
-        return ritz_combination(u, features, lambda v: self.integrate(v * self.source),
-                                self.block.sum)
+        return u * self.part(mask)
 
-    def quadratic_features_window(self, u: torch.Tensor, nu: torch.Tensor, start, stop) -> list:
+    # -- the quadratic energy the Ritz head minimises (heads.QuadraticEnergy) -----------------
+    def load(self, inputs: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """The nodal weights of l(v) = integral of f v: f times the trapezoidal weights."""
+        return self.source * self.part(self._weights(like)[2])
+
+    def linear_form(self, u: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """(B, K) integral of f u_i, as ``integrate`` takes it (the K fields as one batch)."""
+        b, k = u.shape[:2]
+        return self.integrate(u.reshape(b * k, 1, *u.shape[2:]) * self.source).view(b, k)
+
+    def quadratic_features_window(self, u: torch.Tensor, inputs: torch.Tensor, start,
+                                  stop) -> list:
         """``quadratic_features`` of a window of the whole grid (``diffusion_features_window``:
         the edges and nodes it owns)."""
-        pairs = self.diffusion_features_window(u, nu, start, stop)
+        pairs = self.diffusion_features_window(u, inputs[:, 0:1].to(u.dtype), start, stop)
         if self.kappa == 0:
             return pairs
         (y0, x0), (y1, x1) = start, stop
         wn = self._weights(u)[2][..., y0:y1, x0:x1]
         return pairs + [(u[..., :y1 - y0, :x1 - x0], (0.5 * self.kappa ** 2) * wn)]
 
-    def quadratic_features(self, u: torch.Tensor, nu: torch.Tensor) -> list:
+    def quadratic_features(self, u: torch.Tensor, inputs: torch.Tensor) -> list:
         """a(u, u) / 2 = integral of nu |grad u|^2 / 2 + kappa^2 u^2 / 2 (this block's part on
         a split) as weighted squares, for the K fields of u (B, K, *grid) (see
-        ``diffusion_features``)."""
-        pairs = self.diffusion_features(u, nu)
+        ``diffusion_features``); nu is channel 0 of ``inputs`` (or ``inputs`` is nu)."""
+        pairs = self.diffusion_features(u, inputs[:, 0:1].to(u.dtype))
         if self.kappa == 0:     # Darcy: a zero-weight pair would add a third to G's products
             return pairs
         return pairs + [(u, (0.5 * self.kappa ** 2) * self.part(self._weights(u)[2]))]

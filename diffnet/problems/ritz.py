@@ -1,4 +1,5 @@
-"""The Ritz-Galerkin answer of a linear problem with an energy, from the network's fields.
+"""The Ritz-Galerkin answer of a linear problem with an energy, from the network's fields: the
+numerics of the answer head ``heads.Ritz`` (which takes the energy from a ``QuadraticEnergy``).
 
 For a problem whose solution minimises E(u) = a(u, u) / 2 - l(u) over a linear space (zero
 boundary data: every combination of admissible fields is admissible), the best answer in the

@@ -61,7 +61,7 @@ def errors(model, prob, params, refs, chunk: int = 8) -> np.ndarray:
     with torch.no_grad():
         for i in range(0, len(params), chunk):
             x = prob.build_input(params[i:i + chunk]).to(next(model.parameters()).dtype)
-            u = prob.impose(model(x), x)[:, 0].double().numpy()
+            u = prob.answer(model(x), x)[:, 0].double().numpy()
             errs.append(relative_l2(u, refs[i:i + chunk]))
     return np.concatenate(errs)
 

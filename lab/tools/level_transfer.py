@@ -31,7 +31,7 @@ def measure(path: str, grids, draws: int, seed: int) -> dict:
     params = prob.sample_params(seed, np.arange(draws))
     x0 = prob.build_input(params)
     with torch.no_grad():
-        u0 = prob.impose(model(x0), x0)
+        u0 = prob.answer(model(x0), x0)
     own = np.stack([prob.reference_solution(q) for q in params])
     out = {"checkpoint": path, "grid": list(prob.grid), "draws": draws, "seed": seed,
            "own_grid": float(relative_l2(u0[:, 0].numpy(), own).mean()), "finer": []}
@@ -39,7 +39,7 @@ def measure(path: str, grids, draws: int, seed: int) -> dict:
         p = get_problem(prob.name, grid=(g, g), **opts)
         x = p.build_input(params)
         with torch.no_grad():
-            u = p.impose(model(x), x)
+            u = p.answer(model(x), x)
         ref = np.stack([p.reference_solution(q) for q in params])
         ui = resample_nodes(u0, (g, g))
         out["finer"].append({"grid": [g, g],

@@ -57,7 +57,7 @@ def time_one(problem, x, u, repeats: int) -> tuple[float, torch.Tensor]:
     last = []
 
     def step():
-        out = problem.impose(u.detach().requires_grad_(), x)
+        out = problem.answer(u.detach().requires_grad_(), x)
         problem.loss_terms(out, x)["pde"].sum().backward()
         last[:] = [out.detach()]
 
@@ -96,7 +96,7 @@ def run_partitions(grid: int, k: int, partitions: list[int], repeats: int) -> li
         x = p.build_input(p.sample_params(0, [0]))
         u = torch.randn((1, k, grid, grid), generator=torch.Generator().manual_seed(k))
         with torch.no_grad():   # not inference_mode: the problem caches masks for training
-            answer = median_seconds(lambda: p.impose(u, x), repeats)
+            answer = median_seconds(lambda: p.answer(u, x), repeats)
         train, _ = time_one(p, x, u, repeats)
         rows.append({"grid": grid, "fields": k, "partition": m, "batch": 1,
                      "impose_s": answer, "impose_energy_backward_s": train})

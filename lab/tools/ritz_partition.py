@@ -55,12 +55,12 @@ def run(ckpt: str, ref_path: str, partitions, samples: int, control: bool) -> di
             forward.append(time.perf_counter() - t0)
             for m, p in problems.items():
                 t0 = time.perf_counter()
-                u = p.impose(raw, x)
+                u = p.answer(raw, x)
                 rows[m]["sec"].append(time.perf_counter() - t0)
                 rows[m]["err"].append(_rel(u, u_ref))
                 if m in ctrl:
                     ones = torch.ones((1, 1, *grid), dtype=dtype)
-                    ctrl[m].append(_rel(p.impose(ones, x), u_ref))
+                    ctrl[m].append(_rel(p.answer(ones, x), u_ref))
             print(f"sample {s}: " + "  ".join(f"m={m} {rows[m]['err'][-1]:.4f}"
                                               for m in partitions), flush=True)
     out = {"checkpoint": ckpt, "reference": ref_path, "grid": grid, "samples": n,

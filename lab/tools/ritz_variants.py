@@ -106,7 +106,7 @@ def run(ckpt: str, ref_path: str, samples: int, m: int, fields) -> dict:
             x = torch.as_tensor(ref["inputs"][s:s + 1], dtype=dtype)
             u_ref = torch.as_tensor(ref["u"][s], dtype=torch.float64)
             raw = model(x)
-            base = problem.impose(raw, x)[0, 0].double()
+            base = problem.answer(raw, x)[0, 0].double()
             u, nu = masking.impose(raw, x), x[:, 0:1].double()
             answers = {"float64": base,
                        "float32_features": partition_answer(problem, u, nu, m, features32=True),

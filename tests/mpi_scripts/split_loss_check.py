@@ -72,13 +72,13 @@ def check(name, kw, grid, block, dom, case):
     make = lambda: get_problem(name, grid=grid, **kw)      # noqa: E731
     plain = make()
     raw, x = data(plain, grid)
-    ref = plain.loss_terms(plain.impose(raw, x), x)
+    ref = plain.loss_terms(plain.answer(raw, x), x)
     ref_grads = term_grads(ref, raw)
 
     p = make().on_block(block)
     p.set_progress(0.25)
     xb = block.local(x)
-    terms = p.loss_terms(p.impose(block.local(raw), xb), xb)
+    terms = p.loss_terms(p.answer(block.local(raw), xb), xb)
     grads = term_grads(terms, raw)
     what = f"case={case} {name} {kw}"
     assert terms.keys() == ref.keys(), what
