@@ -191,8 +191,8 @@ def load_model(path, grid=None, work_grid=None, options=None):
     dtype = next(iter(state["model_state"].values())).dtype
     model = model.to(dtype).eval()
     # default: the grid the network was trained on when the checkpoint was written
-    problem = build_problem(trained_problem(path, spec_p), answer_options(spec_p, options),
-                            grid or training_grid(meta))
+    cls = trained_problem(path, spec_p)
+    problem = build_problem(cls, answer_options(cls, spec_p, options), grid or training_grid(meta))
     if options:
         check_fits(problem, spec_p, options)
     where = None if grid is None else f"--grid {grid_text(grid)}"
@@ -211,13 +211,16 @@ def trained_problem(path, spec: dict):
                          f"this process cannot find: {e}") from None
 
 
-def answer_options(spec: dict, options) -> dict:
+def answer_options(cls, spec: dict, options) -> dict:
     """The checkpoint's problem options with the ``--set`` ones in place (not the grid,
-    which --grid sets)."""
+    which --grid sets); an option that names a preset (Problem.option_presets) brings the
+    preset's values in place of the stored ones."""
+    from diffnet.problems import replace_options
+
     options = dict(options or {})
     if "grid" in options:
         raise ValueError("problem.options.grid: give the grid with --grid HxW")
-    return {**spec["kwargs"], **options}        # the problem refuses unknown names
+    return replace_options(cls, spec["kwargs"], options)  # the problem refuses unknown names
 
 
 def check_fits(problem, spec: dict, options: dict) -> None:

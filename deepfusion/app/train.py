@@ -20,7 +20,7 @@ from ..engine.memory import reuse_freed_memory
 from .agreement import check_same_config
 from .cli_options import as_set_flags, deprecated_spellings, problem_options
 from .policy import ExitCode, collective_check, say_note, say_once
-from .preflight import apply_resume, check_run
+from .preflight import apply_resume, check_run, useful_ranks_warning
 
 
 def cmd_train(args, comm) -> int:
@@ -57,12 +57,14 @@ def train_locked(args, comm, cfg) -> int:
     """The run, under the run directory's lock."""
     # Ranks, CPU and run directory first: a refused launch exits before any rank imports torch.
     collective_check(comm, check_run, cfg, comm.size, bool(args.resume), args.overwrite)
+    past = useful_ranks_warning(cfg, comm.size)  # the line 'deepfusion check' prints
+    if past:
+        say_once(comm, f"deepfusion: warning: {past}")
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
     precision = agreed_precision(cfg.train.precision, comm)
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
-    from ..engine.evaluate import evaluate, quantity, summary_text, write_report
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
     from .build import build_checked, model_grower, prepare_run_dir, torch_dtype
@@ -89,18 +91,36 @@ def train_locked(args, comm, cfg) -> int:
     trainer = Trainer(run_cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
                       problems=problems, grow=model_grower(cfg, task))
     trainer.fit(resume=bool(args.resume))
-    pmodel = trainer.model  # the trained network (grown, if a level prolongs it)
     if cfg.data.eval_samples > 0:
-        task.on_block(pmodel.block(task.grid))  # the last level may have been another grid
-        summary = evaluate(pmodel.module, task, comm, n=cfg.data.eval_samples,
-                           seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
-                           channels_last=cfg.model.channels_last, domain=pmodel.domain)
-        if summary is not None:
-            write_report(summary, cfg.run.dir, task.axes, plot=cfg.run.plots)
-            print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed): "
-                  f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}",
-                  flush=True)
+        final_validation(cfg, comm, trainer)
     return 0
+
+
+def final_validation(cfg, comm, trainer) -> None:
+    """The validation draw on the grid the network last trained on (the problem and block of
+    the trainer's last visit): problem.grid, unless train.max_steps cut a multigrid plan
+    before its last level, which is then said. Rank 0 writes eval.json, with the step, level
+    and grid."""
+    from ..engine.evaluate import evaluate, quantity, summary_text, write_report
+    from .build import torch_dtype
+    from .inference import grid_text
+
+    pmodel, visit, task = trainer.model, trainer.visit, trainer.task  # (grown, if prolonged)
+    summary = evaluate(pmodel.module, task, comm, n=cfg.data.eval_samples,
+                       seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
+                       channels_last=cfg.model.channels_last, domain=pmodel.domain)
+    if summary is None:
+        return
+    summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))
+    write_report(summary, cfg.run.dir, task.axes, plot=cfg.run.plots)
+    where = f"on {grid_text(visit.grid)} at step {trainer.step}"
+    if list(visit.grid) != list(cfg.problem.grid):
+        print(f"deepfusion: note: train.max_steps = {cfg.train.max_steps} ended the "
+              f"plan in level {visit.level}: validated on {grid_text(visit.grid)}, the last grid "
+              f"trained, not problem.grid {grid_text(cfg.problem.grid)}", file=sys.stderr,
+              flush=True)
+    print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed) {where}: "
+          f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
 
 
 def on_every_rank(comm):
@@ -197,7 +217,7 @@ def cmd_evaluate(args, comm) -> int:
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
     from ..engine.evaluate import evaluate, quantity, summary_text
     from ..engine.memformat import convert_model
-    from .inference import trained_config
+    from .inference import grid_text, trained_config
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for level, text in args.checkpoint_notes:
@@ -215,10 +235,10 @@ def cmd_evaluate(args, comm) -> int:
                                    f"eval_seed{seed}.json")
     with open(out, "w") as f:
         json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"),
-                   "options": args.options, **summary}, f, indent=1)
+                   "grid": list(problem.grid), "options": args.options, **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
     given = as_set_flags(args.options)
     print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
-          f"{' with ' + given if given else ''}: "
+          f" on {grid_text(problem.grid)}{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)
     return 0
