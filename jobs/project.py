@@ -25,7 +25,8 @@ not shrink with the batch (micro-batches run one after another).
 With ``--config RECIPE`` instead of a study, the recipe's own plan is projected at its own batch
 (so at its measured test error), domain splits carrying it past the batch
 (``jobs.project_recipe``); ``--t-sample`` is then optional, one figure per level, and measured
-by ``deepfusion check``'s probe when left out.
+by ``deepfusion check``'s probe when left out. ``--combine A/project.json B/project.json``
+puts projections side by side (``jobs.project_summary``).
 """
 from __future__ import annotations
 
@@ -226,6 +227,9 @@ def build_parser(prog: str = "deepfusion jobs project") -> argparse.ArgumentPars
     p.add_argument("--profiles", default=None, help="extra profile TOML merged over it")
     p.add_argument("--domain", action="store_true",
                    help="also consider splitting each sample over ranks (parallel.domain)")
+    p.add_argument("--combine", nargs="+", metavar="PROJECT_JSON",
+                   help="instead of projecting: put these project.json files side by side "
+                   "(summary.md, summary.png in --out)")
     p.add_argument("--out", required=True, help="output directory (project.json, project.md, "
                    "project.png)")
     return p
@@ -250,8 +254,23 @@ def check_args(args) -> None:
         raise ValueError("--t-sample must be > 0")
 
 
+def combine_main(args) -> int:
+    from jobs.project_summary import combine
+
+    try:
+        text = combine(args.combine, Path(args.out))
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"-> {args.out}/summary.md, summary.png (the projections' own figures)")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.combine:
+        return combine_main(args)
     try:
         args.nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
         args.clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]

@@ -120,3 +120,19 @@ def test_bad_recipe_command_lines_are_refused(tmp_path, capsys):
     assert rc == 2 and "not both" in capsys.readouterr().err
     assert project.main(["--family", "f", "--out", str(tmp_path / "o")]) == 2
     assert "--study, --grid, --t-sample must be given" in capsys.readouterr().err
+
+
+def test_projections_are_combined_side_by_side(tmp_path, capsys):
+    rc, out = recipe(tmp_path, "", "--t-sample", "0.01,0.04")
+    assert rc == 0
+    (tmp_path / "study").mkdir()
+    rc, study = run(tmp_path / "study")
+    assert rc == 0
+    both = [str(out / "project.json"), str(study / "project.json")]
+    assert project.main(["--combine", *both, "--out", str(tmp_path / "sum")]) == 0
+    text = (tmp_path / "sum" / "summary.md").read_text()
+    assert "`recipe`" in text and "`f`" in text and (tmp_path / "sum" / "summary.png").exists()
+    assert text.splitlines()[0].endswith("| 1 nodes | 4 nodes | 16 nodes | 64 nodes |")
+    (tmp_path / "bad.json").write_text("{}")
+    assert project.main(["--combine", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 2
+    assert "not a project.json" in capsys.readouterr().err

@@ -1,0 +1,83 @@
+"""Several projections side by side: ``deepfusion jobs project --combine A/project.json
+B/project.json ... --out DIR`` writes ``summary.md`` (per projection and cluster: the time on
+the fewest nodes and the speed-up at each node count, with the layout chosen) and
+``summary.png`` (minutes to the target against nodes, one line per projection and cluster).
+
+Nothing is projected anew: the figures are those of the ``project.json`` files, which say what
+in them is measured and what is modelled.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def load(paths: list[str]) -> list[dict]:
+    """The projections, each with its ``name``: the recipe's or study family's file stem."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        if "projection" not in doc or "inputs" not in doc:
+            raise ValueError(f"{p} is not a project.json of deepfusion jobs project (no "
+                             f"'projection' or 'inputs'): give the project.json files it wrote")
+        doc["name"] = Path(str(doc["inputs"].get("family") or p)).stem
+        docs.append(doc)
+    return docs
+
+
+def layout(r: dict) -> str:
+    split = "x".join(map(str, r["domain"])) + " split" if r.get("domain") else "no split"
+    return f"{r['ranks']} ranks ({r['ranks_per_node']}/node x {r['threads_per_rank']} thr), {split}"
+
+
+def summary_table(docs: list[dict]) -> str:
+    """One row per projection and cluster: minutes on the first node count that runs, then
+    the speed-up and layout at every node count."""
+    nodes = sorted({n for d in docs for n in d["inputs"].get("nodes", [])})
+    head = ["projection", "cluster", "minutes on the fewest nodes"] + [f"{n} nodes" for n in nodes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in docs:
+        for cluster, rows in d["projection"].items():
+            by_nodes = dict(zip(d["inputs"].get("nodes", []), rows))
+            first = next((r for r in rows if r), None)
+            cells = [f"`{d['name']}`", cluster,
+                     f"{first['hours'] * 60:.3g} ({first['nodes']} node(s))" if first else "-"]
+            for n in nodes:
+                r = by_nodes.get(n)
+                cells.append(f"{r['speedup']:.1f}x: {layout(r)}" if r else "no layout")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_plot(docs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    styles = ["-", "--", ":", "-."]
+    for i, d in enumerate(docs):
+        for j, (cluster, rows) in enumerate(d["projection"].items()):
+            rows = [r for r in rows if r]
+            ax.plot([r["nodes"] for r in rows], [r["hours"] * 60 for r in rows],
+                    linestyle=styles[j % len(styles)], marker="o", color=f"C{i}",
+                    label=f"{d['name']} on {cluster}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("minutes to the target (modelled step times)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def combine(paths: list[str], out: Path) -> str:
+    """Write summary.md and summary.png of the projections at ``paths`` into ``out``."""
+    docs = load(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    text = summary_table(docs)
+    (out / "summary.md").write_text(text + "\n")
+    summary_plot(docs, out / "summary.png")
+    return text
