@@ -114,7 +114,8 @@ def check_attributes(s: Subject) -> str:
            "output_channels", repr(p.output_channels), "an int >= 1")
     axes = call("axes", lambda: p.axes)
     expect(len(axes) == p.dims and all(a.hi > a.lo for a in axes), "axes", repr(axes),
-           f"{p.dims} Axis(name, lo, hi) with hi > lo")
+           f"{p.dims} Axis(name, lo, hi) with hi > lo, one per grid axis (the class attribute "
+           f"dims = {p.dims}; a 3-D problem sets dims = 3)")
     return f"{p.dims}-D, inputs {list(p.input_channels)}, terms {list(names)}"
 
 
@@ -343,9 +344,12 @@ def check_round_trip(s: Subject) -> str:
 
     unknown = sorted(set(cfg) - set(problem_options(s.cls)))
     expect(not unknown, "config", f"keys {unknown}", "only the constructor's keyword options")
-    lost = sorted(set(s.options) - set(cfg))
-    expect(not lost, "config", f"{cfg} without the option(s) {lost} it was built with",
-           "every option, so that a checkpoint rebuilds the same problem")
+    # the constructor's options too: a config() that drops an option at its default passes
+    # a round trip at the defaults, and a run that sets it rebuilds with the default
+    lost = sorted((set(s.options) | set(problem_options(s.cls))) - set(cfg))
+    expect(not lost, "config", f"{cfg} without the option(s) {lost} of the constructor",
+           "every option, so that a checkpoint rebuilds the same problem: return "
+           "{**super().config(), OPTION: value, ...}")
     q = call("__init__ (from the checkpoint's record)", rebuild, meta)
     again = json.loads(json.dumps(call("config", q.config), allow_nan=True))
     expect(again == meta["kwargs"], "config", f"{again} after a rebuild from {meta['kwargs']}",

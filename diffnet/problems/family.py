@@ -119,7 +119,8 @@ class Family(abc.ABC):
         return out
 
     def check_params(self, params: np.ndarray) -> np.ndarray:
-        """Validate shape (n, k); return a list of human-readable out-of-range warnings' data."""
+        """``params`` as a float64 (n, k) array; ValueError naming the expected shape otherwise
+        (one vector (k,) is refused: ``np.atleast_2d`` it)."""
         params = np.asarray(params, dtype=np.float64)
         if params.ndim != 2 or params.shape[1] != len(self.param_names):
             raise ValueError(

@@ -123,7 +123,8 @@ class Loss(abc.ABC):
 
     def edges(self, t: torch.Tensor, axes=None) -> list:
         """[(first, second) end nodes of the edges along each of ``axes`` (default all)] that
-        this block owns, t (B, C, *grid): each edge of the grid once over the blocks."""
+        this block owns, t (B, C, *grid): each edge of the grid once over the blocks. ``t`` a
+        tuple of fields gives tuples, per axis ((u0, a0), (u1, a1)) for t = (u, a)."""
         return edges(self.block, t, axes)
 
     def total(self, part: torch.Tensor) -> torch.Tensor:
