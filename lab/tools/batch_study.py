@@ -216,6 +216,28 @@ def critical_batch(rows: list[dict]) -> int | None:
     return best
 
 
+def pct(v) -> str:
+    return f"{100 * v:.2f}%" if v is not None else "-"
+
+
+def table(doc: dict) -> str:
+    """The report as a markdown table: one row per arm that ran, then the critical batches."""
+    lines = ["| family | batch | rule | steps to target | samples to target | last validation "
+             "| test: mean / median / worst (draws) |", "|---|---|---|---|---|---|---|"]
+    for r in doc["arms"]:
+        if r.get("state") == "new":
+            continue
+        t = r.get("test") or {}
+        test = (f"{pct(t['rel_l2_mean'])} / {pct(t['rel_l2_median'])} / {pct(t['rel_l2_max'])} "
+                f"({t['n']})" if "rel_l2_mean" in t else r.get("state", "-"))
+        lines.append(f"| {r['family']} | {r['batch']} | {r['rule']} | "
+                     f"{r.get('steps_to_target') or 'not reached'} | "
+                     f"{r.get('samples_to_target') or '-'} | {pct(r.get('last_validation'))} | "
+                     f"{test} |")
+    crit = ", ".join(f"{k} {v or '-'}" for k, v in doc["critical_batch"].items())
+    return "\n".join(lines) + f"\n\ncritical batch (family/rule): {crit}"
+
+
 def earlier_rows(path: str | None) -> dict:
     """Rows of an earlier report (``--out``'s file), kept for arms whose run directories are
     gone (a study spans sessions; a session may not keep runs/)."""
@@ -267,7 +289,9 @@ def main(argv=None) -> int:
     if args.action == "run":
         return run(plan, args.ranks, args.minutes, args.only)
     targets = {k: float(v) for k, v in (t.split("=", 1) for t in args.target)}
-    emit_json(report(plan, targets, earlier_rows(args.out)), args.out)
+    doc = report(plan, targets, earlier_rows(args.out))
+    print(table(doc))
+    emit_json(doc, args.out)
     return 0
 
 
