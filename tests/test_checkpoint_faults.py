@@ -64,7 +64,9 @@ def test_the_sweep_refuses_every_flip(run, tmp_path):
     why."""
     report = sweep(run, tmp_path, "--flips", "300", "--seed", "7", "--seal-bits", "--cli", "1")
     totals = report["totals"]
-    assert totals["refused"] + totals["harmless"] == 300 + 92 * 8
+    # 300 uniform flips and every seal bit, a uniform flip that lands in the seal counted once
+    assert totals["refused"] + totals["harmless"] == report["flips"]
+    assert 92 * 8 + 290 <= report["flips"] <= 300 + 92 * 8
     assert not any(totals[o] for o in BAD)
     regions = report["by_region"]
     assert sum(regions["metadata"].values()) > 50 and sum(regions["data"].values()) > 50
