@@ -1,7 +1,37 @@
-"""Fixtures shared by the test files: ``cli`` runs a deepfusion command in the test process."""
-import pytest
+"""Fixtures shared by the test files: ``cli`` runs a deepfusion command in the test process;
+the ``bench`` marker (the benchmark harness run end to end: ``make test-bench``); the files
+that launch the most processes run first; each pytest-xdist worker its share of the cores."""
+import os
 
-from deepfusion.app.cli import main
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if WORKERS > 1:
+    # The workers share the cores. With OpenMP's default (every core) an in-process torch or
+    # BLAS op oversubscribes them and its threads spin at each barrier for a descheduled one.
+    # Set before numpy and torch load (they read it once); a test's own launches set their own.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+
+import pytest  # noqa: E402
+
+from deepfusion.app.cli import main  # noqa: E402
+
+# pytest-xdist's --dist loadfile gives a worker a whole file, so a long file started last keeps
+# one worker busy after the other has run out of files: these start first, in this order (the
+# Makefile passes --no-loadscope-reorder, else xdist orders files by their number of tests).
+FIRST = ("test_docs.py", "test_domain_train.py", "test_multigrid.py", "test_recipes.py",
+         "test_elastic.py", "test_engine_mpi.py", "test_prolong.py", "test_failures.py",
+         "test_check_cli.py", "test_plugin_problems.py", "test_checkpoint_faults.py",
+         "test_compile.py", "test_3d.py")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "bench: runs a benchmark harness of bench/ end to end at tiny sizes "
+        "(`make test-bench`; `make test` leaves it out)")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: files stay whole
 
 
 @pytest.fixture

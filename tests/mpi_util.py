@@ -4,7 +4,9 @@ The timeout is a hang guard for the suite, never an assertion about speed.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +38,22 @@ def deepfusion(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "deepfusion"] + args, capture_output=True,
                               text=True, timeout=kw.get("timeout", HANG_GUARD), env=e, cwd=ROOT)
     return run_mpi(n, ["-m", "deepfusion"] + args, **kw)
+
+
+def commands(n: int, argvs: list[list[str]], **kw) -> list[tuple[int, str, str]]:
+    """``deepfusion ARGV`` for each of ``argvs`` in turn, in one launch on n ranks
+    (``tests/mpi_scripts/commands.py``); asserts the launch exited 0 and returns each command's
+    (exit code, stdout, stderr)."""
+    p = run_mpi(n, ["tests/mpi_scripts/commands.py"] + [json.dumps(a) for a in argvs], **kw)
+    assert p.returncode == 0, p.stderr[-3000:]
+    outs = re.split(r"^=== command \d+\n", p.stdout, flags=re.M)[1:]
+    errs = re.split(r"^=== command \d+\n", p.stderr, flags=re.M)[1:]
+    assert len(outs) == len(errs) == len(argvs), p.stdout[-3000:] + p.stderr[-3000:]
+    done = []
+    for i, (out, err) in enumerate(zip(outs, errs)):
+        end = re.search(rf"^=== exit {i} (-?\d+)$", out, flags=re.M)
+        done.append((int(end.group(1)), out[:end.start()], err))
+    return done
 
 
 def run_script_cases(n: int, script: str, cases: list[str]) -> None:

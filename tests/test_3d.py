@@ -54,7 +54,7 @@ def newest_checkpoint(run_dir) -> str:
 
 @pytest.mark.mpi
 def test_same_losses_on_one_and_two_ranks_in_either_layout(run3d, tmp_path):
-    """P = 2 in channels_last_3d (the fixture) and P = 1 (a plain process) in NCDHW log the
+    """P = 2 in channels_last_3d (the fixture) and P = 1 (in this process) in NCDHW log the
     same 6 losses (float64: the first, before any update, to rtol 1e-12, since the layout
     changes the memory order, never the function; all to rtol 1e-9), the loss falls, and the
     run writes its report (eval.png: three orthogonal slices per sample). The checkpoint holds
@@ -63,7 +63,7 @@ def test_same_losses_on_one_and_two_ranks_in_either_layout(run3d, tmp_path):
 
     config, d2 = run3d
     d1 = str(tmp_path / "p1")
-    p = train(0, config, d1, "model.channels_last=false", "data.eval_samples=0")
+    p = train(None, config, d1, "model.channels_last=false", "data.eval_samples=0")
     assert p.returncode == 0, p.stderr
     a, b = losses(d1), losses(d2)
     assert len(a) == len(b) == 6

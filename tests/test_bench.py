@@ -2,7 +2,9 @@
 relations that hold on any machine hold (a part of a step is shorter than the step, smaller
 buckets are more buckets, every configuration is timed over the same steps).
 
-Never a timing assertion: the numbers depend on the machine and its load.
+Never a timing assertion: the numbers depend on the machine and its load. The end-to-end runs
+(marker ``bench``: several processes each) are ``make test-bench``, not ``make test``; the
+harness's own arithmetic (goals, records) runs in ``make test``.
 """
 import json
 import math
@@ -14,6 +16,7 @@ import pytest
 from bench import comm_bench, run
 
 
+@pytest.mark.bench
 def test_bench_run_quick_writes_json_with_fields(tmp_path):
     out = tmp_path / "out"
     assert run.main(["--quick", "--out", str(out), "--skip", "comm"]) == 0
@@ -125,6 +128,7 @@ def _check_overlap_record(rec):
 
 
 @pytest.mark.mpi
+@pytest.mark.bench
 def test_comm_bench_tiny_has_fields():
     """bench.comm_bench at P=2: every part reports; the overlap and no-overlap records are
     well formed with a real (non-zero) allreduce; 0.25 MB buckets are more than 4 MB ones."""
@@ -198,6 +202,7 @@ def test_domain_bench_puts_copy_free_and_padded_copies_side_by_side():
                for line in D.lines({"copy_free": cf}))
 
 
+@pytest.mark.bench
 def test_domain_bench_quick_has_fields(tmp_path):
     """bench.domain_bench --quick --parts p1,p2,big (128^2 on 1 and 2 ranks, 256^2 on 4 with
     checkpointing; p4 is the same 4-rank [2, 2] worker as big, on the smaller grid):
@@ -257,6 +262,7 @@ def test_conv_rate_bf16_rows_on_any_cpu():
     assert row["bf16_slowdown"] == pytest.approx(row["gflops"] / row["gflops_bf16"])
 
 
+@pytest.mark.bench
 def test_infer_bench_times_the_solvers_one_per_core_beside_one_at_a_time(tmp_path):
     """With --threads 2 each solver also runs as two one-thread processes at once: its record
     gives the time per solve and per answer on the node (half of it), and the node speed-up

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ def losses(d):
 def test_compiled_training_matches_eager(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # other tests may export one
     eager, comp = str(tmp_path / "eager"), str(tmp_path / "comp")
-    p = deepfusion(0, ["train"] + ARGS + ["--set", f"run.dir={eager}"])
+    p = deepfusion_here(["train"] + ARGS + ["--set", f"run.dir={eager}"])  # the reference
     assert p.returncode == 0, p.stderr
     p = deepfusion(0, ["train"] + ARGS + ["--set", f"run.dir={comp}", "--set", "train.compile=true"])
     assert p.returncode == 0, p.stderr

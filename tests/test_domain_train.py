@@ -9,7 +9,9 @@ import os
 
 import pytest
 
+from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion
+from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY as ENGINE_TINY, variant
 
 pytestmark = pytest.mark.mpi
@@ -34,11 +36,6 @@ def losses(run_dir):
     return [r["loss"] for r in records(run_dir, "step")]
 
 
-def train(n, config, run_dir, *sets, **kw):
-    args = ["train", config, "--set", f"run.dir={run_dir}"]
-    return deepfusion(n, args + [a for s in sets for a in ("--set", s)], **kw)
-
-
 def same(a, b, rel=1e-9):
     assert len(a) == len(b) and len(a) > 0, (a, b)
     for x, y in zip(a, b):
@@ -51,7 +48,7 @@ def undivided(tmp_path_factory):
     d = tmp_path_factory.mktemp("undivided")
     cfg = d / "tiny.toml"
     cfg.write_text(TINY)
-    p = train(0, str(cfg), str(d / "run"))
+    p = train(None, str(cfg), str(d / "run"))
     assert p.returncode == 0, p.stderr
     return str(d / "run")
 
@@ -78,8 +75,8 @@ def test_checkpoint_of_a_split_resumes_under_another_split(undivided, tiny, tmp_
     p = deepfusion(2, ["train", "--resume", d, "--set", "parallel.domain=[2, 1]",
                        "--set", "train.max_steps=14"])
     assert p.returncode == 0, p.stderr
-    p = deepfusion(0, ["train", "--resume", d, "--set", "parallel.domain=[]",
-                       "--set", "train.max_steps=0"])
+    p = deepfusion_here(["train", "--resume", d, "--set", "parallel.domain=[]",
+                         "--set", "train.max_steps=0"])
     assert p.returncode == 0, p.stderr
     same(losses(d), losses(undivided))
 
@@ -106,9 +103,10 @@ def latest_checkpoint(run_dir):
 
 
 def infer(ranks, run_dir, out, *args):
-    """``deepfusion infer`` of ``run_dir``'s newest checkpoint on ``ranks`` processes."""
-    return deepfusion(ranks, ["infer", latest_checkpoint(run_dir), "--out", str(out), "--threads",
-                              "1", *args])
+    """``deepfusion infer`` of ``run_dir``'s newest checkpoint on ``ranks`` processes (0: the
+    undivided reference, in this process)."""
+    args = ["infer", latest_checkpoint(run_dir), "--out", str(out), "--threads", "1", *args]
+    return deepfusion(ranks, args) if ranks else deepfusion_here(args)
 
 
 @pytest.mark.parametrize("n,domain", [(4, "2x2")])
@@ -173,7 +171,7 @@ def test_3d_and_multigrid_splits_log_the_undivided_losses(tmp_path, name, n, dom
     cfg.write_text(TINY3 if name == "3d" else MULTIGRID)
     env = REAL_MPI if name == "3d" else None
     ref, d = str(tmp_path / "ref"), str(tmp_path / "split")
-    assert train(0, str(cfg), ref, env=env).returncode == 0
+    assert train(None, str(cfg), ref).returncode == 0
     p = train(n, str(cfg), d, f"parallel.domain={domain}", env=env)
     assert p.returncode == 0, p.stderr
     assert "domain split" in p.stdout

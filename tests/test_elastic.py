@@ -13,6 +13,8 @@ from deepfusion.engine.faults import ENV as FAULT
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
 from tests.test_lbfgs import SWITCH
+from tests.tiny_configs import TINY
+from tests.tiny_runs import trained
 
 pytestmark = pytest.mark.mpi
 
@@ -45,10 +47,9 @@ def _resume_on(n, d, where, want):
         assert a == pytest.approx(b, rel=1e-9, abs=0), (n, got, want)
 
 
-def test_p2_checkpoint_resumes_bit_for_bit_on_p2_and_on_the_same_trajectory_on_p1_p4(tiny,
-                                                                                    tmp_path):
-    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
-    assert train(2, tiny, full).returncode == 0
+def test_p2_checkpoint_resumes_bit_for_bit_on_p2_and_on_the_same_trajectory_on_p1_p4(
+        tiny, tmp_path, tmp_path_factory):
+    full, cut = trained(tmp_path_factory, TINY, 2), str(tmp_path / "cut")
     _cut(tiny, cut, 8, 14)
     elsewhere = _copies(cut)
     p = deepfusion(2, ["train", "--resume", cut])

@@ -5,8 +5,10 @@ import os
 import pytest
 
 from deepfusion.engine.faults import ENV as FAULT
+from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion, run_mpi
 from tests.tiny_configs import TINY
+from tests.tiny_runs import trained
 
 pytestmark = pytest.mark.mpi
 
@@ -25,42 +27,48 @@ def losses(run_dir):
 
 
 def train(n, config, run_dir, *extra, **kw):
+    """``deepfusion train CONFIG`` with ``--set``s on n ranks (0: a plain process, no launcher;
+    None: in this process, for a one-process run that is not itself under test)."""
     args = ["train", config, "--set", f"run.dir={run_dir}"] + [a for s in extra for a in ("--set", s)]
-    return deepfusion(n, args, **kw)
+    return deepfusion_here(args) if n is None else deepfusion(n, args, **kw)
 
 
-@pytest.mark.parametrize("n,variants", [(2, ["plain", "overlap", "micro"]), (4, ["overlap"])])
+@pytest.mark.parametrize("n,variants", [
+    (2, ["plain", "overlap", "micro", "channels-last", "channels-last+overlap"]),
+    (4, ["overlap", "channels-last"])])
 def test_allreduced_gradient_equals_full_batch_gradient(n, variants):
     """Reduced after backward, during it (overlap), and over micro-batches of 1: the same
-    gradient as one process over the whole global batch (the variants share a launch)."""
+    gradient as one process over the whole global batch (float64, rtol 1e-10; several small
+    buckets). Also with channels_last models and inputs (the default model.channels_last =
+    true path; the other multi-rank tests run NCHW): there the script also checks that every
+    instance norm took the NHWC kernel and that the bucketed 4-D gradients kept the weights'
+    channels_last strides. The variants share a launch."""
     p = run_mpi(n, ["tests/mpi_scripts/grad_check.py"] + variants)
     assert p.returncode == 0, p.stderr
     for v in variants:
-        assert f"OK P={n} variant={v} " in p.stdout, p.stdout
+        layout = "channels-last" in v.split("+")
+        assert f"OK P={n} variant={v} channels_last={layout} " in p.stdout, p.stdout
 
 
-def losses_on_every_p(config, tmp_path, ranks=(0, 2, 4)) -> dict:
-    """Train ``config`` on each number of ranks (0: a plain process without any launcher);
-    assert every run logs the same losses (float64, rtol 1e-9) and that the loss falls."""
-    runs = {}
-    for n in ranks:
-        d = str(tmp_path / f"p{n}")
-        p = train(n, config, d)
-        assert p.returncode == 0, p.stderr
-        runs[n] = losses(d)
-    first = runs[ranks[0]]
+def losses_on_every_p(tmp_path_factory, config: str, ranks=(0, 2, 4)) -> dict:
+    """Train the TOML text ``config`` on each number of ranks (0: a plain process without any
+    launcher; runs shared with other files, tests/tiny_runs.py); assert every run logs the same
+    losses (float64, rtol 1e-9) and that the loss falls. Returns {ranks: run directory}."""
+    runs = {n: trained(tmp_path_factory, config, n) for n in ranks}
+    first = losses(runs[ranks[0]])
     for n in ranks[1:]:
-        assert len(runs[n]) == len(first), (n, runs[n])
-        for a, b in zip(first, runs[n]):
-            assert a == pytest.approx(b, rel=1e-9), (n, first, runs[n])
+        got = losses(runs[n])
+        assert len(got) == len(first), (n, got)
+        for a, b in zip(first, got):
+            assert a == pytest.approx(b, rel=1e-9), (n, first, got)
     assert first[-1] < first[0]
     return runs
 
 
-def test_same_losses_for_any_number_of_ranks(tiny, tmp_path):
-    runs = losses_on_every_p(tiny, tmp_path)
-    assert len(runs[0]) == 20
-    d = str(tmp_path / "p2")
+def test_same_losses_for_any_number_of_ranks(tmp_path_factory):
+    runs = losses_on_every_p(tmp_path_factory, TINY)
+    assert len(losses(runs[0])) == 20
+    d = runs[2]
     for name in ("config.toml", "eval.json"):
         assert os.path.exists(os.path.join(d, name)), name
     for name in ("loss.png", "eval.png"):  # run.plots = false (drawn in test_3d, test_multigrid)
@@ -120,12 +128,12 @@ def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
     assert len(losses(d)) == n_done + 3
 
 
-def test_time_limit_checkpoints_and_the_segments_make_the_uninterrupted_run(tiny, tmp_path):
+def test_time_limit_checkpoints_and_the_segments_make_the_uninterrupted_run(tiny, tmp_path,
+                                                                         tmp_path_factory):
     """train.time_limit_minutes (for launchers that send no signal): every rank stops after the
     same step with a checkpoint and exit 99, as on SIGUSR1; segments resumed under a limit
     again and then without one give the uninterrupted run's losses, step for step."""
-    whole = str(tmp_path / "whole")
-    assert train(2, tiny, whole).returncode == 0
+    whole = trained(tmp_path_factory, TINY, 2)
     d = str(tmp_path / "seg")
     p = train(2, tiny, d, "train.time_limit_minutes=1e-9")  # the limit has passed at step 1
     assert p.returncode == 99, p.stderr
@@ -140,7 +148,7 @@ def test_time_limit_checkpoints_and_the_segments_make_the_uninterrupted_run(tiny
 
 def test_metrics_hold_epoch_and_eval_records(tiny, tmp_path):
     d = str(tmp_path / "m")
-    p = train(0, tiny, d, "train.eval_every_epochs=2")
+    p = train(None, tiny, d, "train.eval_every_epochs=2")
     assert p.returncode == 0, p.stderr
     with open(os.path.join(d, "metrics.jsonl")) as f:
         recs = [json.loads(l) for l in f]

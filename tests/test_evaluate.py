@@ -7,7 +7,7 @@ import pytest
 
 from bench import infer_bench
 from deepfusion.engine.checkpoint import latest_checkpoint
-from tests.mpi_util import REAL_MPI, deepfusion
+from tests.mpi_util import REAL_MPI, commands, deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant
 
@@ -18,7 +18,7 @@ def run(tmp_path_factory):
     cfg = d / "tiny.toml"
     cfg.write_text(TINY)
     run_dir = str(d / "run")
-    p = train(0, str(cfg), run_dir, "train.max_steps=4", "data.test_samples=6")
+    p = train(None, str(cfg), run_dir, "train.max_steps=4", "data.test_samples=6")
     assert p.returncode == 0, p.stderr
     return run_dir
 
@@ -66,15 +66,16 @@ def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
     cfg = tmp_path / "ritz.toml"
     cfg.write_text(RITZ)
     run = str(tmp_path / "run")
-    assert train(0, str(cfg), run, "train.max_steps=4", "data.test_samples=3").returncode == 0
-    errs = {}
-    for opt in ([], ["--set", "problem.options.ritz_partition=2"]):
-        out = str(tmp_path / f"e{len(opt)}.json")
-        p = deepfusion(2, ["evaluate", run, "--out", out, *opt], env=REAL_MPI)
-        assert p.returncode == 0, p.stderr
+    assert train(None, str(cfg), run, "train.max_steps=4", "data.test_samples=3").returncode == 0
+    errs, opts = {}, ([], ["--set", "problem.options.ritz_partition=2"])
+    outs = [str(tmp_path / f"e{len(opt)}.json") for opt in opts]   # both in one 2-rank launch
+    done = commands(2, [["evaluate", run, "--out", out, *opt] for opt, out in zip(opts, outs)],
+                    env=REAL_MPI)
+    for opt, out, (code, said, err) in zip(opts, outs, done):
+        assert code == 0, err
         s = json.load(open(out))
         assert s["options"] == ({"ritz_partition": 2} if opt else {})
-        assert ("with --set problem.options.ritz_partition=2" in p.stdout) == bool(opt)
+        assert ("with --set problem.options.ritz_partition=2" in said) == bool(opt)
         errs[len(opt)] = s["rel_l2"]
     assert errs[0] != errs[2]
     # One-process commands and the benches run in this process (main takes argv), not as

@@ -2,9 +2,7 @@
 Python process) and equal ``deepfusion infer`` on the same inputs, for a 2-D and a 3-D problem;
 the refusals (bad format, grid, --out, a missing ONNX package, an answer head a format cannot
 hold, a file that differs from the eager answer)."""
-import contextlib
 import importlib.util
-import io
 import json
 import os
 import subprocess
@@ -15,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.app.cli import main
 from deepfusion.app.fields import write_input_fields
 from deepfusion.engine.checkpoint import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import Poisson, get_problem
+from tests.in_process import deepfusion_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--set", "train.max_steps=2", "--set", "data.eval_samples=0", "--set", "run.plots=false",
@@ -58,17 +56,6 @@ FORMATS = ["torchscript", "onnx"] if all(
 NO_ONNX = "the onnx extra is not installed here (pip install -e '.[onnx]')"
 
 
-def deepfusion(args) -> tuple[int, str, str]:
-    """A deepfusion command in this process, on the serial communicator (module fixtures
-    cannot take ``cli``): (code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        mp.setenv("DEEPFUSION_NO_MPI", "1")
-        rc = main(args)
-    return rc, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """name -> (run dir, inputs file of 4 draws, infer's answers (4, *grid) on them)."""
@@ -76,15 +63,15 @@ def runs(tmp_path_factory):
     for name, (config, grid) in RUNS.items():
         tmp = tmp_path_factory.mktemp(name)
         run = str(tmp / "run")
-        rc, _, err = deepfusion(["train", os.path.join(ROOT, config), "--set", f"run.dir={run}",
-                              "--set", f"problem.grid={grid}", *TINY])
-        assert rc == 0, err
+        p = deepfusion_here(["train", os.path.join(ROOT, config), "--set", f"run.dir={run}",
+                             "--set", f"problem.grid={grid}", *TINY])
+        assert p.returncode == 0, p.stderr
         problem = get_problem(name, grid=json.loads(grid))
         x = problem.build_input(problem.sample_params(5, range(4)))
         inputs, preds = str(tmp / "inputs.h5"), str(tmp / "preds.h5")
         write_input_fields(inputs, x.numpy(), problem.input_channels, name)
-        rc, _, err = deepfusion(["infer", run, "--inputs", inputs, "--out", preds])
-        assert rc == 0, err
+        p = deepfusion_here(["infer", run, "--inputs", inputs, "--out", preds])
+        assert p.returncode == 0, p.stderr
         with h5py.File(preds) as f:
             out[name] = (run, inputs, f["u"][()])
     return out
@@ -98,10 +85,10 @@ def fresh(runs, tmp_path_factory):
     for name, (run, inputs, _) in runs.items():
         for fmt in FORMATS:
             path, got = str(tmp / f"{name}.{fmt}"), str(tmp / f"{name}-{fmt}.npy")
-            rc, out, err = deepfusion(["export", run, "--format", fmt, "--out", path])
-            assert rc == 0, err
+            p = deepfusion_here(["export", run, "--format", fmt, "--out", path])
+            assert p.returncode == 0, p.stderr
             argv += [fmt, path, inputs, got]
-            done[name, fmt] = (got, out)
+            done[name, fmt] = (got, p.stdout)
     p = subprocess.run([sys.executable, "-c", FRESH, *argv], cwd=tmp, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -14,9 +14,12 @@ import time
 import pytest
 
 from deepfusion.engine.faults import ENV as FAULT
+from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec, run_mpi
 from deepfusion.engine.checkpoint import latest_checkpoint
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
+from tests.tiny_configs import TINY
+from tests.tiny_runs import trained
 
 pytestmark = pytest.mark.mpi
 
@@ -52,11 +55,10 @@ def test_rollback_lowers_the_rate_until_the_floor_then_stops_with_exit_3(tiny, t
     assert checkpoints(d) == [f"step_{s:08d}.h5" for s in range(0, len(steps) + 1)]
 
 
-def test_transient_nan_rolls_back_once_and_finishes(tiny, tmp_path):
+def test_transient_nan_rolls_back_once_and_finishes(tiny, tmp_path, tmp_path_factory):
     """A NaN at step 7 (injected once): back to the step-4 checkpoint at half the rate, then
     the run finishes; the steps before the checkpoint are those of the uninterrupted run."""
-    full, d = str(tmp_path / "full"), str(tmp_path / "r")
-    assert train(2, tiny, full).returncode == 0
+    full, d = trained(tmp_path_factory, TINY, 2), str(tmp_path / "r")
     p = train(2, tiny, d, "train.on_nonfinite=\"rollback\"", "train.checkpoint_every=4",
               env={FAULT: "nan@7"})
     assert p.returncode == 0, p.stderr
@@ -165,10 +167,10 @@ def test_max_steps_changed_on_resume_keeps_the_schedule_and_says_so(tiny, tmp_pa
     """The learning-rate schedule is the original run's: a resume that moves the end of the run
     says so, and the cosine of the first 8 steps is not stretched."""
     d = str(tmp_path / "cut")
-    p = train(0, tiny, d, "optim.schedule=\"cosine\"", "train.max_steps=8",
+    p = train(None, tiny, d, "optim.schedule=\"cosine\"", "train.max_steps=8",
               "train.checkpoint_every=4")
     assert p.returncode == 0, p.stderr
-    p = deepfusion(0, ["train", "--resume", d, "--set", "train.max_steps=12"])
+    p = deepfusion_here(["train", "--resume", d, "--set", "train.max_steps=12"])
     assert p.returncode == 0, p.stderr
     assert "keeps the original run's length of 8 steps" in p.stdout
     lr = [r["lr"] for r in records(d, "step")]

@@ -11,7 +11,7 @@ from deepfusion.engine.checkpoint import save_checkpoint
 from deepfusion.app.fields import read_fields, write_input_fields
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
-from tests.mpi_util import REAL_MPI, deepfusion
+from tests.mpi_util import REAL_MPI, commands, deepfusion
 
 GRID = [16, 16]
 
@@ -154,14 +154,18 @@ def test_interrupted_write_leaves_no_file(ckpt, tmp_path, cli, monkeypatch):
 
 @pytest.mark.mpi
 def test_p1_and_p2_write_identical_files(ckpt, tmp_path, cli):
-    """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds)."""
+    """5 samples in batches of 2 -> 3 batches: rank 0 gets 1, rank 1 gets 2 (uneven rounds).
+    The three commands on 2 ranks share a launch."""
     args = ["--samples", "5", "--batch", "2", "--threads", "1"]  # 1 thread: the same bytes
-    for cmd in (["infer", ckpt], ["infer", ckpt, "--grid", "46x46", "--work-grid", "trained"],
-                ["solve", "--problem", "poisson", "--grid", "16x16"]):
-        p1, p2 = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
+    cmds = (["infer", ckpt], ["infer", ckpt, "--grid", "46x46", "--work-grid", "trained"],
+            ["solve", "--problem", "poisson", "--grid", "16x16"])
+    two = [str(tmp_path / f"two{i}.h5") for i in range(len(cmds))]
+    for code, _, err in commands(2, [c + args + ["--out", p] for c, p in zip(cmds, two)],
+                                 env=REAL_MPI):
+        assert code == 0, err
+    for cmd, p2 in zip(cmds, two):
+        p1 = str(tmp_path / "one.h5")
         assert cli(cmd + args + ["--out", p1])[0] == 0
-        res = deepfusion(2, cmd + args + ["--out", p2], env=REAL_MPI)
-        assert res.returncode == 0, res.stderr
         a, b = read_fields(p1), read_fields(p2)
         assert a["u"].tobytes() == b["u"].tobytes()
         assert a["inputs"].tobytes() == b["inputs"].tobytes()

@@ -8,7 +8,7 @@ import torch
 from deepfusion.app.build import build_model, build_problem
 from deepfusion.engine.checkpoint import load_checkpoint
 from deepfusion.config import load_config
-from tests.mpi_util import deepfusion
+from tests.in_process import deepfusion_here
 from tests.tiny_configs import TINY
 
 
@@ -16,8 +16,8 @@ from tests.tiny_configs import TINY
 def coarse(tmp_path_factory):
     d = tmp_path_factory.mktemp("coarse")
     (d / "tiny.toml").write_text(TINY)
-    p = deepfusion(0, ["train", str(d / "tiny.toml"), "--set", f"run.dir={d / 'run'}",
-                       "--set", "train.epochs=1"])
+    p = deepfusion_here(["train", str(d / "tiny.toml"), "--set", f"run.dir={d / 'run'}",
+                         "--set", "train.epochs=1"])
     assert p.returncode == 0, p.stderr
     return str(d / "tiny.toml"), sorted(glob.glob(str(d / "run/checkpoints/step_*.h5")))[-1]
 
@@ -37,11 +37,11 @@ def test_weights_are_taken_on_another_grid(coarse):
 
 def test_other_architecture_refused_with_the_fix(coarse, tmp_path):
     config, ckpt = coarse
-    p = deepfusion(0, ["train", config, "--set", f"run.dir={tmp_path / 'b'}",
-                       "--set", f'model.init_from="{ckpt}"',
-                       "--set", "model.options={depth = 2, base_width = 8}"])
+    p = deepfusion_here(["train", config, "--set", f"run.dir={tmp_path / 'b'}",
+                         "--set", f'model.init_from="{ckpt}"',
+                         "--set", "model.options={depth = 2, base_width = 8}"])
     assert p.returncode == 2, p.stderr
     assert "model.init_from" in p.stderr and "set [model] name and options to match" in p.stderr
-    p = deepfusion(0, ["train", config, "--set", f"run.dir={tmp_path / 'c'}",
-                       "--set", f'model.init_from="{tmp_path / "missing.h5"}"'])
+    p = deepfusion_here(["train", config, "--set", f"run.dir={tmp_path / 'c'}",
+                         "--set", f'model.init_from="{tmp_path / "missing.h5"}"'])
     assert p.returncode == 2 and "checkpoint not found" in p.stderr, p.stderr

@@ -156,11 +156,17 @@ def test_optimizer_schedule_switches_and_restores_by_name():
 # ---- real MPI -----------------------------------------------------------------------------------
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("flags", [[], ["--micro", "--overlap", "--channels-last"]])
-def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex(flags):
-    p = run_mpi(2, ["tests/mpi_scripts/lbfgs_iterates.py"] + flags)
+def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex():
+    """Plain, and with lazy micro-batches, overlapped buckets and channels_last together (the
+    variants share a launch)."""
+    variants = ["plain", "micro+overlap+channels-last"]
+    p = run_mpi(2, ["tests/mpi_scripts/lbfgs_iterates.py"] + variants)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "OK iterates P=2" in p.stdout and "OK convex P=2" in p.stdout
+    for v in variants:
+        assert f"OK iterates P=2 variant={v} " in p.stdout and \
+            f"OK convex P=2 variant={v} " in p.stdout, p.stdout
+    assert "variant=plain micro=0 overlap=False channels_last=False" in p.stdout
+    assert "micro=2 overlap=True channels_last=True" in p.stdout
 
 
 # Adam for 2 epochs, then L-BFGS on micro-batches of 2

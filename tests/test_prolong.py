@@ -16,6 +16,7 @@ from deepfusion.engine.faults import ENV as FAULT
 from deepfusion.engine.levels import plan, signature
 from diffnet.generators import Prolonged, build_generator
 from diffnet.resample import resample_nodes
+from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.test_multigrid import MG
@@ -170,13 +171,13 @@ def full(mgp, tmp_path_factory):
 def test_same_losses_on_any_p_across_growths_and_the_grown_network_answers(mgp, full, tmp_path):
     d, out = full
     assert "prolonging the network from 32x32" in out
-    p = train(0, mgp, str(tmp_path / "p0"))
+    p = train(None, mgp, str(tmp_path / "p0"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert losses(str(tmp_path / "p0")) == pytest.approx(losses(d), rel=1e-9, abs=0)
     model, problem, _work, meta = load_model(latest_checkpoint(d))
     assert isinstance(model, Prolonged) and model.grids() == [(16, 16), (32, 32), (64, 64)]
     assert tuple(problem.grid) == (64, 64)
-    p = deepfusion(1, ["evaluate", d, "--samples", "2"])
+    p = deepfusion_here(["evaluate", d, "--samples", "2"])
     assert p.returncode == 0 and "test relative L2 over 2 draws" in p.stdout, p.stderr[-3000:]
 
 
@@ -193,16 +194,28 @@ def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path,
     assert losses(cut) == losses(full[0])
 
 
+# the 64x64 level with its inner network frozen and a cheaper correction than model.prolong's
+LEVEL = ("train.levels[2].correction={base_width=2}", "train.levels[2].train_inner=false")
+
+
+@pytest.fixture(scope="module")
+def frozen(mgp, tmp_path_factory):
+    """``mgp`` with ``LEVEL`` from the start on P = 2, a checkpoint on entering the 64x64 level
+    (step 7): (run dir, stdout). The frozen-network test and the changed-level resume test
+    read it."""
+    d = str(tmp_path_factory.mktemp("frozen") / "run")
+    p = train(2, mgp, d, *LEVEL, "train.checkpoint_every=7")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d, p.stdout
+
+
 @pytest.mark.mpi
-def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, tmp_path):
+def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, frozen, tmp_path):
     """train_inner = false on the 64x64 level: the 32x32 network it grows from ends the run
     with the weights it had on entering (the step-7 checkpoint), on P = 1 and 2 alike."""
-    frozen = ("train.levels[2].train_inner=false", "train.checkpoint_every=7")
-    d = str(tmp_path / "frozen")
-    p = train(2, mgp, d, *frozen)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "prolonging the network from 32x32 (kept frozen)" in p.stdout
-    p = train(0, mgp, str(tmp_path / "p1"), *frozen)
+    d, out = frozen
+    assert "prolonging the network from 32x32 (kept frozen)" in out
+    p = train(None, mgp, str(tmp_path / "p1"), *LEVEL, "train.checkpoint_every=7")
     assert p.returncode == 0, p.stderr[-3000:]
     assert losses(str(tmp_path / "p1")) == pytest.approx(losses(d), rel=1e-9, abs=0)
     entered = load_model(os.path.join(d, "checkpoints", "step_00000007.h5"))[0]
@@ -216,18 +229,16 @@ def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, tmp_pat
 
 
 @pytest.mark.mpi
-def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mgp, tmp_path):
+def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mgp, frozen,
+                                                                               tmp_path):
     """A kill after the step-7 checkpoint (the 32x32 level done), resumed with a cheaper
     correction network and a frozen inner one on the 64x64 level: the level has not started, so
-    the run is the one configured that way from the start (same losses, same network), and the
-    resume names the keys it changed in the log and in metrics.jsonl."""
-    level = ("train.levels[2].correction={base_width=2}", "train.levels[2].train_inner=false")
-    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
-    p = train(2, mgp, whole, *level)
-    assert p.returncode == 0, p.stderr[-3000:]
+    the run is the one configured that way from the start (``frozen``: same losses, same
+    network), and the resume names the keys it changed in the log and in metrics.jsonl."""
+    whole, cut = frozen[0], str(tmp_path / "cut")
     p = train(2, mgp, cut, "train.checkpoint_every=7", env={FAULT: "raise@9:1"})
     assert p.returncode != 0
-    p = deepfusion(2, ["train", "--resume", cut] + [a for s in level for a in ("--set", s)])
+    p = deepfusion(2, ["train", "--resume", cut] + [a for s in LEVEL for a in ("--set", s)])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "the config differs from the checkpoint's in 2 key(s)" in p.stdout, p.stdout
     assert "train.levels[2].correction: (unset) -> {'base_width': 2}" in p.stdout

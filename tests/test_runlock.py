@@ -15,6 +15,7 @@ import pytest
 
 from deepfusion.engine import runlock
 from deepfusion.engine.runlock import LOCK_NAME, Holder, RunDirInUse, acquire
+from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.tiny_configs import TINY
 
@@ -300,15 +301,14 @@ def test_a_job_whose_lock_another_job_took_ends_without_writing_more(tiny, tmp_p
     assert json.loads(open(os.path.join(d, LOCK_NAME)).read())["token"] == other.token
 
 
-@pytest.mark.mpi
 def test_a_resume_without_a_checkpoint_names_the_command_that_starts_over(tiny, tmp_path):
     d = str(tmp_path / "nockpt")
     os.makedirs(os.path.join(d, "checkpoints"))
     open(os.path.join(d, "metrics.jsonl"), "w").close()
-    p = deepfusion(0, ["train", tiny, "--resume", d])
+    p = deepfusion_here(["train", tiny, "--resume", d])
     assert p.returncode == 2 and "no loadable checkpoint" in p.stderr, p.stderr
     assert "start over in it with --overwrite (without --resume)" in p.stderr
-    p = deepfusion(0, ["train", tiny, "--set", f"run.dir={d}", "--overwrite",
-                       "--set", "train.max_steps=2"])  # the command it names runs
+    p = deepfusion_here(["train", tiny, "--set", f"run.dir={d}", "--overwrite",
+                         "--set", "train.max_steps=2"])  # the command it names runs
     assert p.returncode == 0, p.stderr
     assert steps(d) == [1, 2] and not os.path.exists(os.path.join(d, LOCK_NAME))

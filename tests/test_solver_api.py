@@ -15,7 +15,8 @@ from deepfusion.app.fields import read_fields, write_input_fields
 from deepfusion.engine.checkpoint import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
-from tests.mpi_util import ROOT, deepfusion as launch
+from tests.in_process import deepfusion_here
+from tests.mpi_util import ROOT
 
 
 def make_checkpoint(path, problem_name, grid, model_name="unet", **model_kw):
@@ -44,10 +45,11 @@ def run_dir(tmp_path_factory):
 def demo_run(tmp_path_factory):
     """Two real training steps of configs/demo.toml at 16x16 (channels_last, as trained)."""
     d = str(tmp_path_factory.mktemp("demo") / "run")
-    p = launch(0, ["train", "configs/demo.toml", "--set", f"run.dir={d}", "--set",
-                   "problem.grid=[16,16]", "--set", "model.options={depth=2,base_width=4}",
-                   "--set", "train.max_steps=2", "--set", "data.eval_samples=0",
-                   "--set", "run.plots=false", "--set", "parallel.threads_per_rank=1"])
+    p = deepfusion_here(["train", os.path.join(ROOT, "configs/demo.toml"), "--set",
+                         f"run.dir={d}", "--set", "problem.grid=[16,16]", "--set",
+                         "model.options={depth=2,base_width=4}", "--set", "train.max_steps=2",
+                         "--set", "data.eval_samples=0", "--set", "run.plots=false",
+                         "--set", "parallel.threads_per_rank=1"])
     assert p.returncode == 0, p.stderr
     return d
 

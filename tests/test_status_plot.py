@@ -2,8 +2,6 @@
 carry them, ``deepfusion status`` on a finished run, a run stopped by its time limit, a live
 and then stale lock, a damaged newest checkpoint and a directory that is no run, and
 ``deepfusion plot`` on a run as it is. Tiny in-process runs (the ``cli`` fixture)."""
-import contextlib
-import io
 import json
 import os
 import re
@@ -13,11 +11,11 @@ import sys
 
 import pytest
 
-from deepfusion.app.cli import main
 from deepfusion.config import load_config
 from deepfusion.engine import runlock
 from deepfusion.engine.eta import StepClock, eta_text, format_duration
 from deepfusion.engine.levels import plan
+from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD
 from tests.tiny_configs import TINY, variant
 
@@ -36,12 +34,10 @@ def finished(tmp_path_factory):
     """A finished tiny run (once for the module): (run dir, its stdout)."""
     base = tmp_path_factory.mktemp("watched")
     (base / "tiny.toml").write_text(WATCHED)
-    d, out = str(base / "run"), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.setenv("DEEPFUSION_NO_MPI", "1")
-        rc = main(["train", str(base / "tiny.toml"), "--set", f"run.dir={d}"])
-    assert rc == 0, out.getvalue()[-2000:]
-    return d, out.getvalue()
+    d = str(base / "run")
+    p = deepfusion_here(["train", str(base / "tiny.toml"), "--set", f"run.dir={d}"])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return d, p.stdout
 
 
 def copy_of(finished, tmp_path):

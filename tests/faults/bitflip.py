@@ -96,13 +96,15 @@ def sweep(args) -> dict:
         rng = random.Random(args.seed)
         bits = ([int(b) for b in args.bits.split(",")] if args.bits else
                 rng.sample(range(regions.size * 8), min(args.flips, regions.size * 8)))
+        in_seal = sum(b >= regions.seal_start * 8 for b in bits)  # seeded flips in the seal
         if args.seal_bits:  # the seal is 92 bytes: few uniform flips land there
             bits += [b for b in range(regions.seal_start * 8, regions.size * 8) if b not in bits]
         guard = args.check_seconds + (0 if args.uncontained else 60)
         results = run_flips(target, bits, work, hang_guard=guard,
                             check_seconds=args.check_seconds, uncontained=args.uncontained)
         report = {"command": " ".join(["python -m tests.faults.bitflip"] + sys.argv[1:]),
-                  "seed": args.seed, "flips": len(bits), "unsealed": args.unsealed,
+                  "seed": args.seed, "flips": len(bits), "seeded_in_seal": in_seal,
+                  "unsealed": args.unsealed,
                   "seal_bits": args.seal_bits,
                   "uncontained": args.uncontained,
                   "checkpoint": regions.sizes(), **summarise(results, regions)}

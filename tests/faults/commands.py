@@ -21,17 +21,22 @@ def env(**extra) -> dict:
             "DEEPFUSION_NO_MPI": "1", **extra}
 
 
-def make_run(run: str, timeout: float = 900) -> None:
-    """A tiny one-process run with checkpoints at steps 5 and 10."""
+def train_args(run: str) -> list[str]:
+    """The arguments of ``deepfusion`` that train the tiny one-process run with checkpoints at
+    steps 5 and 10 into ``run`` (its config written beside it)."""
     os.makedirs(os.path.dirname(os.path.abspath(run)), exist_ok=True)
     cfg = os.path.abspath(run) + ".toml"
     with open(cfg, "w") as fh:
         fh.write(TINY)
     sets = [f"run.dir={run}", "train.checkpoint_every=5", "train.keep_checkpoints=3",
             "train.max_steps=10", "data.eval_samples=0"]
-    p = subprocess.run([sys.executable, "-m", "deepfusion", "train", cfg]
-                       + [a for s in sets for a in ("--set", s)], capture_output=True, text=True,
-                       timeout=timeout, env=env(), cwd=ROOT)
+    return ["train", cfg] + [a for s in sets for a in ("--set", s)]
+
+
+def make_run(run: str, timeout: float = 900) -> None:
+    """Train the tiny run (:func:`train_args`) in a new process."""
+    p = subprocess.run([sys.executable, "-m", "deepfusion"] + train_args(run),
+                       capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"training the tiny run failed:\n{p.stderr}")
 
