@@ -1,6 +1,5 @@
 """model.init_from: a run starts from another run's generator weights (coarse-to-fine)."""
 import glob
-import os
 
 import pytest
 import torch

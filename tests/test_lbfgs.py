@@ -1,5 +1,4 @@
 """L-BFGS (deepfusion/engine/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
-import json
 import os
 import sys
 
