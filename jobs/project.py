@@ -143,9 +143,9 @@ def project_recipe(args) -> dict:
     net = pr.recipe_net(cfg, len(levels[0]["grid"]))
     args.params = pr.param_count(net)
     splits = pr.Splits(args.config, args.set, levels, net.depth)
-    out = {}
+    out, profiles = {}, load_profiles(args.profiles)
     for name in args.clusters:
-        prof = get_profile(name, load_profiles(args.profiles))
+        prof = get_profile(name, profiles)
         out[name] = speedups([pr.best_recipe_plan(prof, n, levels, t_samples, args, net, splits)
                               for n in args.nodes])
     return {"inputs": {"config": args.config, "set": args.set, "family": args.config,

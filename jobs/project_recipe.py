@@ -79,11 +79,12 @@ class Splits:
                                     for lv in self.levels):
             return None
         from deepfusion.app.check_cli import check_launch
+        from deepfusion.engine.errors import InputError
 
         domain = "[" + ", ".join(map(str, split)) + "]"
         try:
             check_launch(self.config, [*self.sets, f"parallel.domain={domain}"], k, here=False)
-        except Exception:  # any refusal of train's checks: the recipe cannot run on this split
+        except (InputError, ValueError):  # train's refusal: the recipe cannot run on this split
             return None
         return split
 
