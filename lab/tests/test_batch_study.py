@@ -57,6 +57,23 @@ def test_arms_scale_the_learning_rate_and_skip_duplicates(tmp_path):
     assert sets["tiny_b64_sqrt"]["data.n_samples"] == "64"       # the pool grows to the batch
 
 
+def test_lamb_and_longer_arms(tmp_path):
+    path = plan(tmp_path)
+    with open(path, "a") as f:
+        f.write('lamb_lr = 0.02\n[longer]\nfactor = 2\narms = ["tiny_b64_linear"]\n')
+    text = open(path).read().replace('"linear", "lbfgs"]', '"linear", "lamb", "lbfgs"]')
+    open(path, "w").write(text.replace("lbfgs_min_batch = 64", "lbfgs_min_batch = 64\n"
+                                       "lamb_min_batch = 64"))
+    arms = {a["name"]: a for a in batch_study.arms(batch_study.load_plan(path))}
+    assert {"tiny_b64_lamb", "tiny_b64_linear_x2"} <= set(arms) and "tiny_b16_lamb" not in arms
+    sets = {n: dict(s.split("=", 1) for s in a["sets"]) for n, a in arms.items()}
+    assert sets["tiny_b64_lamb"]["optim.name"] == '"lamb"'
+    assert sets["tiny_b64_lamb"]["optim.lr"] == "0.04"            # lamb_lr * sqrt(64 / 16)
+    assert sets["tiny_b64_linear_x2"]["train.max_steps"] == "8"   # twice 256 samples / 64
+    assert sets["tiny_b64_linear_x2"]["optim.lr"] == sets["tiny_b64_linear"]["optim.lr"]
+    assert arms["tiny_b64_linear_x2"]["budget"] == 2
+
+
 @pytest.mark.mpi
 def test_run_resumes_segments_and_reports_steps_to_target(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

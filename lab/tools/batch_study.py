@@ -15,7 +15,15 @@ config with its batch-16 learning rate, a sample budget and a validation target.
   at B = 16 it is the sqrt arm, which is not run twice;
 * ``lbfgs``: L-BFGS (lr 1, one iteration per step, strong Wolfe line search), from
   ``lbfgs_min_batch`` up, for half the steps; its samples count every function evaluation
-  (``samples_evaluated`` in the step records).
+  (``samples_evaluated`` in the step records);
+* ``lamb``: LAMB (layer-wise trust ratio over Adam's update), from ``lamb_min_batch`` up,
+  lr = ``lamb_lr`` * sqrt(B / 16) with the linear rule's warm-up. LAMB's lr is a relative step
+  per layer, not Adam's: the family's ``lamb_lr`` defaults to 10 x its Adam lr, because a
+  layer's Adam step is about lr per weight and its weights are about 0.1 at initialisation.
+
+``[longer]`` adds arms at ``factor`` times the sample budget (``arms``: names of plain arms;
+the long arm is NAME_xFACTOR): whether a large batch reaches the small batch's error given more
+samples. They do not enter the critical batch, which compares equal budgets.
 
 ``run`` works through the unfinished arms in order, each in resumable segments: a segment ends
 at ``train.time_limit_minutes`` (exit 99) and the next ``run`` resumes it, so a study longer
@@ -55,19 +63,32 @@ def load_plan(path: str) -> dict:
 def arms(plan: dict) -> list[dict]:
     """Every (family, batch, rule) of the plan with its run directory and --set overrides."""
     out = []
-    for fam, spec in plan["family"].items():
+    for fam in plan["family"]:
         for batch in plan["batches"]:
             for rule in plan["rules"]:
                 if rule == "linear" and batch == BASE_BATCH:
                     continue                # the same arm as sqrt at the base batch
                 if rule == "lbfgs" and batch < plan.get("lbfgs_min_batch", 0):
                     continue                # a full-batch method: noisy small batches defeat it
-                name = f"{fam}_b{batch}_{rule}"
-                run_dir = os.path.join(plan["runs_dir"], name)
-                out.append({"name": name, "family": fam, "batch": batch, "rule": rule,
-                            "base": spec["base"], "run_dir": run_dir,
-                            "sets": overrides(plan, spec, batch, rule, run_dir)})
+                if rule == "lamb" and batch < plan.get("lamb_min_batch", 0):
+                    continue
+                out.append(make_arm(plan, fam, batch, rule, f"{fam}_b{batch}_{rule}", 1))
+    longer = plan.get("longer", {})
+    for base in longer.get("arms", []):
+        plain = next((a for a in out if a["name"] == base), None)
+        if plain is None:
+            raise SystemExit(f"[longer] arms: {base!r} is not an arm of the plan")
+        out.append(make_arm(plan, plain["family"], plain["batch"], plain["rule"],
+                       f"{base}_x{longer['factor']}", longer["factor"]))
     return out
+
+
+def make_arm(plan: dict, fam: str, batch: int, rule: str, name: str, budget: int) -> dict:
+    spec = dict(plan["family"][fam], samples=plan["family"][fam]["samples"] * budget)
+    run_dir = os.path.join(plan["runs_dir"], name)
+    return {"name": name, "family": fam, "batch": batch, "rule": rule, "budget": budget,
+            "base": spec["base"], "run_dir": run_dir,
+            "sets": overrides(plan, spec, batch, rule, run_dir)}
 
 
 def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> list[str]:
@@ -93,12 +114,16 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
         lr = spec["lr"] * batch / BASE_BATCH
         warm = max(warm_samples // batch, steps // 20, 1)
         sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}"]
+    elif rule == "lamb":
+        lr = spec.get("lamb_lr", 10 * spec["lr"]) * math.sqrt(batch / BASE_BATCH)
+        warm = max(warm_samples // batch, steps // 20, 1)
+        sets += ["optim.name=\"lamb\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}"]
     elif rule == "lbfgs":
         sets += ["optim.name=\"lbfgs\"", "optim.lr=1.0", "optim.warmup_steps=0",
                  "optim.lbfgs_max_iter=1",
                  "optim.schedule=\"constant\"", "optim.min_lr=0.0"]
     else:
-        raise SystemExit(f"unknown rule {rule!r}: use sqrt, linear or lbfgs")
+        raise SystemExit(f"unknown rule {rule!r}: use sqrt, linear, lamb or lbfgs")
     return sets
 
 
@@ -230,7 +255,8 @@ def table(doc: dict) -> str:
         t = r.get("test") or {}
         test = (f"{pct(t['rel_l2_mean'])} / {pct(t['rel_l2_median'])} / {pct(t['rel_l2_max'])} "
                 f"({t['n']})" if "rel_l2_mean" in t else r.get("state", "-"))
-        lines.append(f"| {r['family']} | {r['batch']} | {r['rule']} | "
+        rule = r["rule"] + (f", {r['budget']}x samples" if r.get("budget", 1) > 1 else "")
+        lines.append(f"| {r['family']} | {r['batch']} | {rule} | "
                      f"{r.get('steps_to_target') or 'not reached'} | "
                      f"{r.get('samples_to_target') or '-'} | {pct(r.get('last_validation'))} | "
                      f"{test} |")
@@ -254,7 +280,7 @@ def report(plan: dict, targets: dict, earlier: dict | None = None) -> dict:
             rows.append(earlier[arm["name"]])
             continue
         target = targets.get(arm["family"], plan["family"][arm["family"]]["target"])
-        row = {k: arm[k] for k in ("name", "family", "batch", "rule")}
+        row = {k: arm[k] for k in ("name", "family", "batch", "rule", "budget")}
         row.update(state=state(arm), target=target, **to_target(arm, target))
         row["test"] = test_error(arm, plan["test_draws"])
         rows.append(row)
@@ -262,8 +288,8 @@ def report(plan: dict, targets: dict, earlier: dict | None = None) -> dict:
     for fam in plan["family"]:
         for rule in plan["rules"]:
             shared = "sqrt" if rule == "linear" else rule     # linear's base batch is sqrt's
-            mine = [r for r in rows if r["family"] == fam and (r["rule"] == rule or (
-                r["rule"] == shared and r["batch"] == BASE_BATCH))]
+            mine = [r for r in rows if r["family"] == fam and r.get("budget", 1) == 1 and (
+                r["rule"] == rule or (r["rule"] == shared and r["batch"] == BASE_BATCH))]
             crit[f"{fam}/{rule}"] = critical_batch(mine)
     return {"arms": rows, "critical_batch": crit,
             "note": "steps/samples to the validation target; test: deepfusion evaluate "
