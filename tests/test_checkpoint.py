@@ -50,6 +50,10 @@ def _make_opt(name, params):
         return torch.optim.Adam(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-4)
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True)
+    if name == "lamb":  # DeepFusion's own (torch has none)
+        from deepfusion.engine.firstorder import Lamb
+
+        return Lamb(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-4)
     # DeepFusion's L-BFGS (torch's, with gradients gathered so channels_last weights work).
     from deepfusion.engine.lbfgs import DistLBFGS
 
@@ -58,7 +62,7 @@ def _make_opt(name, params):
 
 def _step(m, opt):
     def closure():
-        opt.zero_grad()
+        m.zero_grad()  # the module's: DeepFusion's own optimisers have no zero_grad
         loss = _loss(m)
         loss.backward()
         return loss
@@ -93,7 +97,7 @@ def _assert_same(a, b, where="state"):
         assert a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b)), where
 
 
-@pytest.mark.parametrize("opt_name", ["adam", "sgd", "lbfgs"])
+@pytest.mark.parametrize("opt_name", ["adam", "sgd", "lamb", "lbfgs"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_model_and_optimizer_round_trip_and_identical_continuation(tmp_path, opt_name,
                                                                    channels_last):

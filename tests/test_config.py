@@ -76,6 +76,7 @@ def test_every_section_is_kw_only_with_help():
     ("parallel.max_useful_ranks=16", lambda c: c.parallel.max_useful_ranks == 16),
     ("optim.name=sgd", lambda c: c.optim.name == "sgd"),                  # bare string
     ('optim.name="lbfgs"', lambda c: c.optim.name == "lbfgs"),           # quoted string
+    ('optim.name="lamb"', lambda c: c.optim.name == "lamb"),
     ("run.dir=runs/x y", lambda c: c.run.dir == "runs/x y"),
     ("problem.grid=[32, 48]", lambda c: c.problem.grid == [32, 48]),
     ("optim.betas=[0.8, 0.9]", lambda c: c.optim.betas == [0.8, 0.9]),
@@ -174,7 +175,7 @@ def test_lbfgs_switch_needs_first_order_optimizer():
 
 def test_bad_choice_lists_valid_choices():
     e = _err(["optim.name=adamw"])
-    assert "optim.name must be one of 'adam', 'sgd', 'lbfgs'; got 'adamw'" in str(e)
+    assert "optim.name must be one of 'adam', 'sgd', 'lamb', 'lbfgs'; got 'adamw'" in str(e)
     assert "did you mean 'adam'?" in str(e)
     assert "'constant', 'cosine', 'step', 'exponential'" in str(_err(["optim.schedule=linear"]))
     assert "'float32', 'float64'" in str(_err(["train.dtype=float16"]))
@@ -257,7 +258,7 @@ def test_describe_lists_every_key_with_type_default_and_help():
         for f in dataclasses.fields(f_cls := s.default_factory().__class__):
             assert f"{s.name}.{f.name}:" in text, (f_cls, f.name)
     assert "optim.lr: float = 0.001" in text
-    assert "optim.name: string = \"adam\"" in text and "one of 'adam', 'sgd', 'lbfgs'" in text
+    assert "optim.name: string = \"adam\"" in text and "one of 'adam', 'sgd', 'lamb', 'lbfgs'" in text
     assert "problem.grid: list[int] = [64, 64]" in text and "each entry >= 4" in text
     assert "peak learning rate" in text
 

@@ -4,10 +4,11 @@ import os
 
 import pytest
 
+from deepfusion.engine import checkpoint as ckpt
 from deepfusion.engine.faults import ENV as FAULT
 from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion, run_mpi
-from tests.tiny_configs import TINY
+from tests.tiny_configs import TINY, variant
 from tests.tiny_runs import trained
 
 pytestmark = pytest.mark.mpi
@@ -73,6 +74,27 @@ def test_same_losses_for_any_number_of_ranks(tmp_path_factory):
         assert os.path.exists(os.path.join(d, name)), name
     for name in ("loss.png", "eval.png"):  # run.plots = false (drawn in test_3d, test_multigrid)
         assert not os.path.exists(os.path.join(d, name)), name
+
+
+# LAMB, its weight decay decoupled; its lr is relative (each tensor moves by lr x its norm)
+LAMB = variant(TINY, "optim.name=\"lamb\"", "optim.lr=1e-2", "optim.weight_decay=1e-3")
+
+
+def test_lamb_same_losses_on_1_and_2_ranks_and_a_resume_continues_bit_for_bit(tmp_path_factory,
+                                                                              tmp_path):
+    """LAMB's trust ratios come from the all-reduced gradient every rank holds, so P = 1 and 2
+    take the same steps; a run stopped after step 1 (its checkpoint holds LAMB's moments and step
+    count) and resumed gives the uninterrupted one-process run's losses, bit for bit."""
+    runs = losses_on_every_p(tmp_path_factory, LAMB, ranks=(0, 2))
+    cfg, d = tmp_path / "lamb.toml", str(tmp_path / "cut")
+    cfg.write_text(LAMB)
+    p = train(None, str(cfg), d, "train.time_limit_minutes=1e-9")
+    assert p.returncode == 99, p.stderr
+    st = ckpt.load_checkpoint(os.path.join(d, "checkpoints", "step_00000001.h5"))
+    assert st["meta"]["optimizer"] == "lamb" and float(st["optim_state"]["state"][0]["step"]) == 1
+    p = deepfusion_here(["train", "--resume", d, "--set", "train.time_limit_minutes=0"])
+    assert p.returncode == 0, p.stderr
+    assert losses(d) == losses(runs[0])
 
 
 def test_failing_rank_ends_the_whole_job(tiny, tmp_path):

@@ -11,7 +11,7 @@ from deepfusion.engine import checkpoint as ckpt
 from deepfusion.engine import lbfgs
 from deepfusion.engine.comm import SerialComm
 from deepfusion.engine.data import LazyBatch
-from deepfusion.engine.firstorder import Adam
+from deepfusion.engine.firstorder import Adam, Lamb
 from deepfusion.engine.optimizers import OptimizerSchedule, build_stepper
 from tests.mpi_util import run_mpi
 from tests.tiny_configs import TINY, variant
@@ -130,23 +130,24 @@ def test_state_dict_roundtrips_through_the_hdf5_checkpoint(tmp_path):
     assert torch.equal(flat_params(m2), want)
 
 
-def test_optimizer_schedule_switches_and_restores_by_name():
-    cfg = load_config(None, ["optim.name=\"adam\"", "optim.switch_to_lbfgs_epoch=2",
+@pytest.mark.parametrize("first,cls", [("adam", Adam), ("lamb", Lamb)])
+def test_optimizer_schedule_switches_and_restores_by_name(first, cls):
+    cfg = load_config(None, [f"optim.name=\"{first}\"", "optim.switch_to_lbfgs_epoch=2",
                              "train.epochs=4"]).optim
     m = linear_model(0)
     _, lg, _, _ = make_engine(m, LinearLSQ(), SerialComm(), global_batch=16)
     sched = OptimizerSchedule(m.parameters(), cfg, lg)
     adam = sched.at(0)
-    assert adam.name == "adam" and isinstance(adam.optimizer, Adam)
+    assert adam.name == first and type(adam.optimizer) is cls
     assert sched.at(1) is adam
     lb = sched.at(2)
     assert lb.name == "lbfgs" and sched.at(3) is lb
     # resume/rollback: rebuild whatever stepper wrote the state, by its recorded name
-    sched.restore("adam", adam.state_dict())
-    assert sched.current.name == "adam"
+    sched.restore(first, adam.state_dict())
+    assert sched.current.name == first and type(sched.current.optimizer) is cls
     c2 = load_config(None, ["optim.name=\"lbfgs\"", "optim.lbfgs_line_search=\"none\""]).optim
     assert build_stepper("lbfgs", m.parameters(), c2, lg).optimizer.param_groups[0]["line_search_fn"] is None
-    with pytest.raises(ValueError, match="valid: adam, sgd, lbfgs"):
+    with pytest.raises(ValueError, match="valid: adam, sgd, lamb, lbfgs"):
         build_stepper("adamw", m.parameters(), c2, lg)
     with pytest.raises(ConfigError, match="switch_to_lbfgs_epoch"):
         load_config(None, ["optim.name=\"lbfgs\"", "optim.switch_to_lbfgs_epoch=1"])
@@ -172,3 +173,14 @@ def test_same_iterates_on_1_and_2_ranks_and_resume_and_convex():
 SWITCH = variant(TINY, "data.global_batch=8", "data.eval_samples=0", "optim.switch_to_lbfgs_epoch=2",
                  "optim.lbfgs_max_iter=3", "optim.lbfgs_history=5", "train.checksum_every=1",
                  "train.micro_batch=2")
+
+
+def test_the_config_offers_exactly_the_engines_optimisers():
+    """optim.name's choices (config may not import the engine) are the steppers the engine
+    builds: a new optimiser is added in both places or a config cannot name it."""
+    import dataclasses
+
+    from deepfusion.config.sections import OptimConfig
+    from deepfusion.engine.optimizers import STEPPERS
+    name = next(f for f in dataclasses.fields(OptimConfig) if f.name == "name")
+    assert tuple(name.metadata["choices"]) == STEPPERS

@@ -104,10 +104,13 @@ class OptimConfig(Section):
 
     _section: ClassVar[str] = "optim"
 
-    name: str = option("adam", "optimiser", choices=("adam", "sgd", "lbfgs"))
-    lr: float = option(1e-3, "peak learning rate", gt=0.0)
-    weight_decay: float = option(0.0, "L2 weight decay", ge=0.0)
-    betas: list[float] = option([0.9, 0.999], "Adam (beta1, beta2), each in [0, 1)",
+    name: str = option("adam", "optimiser (lamb: layer-wise adaptive Adam for large batches)",
+                       choices=("adam", "sgd", "lamb", "lbfgs"))
+    lr: float = option(1e-3, "peak learning rate (lamb: relative, each parameter tensor moves "
+                             "by lr x its norm per step)", gt=0.0)
+    weight_decay: float = option(0.0, "weight decay: L2 (added to the gradient) for adam/sgd, "
+                                      "decoupled (in the update) for lamb", ge=0.0)
+    betas: list[float] = option([0.9, 0.999], "Adam/LAMB (beta1, beta2), each in [0, 1)",
                             min_len=2, max_len=2, item_ge=0.0)
     momentum: float = option(0.9, "SGD momentum, in [0, 1)", ge=0.0, lt=1.0)
     schedule: str = option("cosine", "learning-rate schedule after warm-up",
@@ -125,7 +128,8 @@ class OptimConfig(Section):
                                        ge=0.0)
     lbfgs_line_search: str = option("strong_wolfe", "L-BFGS line search",
                                 choices=("strong_wolfe", "none"))
-    switch_to_lbfgs_epoch: int = option(-1, "switch from adam/sgd to L-BFGS at this epoch; -1 = never",
+    switch_to_lbfgs_epoch: int = option(-1, "switch from adam/sgd/lamb to L-BFGS at this epoch; "
+                                            "-1 = never",
                                     ge=-1)
 
     def _validate(self):
@@ -137,8 +141,8 @@ class OptimConfig(Section):
             raise self._err("min_lr", f"must be <= optim.lr ({self.lr}), got {self.min_lr}")
         if self.switch_to_lbfgs_epoch >= 0 and self.name == "lbfgs":
             raise self._err("switch_to_lbfgs_epoch",
-                            "only applies when optim.name is 'adam' or 'sgd' (it is already "
-                            "'lbfgs'); set it to -1")
+                            "only applies when optim.name is 'adam', 'sgd' or 'lamb' (it is "
+                            "already 'lbfgs'); set it to -1")
 
 
 @dataclass(kw_only=True)

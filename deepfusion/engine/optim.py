@@ -1,4 +1,4 @@
-"""The stepper interface every optimiser implements, Adam/SGD behind it, and the learning-rate
+"""The stepper interface every optimiser implements, Adam/SGD/LAMB behind it, and the learning-rate
 schedules. L-BFGS implements the same interface in :mod:`~deepfusion.engine.lbfgs`; one function,
 :func:`deepfusion.engine.optimizers.build_stepper`, builds any of them.
 
@@ -14,10 +14,11 @@ import math
 import time
 
 from .data import LazyBatch
-from .firstorder import SGD, Adam
+from .firstorder import SGD, Adam, Lamb
 from .step import LossAndGrad, StepResult
 
 SCHEDULES = ("constant", "cosine", "step", "exponential")
+FIRST_ORDER = ("adam", "sgd", "lamb")
 
 
 class Stepper(abc.ABC):
@@ -48,7 +49,7 @@ class Stepper(abc.ABC):
 
 
 class FirstOrderStepper(Stepper):
-    """Adam or SGD: one global loss-and-gradient, clip (``optim.grad_clip``), step."""
+    """Adam, SGD or LAMB: one global loss-and-gradient, clip (``optim.grad_clip``), step."""
 
     def __init__(self, name: str, params, cfg, loss_and_grad: LossAndGrad):
         self.name = name
@@ -56,8 +57,11 @@ class FirstOrderStepper(Stepper):
             opt = Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         elif name == "sgd":
             opt = SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        elif name == "lamb":  # weight decay decoupled, as in the paper: see firstorder.Lamb
+            opt = Lamb(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         else:
-            raise ValueError(f"{name!r} is not a first-order optimiser; valid: adam, sgd")
+            raise ValueError(f"{name!r} is not a first-order optimiser; valid: "
+                             f"{', '.join(FIRST_ORDER)}")
         super().__init__(opt, cfg, loss_and_grad)
 
     def step(self, batch, *, step, schedule_steps, lr_scale):

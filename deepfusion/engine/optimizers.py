@@ -1,5 +1,6 @@
 """Which optimiser steps when: the one function that builds any stepper, and the schedule
-of ``optim.name`` / ``optim.switch_to_lbfgs_epoch`` (Adam or SGD, then L-BFGS from an epoch).
+of ``optim.name`` / ``optim.switch_to_lbfgs_epoch`` (Adam, SGD or LAMB, then L-BFGS from an
+epoch).
 
 The active stepper depends only on the epoch, so all ranks switch at the same step, and a
 checkpoint records the active stepper's name so a resume or rollback rebuilds the same one.
@@ -7,10 +8,10 @@ checkpoint records the active stepper's name so a resume or rollback rebuilds th
 from __future__ import annotations
 
 from .lbfgs import LBFGSStepper
-from .optim import FirstOrderStepper, Stepper
+from .optim import FIRST_ORDER, FirstOrderStepper, Stepper
 from .step import LossAndGrad
 
-STEPPERS = ("adam", "sgd", "lbfgs")
+STEPPERS = FIRST_ORDER + ("lbfgs",)
 
 
 def build_stepper(name: str, params, cfg, loss_and_grad: LossAndGrad) -> Stepper:
@@ -18,7 +19,7 @@ def build_stepper(name: str, params, cfg, loss_and_grad: LossAndGrad) -> Stepper
     section."""
     if name == "lbfgs":
         return LBFGSStepper(params, cfg, loss_and_grad)
-    if name in ("adam", "sgd"):
+    if name in FIRST_ORDER:
         return FirstOrderStepper(name, params, cfg, loss_and_grad)
     raise ValueError(f"unknown optimiser {name!r}; valid: {', '.join(STEPPERS)}")
 
