@@ -97,6 +97,20 @@ def test_a_flipped_key_name_is_refused(run, tmp_path):
         ckpt.load_checkpoint(path)
 
 
+def test_a_damaged_list_length_is_refused_not_followed(run, tmp_path):
+    """A list's stored length grown by 2**62 (one flipped bit in an unsealed file) is refused
+    by the structure check; a reader that named 0..n-1 first would grow until it was killed."""
+    path = str(tmp_path / "c.h5")
+    shutil.copyfile(newest(run), path)
+    make_unsealed(path)
+    with h5py.File(path, "r+") as f:
+        lists = []
+        f.visititems(lambda name, obj: lists.append(obj) if "__len__" in obj.attrs else None)
+        lists[0].attrs["__len__"] = int(lists[0].attrs["__len__"]) + 2 ** 62
+    with pytest.raises(ckpt.CheckpointError, match="its length and members disagree"):
+        ckpt.load_checkpoint(path)
+
+
 def test_a_missing_seal_is_refused_and_skipped(run, tmp_path):
     d = copy_run(run, tmp_path)
     unseal(newest(d))

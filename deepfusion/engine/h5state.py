@@ -234,8 +234,9 @@ def read_item(obj, digests: dict | None = None):
                                   f"(the structure was damaged)")
         return {k: read_item(obj[n], digests) for k, n in zip(keys, names)}
     if kind in ("list", "tuple"):
-        n = int(obj.attrs["__len__"])
-        if sorted(obj.keys()) != sorted(str(i) for i in range(n)):
+        n, members = int(obj.attrs["__len__"]), sorted(obj.keys())
+        # the count first: a damaged length (up to 2**63) must not build its list of names
+        if n != len(members) or members != sorted(str(i) for i in range(n)):
             raise CheckpointError(f"{obj.name}: its length and members disagree (the structure "
                                   f"was damaged)")
         items = [read_item(obj[str(i)], digests) for i in range(n)]
