@@ -73,6 +73,21 @@ def allreduce_time(p: int, nbytes: float, alpha: float, beta: float) -> tuple[fl
     return (ring, "ring") if ring <= rd else (rd, "recursive_doubling")
 
 
+# The backward pass costs about twice the forward (two products per weight instead of one).
+BACKWARD_SHARE = 2.0 / 3.0
+
+
+def gradient_wait(t_allreduce: float, t_compute: float, overlap: bool) -> float:
+    """Seconds a step waits for its gradient all-reduce after ``t_compute`` of forward and
+    backward: all of it, or with ``parallel.overlap`` (buckets all-reduced as the backward pass
+    fills them) only what outlasts the backward pass. The overlapped figure is a bound: it
+    assumes the network moves the messages while every core computes (an RDMA interconnect),
+    which a rank on a core of its own does not give (docs/performance.md)."""
+    if not overlap:
+        return t_allreduce
+    return max(0.0, t_allreduce - BACKWARD_SHARE * t_compute)
+
+
 def link_params(prof: dict, nodes: int) -> tuple[float, float]:
     """(alpha seconds, beta bytes/s): shared memory inside one node, the network otherwise."""
     if nodes <= 1:

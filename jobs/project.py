@@ -13,7 +13,9 @@ divide B):
 
     t_sample(k)  = jobs.domain_model.domain_step's compute + halo + norm time of one sample on k
                    ranks (k = 1: amdahl(t_sample, T)),
-    T_step       = ceil(B / G) * t_sample(k) + allreduce(P, 4 * params)     (no overlap)
+    T_step       = C + allreduce(P, 4 * params),  C = ceil(B / G) * t_sample(k)
+                   (with --overlap: C + max(0, allreduce - 2/3 C), the all-reduce hidden
+                   behind the backward pass as ``parallel.overlap`` does: a bound)
     time         = S(B) * T_step
 
 and the projection is the fastest (B, layout). Measured: S(B) (the study, on two cores) and
@@ -37,7 +39,8 @@ from pathlib import Path
 
 from deepfusion.engine.errors import InputError
 from jobs.domain_model import Net, choose_split, domain_step, parse_grid
-from jobs.model import DEFAULT_SERIAL_FRACTION, allreduce_time, amdahl, link_params
+from jobs.model import (DEFAULT_SERIAL_FRACTION, allreduce_time, amdahl, gradient_wait,
+                        link_params)
 from jobs.profiles import get_profile, load_profiles
 
 DEFAULT_CLUSTERS = "stampede2,azure-hc44,aws-c5n"
@@ -96,7 +99,8 @@ def best_plan(prof: dict, nodes: int, steps: dict, args, net: Net) -> dict | Non
             for b, s in steps.items():
                 if b % groups:
                     continue
-                t_step = (b // groups) * per[0] + t_grad
+                compute = (b // groups) * per[0]
+                t_step = compute + gradient_wait(t_grad, compute, args.overlap)
                 row = dict(nodes=nodes, batch=b, rule=s["rule"], steps=s["steps"],
                            ranks_per_node=r, threads_per_rank=threads, ranks=p, domain=per[1],
                            t_step=t_step, hours=s["steps"] * t_step / 3600)
@@ -121,6 +125,7 @@ def project(args) -> dict:
                        "nodes": args.nodes,
                        "t_sample": args.t_sample, "t_sample_threads": args.t_sample_threads,
                        "grid": list(args.grid), "params": args.params, "domain": args.domain,
+                       "overlap": args.overlap,
                        "measured": "steps to target (the study) and t_sample (this machine)",
                        "modelled": "step times on the clusters (alpha-beta links, Amdahl)"},
             "projection": out}
@@ -152,7 +157,7 @@ def project_recipe(args) -> dict:
                        "nodes": args.nodes,
                        "levels": levels, "t_sample": t_samples,
                        "t_sample_threads": args.t_sample_threads, "params": args.params,
-                       "measured": measured,
+                       "overlap": args.overlap, "measured": measured,
                        "modelled": "step times on the clusters (alpha-beta links, Amdahl, halo "
                                    "exchanges); the error reached is the recipe's own"},
             "projection": out}
@@ -227,6 +232,10 @@ def build_parser(prog: str = "deepfusion jobs project") -> argparse.ArgumentPars
     p.add_argument("--profiles", default=None, help="extra profile TOML merged over it")
     p.add_argument("--domain", action="store_true",
                    help="also consider splitting each sample over ranks (parallel.domain)")
+    p.add_argument("--overlap", action="store_true",
+                   help="model the gradient all-reduce overlapped with the backward pass "
+                   "(parallel.overlap = true): a bound, the network moving messages while the "
+                   "cores compute")
     p.add_argument("--combine", nargs="+", metavar="PROJECT_JSON",
                    help="instead of projecting: put these project.json files side by side "
                    "(summary.md, summary.png in --out)")

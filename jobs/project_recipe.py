@@ -15,7 +15,10 @@ G = P / k groups, G dividing every level's batch, and
     t_sample_l(k) = jobs.domain_model.domain_step's compute + halo + norm time of one sample
                     of level l on k ranks (k = 1: amdahl(t_sample_l, T)),
     time          = sum over levels of steps_l * (ceil(B_l / G) * t_sample_l(k)
-                                                  + allreduce(P, 4 * params)).
+                                                  + wait(allreduce(P, 4 * params))),
+
+wait = jobs.model.gradient_wait: the whole all-reduce, or with ``--overlap`` what outlasts the
+backward pass.
 
 Measured: t_sample_l, by ``deepfusion check``'s probe on this host (or ``--t-sample``, one per
 level); modelled: the rest, as in ``jobs.project``.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 
 from jobs.domain_model import Net, choose_split, domain_step, param_count, valid_split
-from jobs.model import allreduce_time, amdahl, link_params
+from jobs.model import allreduce_time, amdahl, gradient_wait, link_params
 
 
 def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
@@ -112,7 +115,8 @@ def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
         per = level_sample_time(net, lv["grid"], split, r, t_rank, prof)
         if per is None:
             return None
-        steps_s.append((lv["batch"] // groups) * per + t_grad)
+        compute = (lv["batch"] // groups) * per
+        steps_s.append(compute + gradient_wait(t_grad, compute, args.overlap))
     hours = sum(lv["steps"] * s for lv, s in zip(levels, steps_s)) / 3600
     return hours, steps_s
 

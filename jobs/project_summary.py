@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def load(paths: list[str]) -> list[dict]:
-    """The projections, each with its ``name``: the recipe's or study family's file stem."""
+    """The projections, each with its ``name``: the directory of its project.json (else the
+    recipe's or study family's file stem), marked when the all-reduce was overlapped."""
     docs = []
     for p in paths:
         with open(p) as f:
@@ -21,7 +22,12 @@ def load(paths: list[str]) -> list[dict]:
         if "projection" not in doc or "inputs" not in doc:
             raise ValueError(f"{p} is not a project.json of deepfusion jobs project (no "
                              f"'projection' or 'inputs'): give the project.json files it wrote")
-        doc["name"] = Path(str(doc["inputs"].get("family") or p)).stem
+        # the directory it was written to names it: two projections of one recipe (other
+        # --set or --overlap) are told apart by their --out
+        doc["name"] = (Path(p).parent.name if Path(p).name == "project.json" and
+                       Path(p).parent.name else Path(str(doc["inputs"].get("family") or p)).stem)
+        if doc["inputs"].get("overlap"):
+            doc["name"] += " (overlap)"
         docs.append(doc)
     return docs
 

@@ -1,7 +1,7 @@
 """deepfusion jobs project: time to accuracy from a batch study and the cluster model."""
 import json
 
-from jobs import project
+from jobs import model, project
 
 STUDY = {"arms": [
     {"name": "f_b16_sqrt", "family": "f", "batch": 16, "rule": "sqrt", "steps_to_target": 4000},
@@ -13,6 +13,7 @@ STUDY = {"arms": [
 
 
 def run(tmp_path, *extra):
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "study.json").write_text(json.dumps(STUDY))
     argv = ["--study", str(tmp_path / "study.json"), "--family", "f", "--t-sample", "0.01",
             "--grid", "64x64", "--nodes", "1,4,16", "--out", str(tmp_path / "out"), *extra]
@@ -40,6 +41,20 @@ def test_more_nodes_take_a_larger_batch_and_finish_sooner(tmp_path):
         assert rows[-1]["hours"] < rows[0]["hours"]
         assert [r["batch"] for r in rows] == sorted(r["batch"] for r in rows)
     assert (out / "project.png").exists() and "hours to target" in (out / "project.md").read_text()
+
+
+def test_the_overlapped_all_reduce_waits_only_past_the_backward_pass(tmp_path):
+    assert model.gradient_wait(0.5, 3.0, overlap=False) == 0.5
+    assert model.gradient_wait(0.5, 3.0, overlap=True) == 0.0        # hidden by 2 s of backward
+    assert abs(model.gradient_wait(2.5, 3.0, overlap=True) - 0.5) < 1e-12
+    rc, plain = run(tmp_path / "a")
+    rc2, over = run(tmp_path / "b", "--overlap")
+    assert rc == rc2 == 0
+    a, b = (json.loads((d / "project.json").read_text()) for d in (plain, over))
+    assert b["inputs"]["overlap"] and not a["inputs"]["overlap"]
+    hours = [(x["hours"], y["hours"]) for name in a["projection"]
+             for x, y in zip(a["projection"][name], b["projection"][name])]
+    assert all(y <= x for x, y in hours) and any(y < x for x, y in hours)
 
 
 def test_a_family_without_a_reached_target_is_refused(tmp_path, capsys):
@@ -126,12 +141,14 @@ def test_projections_are_combined_side_by_side(tmp_path, capsys):
     rc, out = recipe(tmp_path, "", "--t-sample", "0.01,0.04")
     assert rc == 0
     (tmp_path / "study").mkdir()
-    rc, study = run(tmp_path / "study")
+    rc, study = run(tmp_path / "study", "--overlap")
     assert rc == 0
-    both = [str(out / "project.json"), str(study / "project.json")]
+    (study / "project.json").rename(tmp_path / "study" / "project.json")
+    both = [str(out / "project.json"), str(tmp_path / "study" / "project.json")]
     assert project.main(["--combine", *both, "--out", str(tmp_path / "sum")]) == 0
     text = (tmp_path / "sum" / "summary.md").read_text()
-    assert "`recipe`" in text and "`f`" in text and (tmp_path / "sum" / "summary.png").exists()
+    # named by the directories they were written to
+    assert "`out`" in text and "`study (overlap)`" in text and (tmp_path / "sum" / "summary.png").exists()
     assert text.splitlines()[0].endswith("| 1 nodes | 4 nodes | 16 nodes | 64 nodes |")
     (tmp_path / "bad.json").write_text("{}")
     assert project.main(["--combine", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 2
