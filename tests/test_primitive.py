@@ -72,3 +72,17 @@ def test_primitive_with_slope_is_autograds_everywhere():
     torch.testing.assert_close(slope, grad, rtol=0, atol=1e-12)
     yd = y.detach()
     assert torch.all(slope[yd < 0] == 0.25) and torch.allclose(slope[yd > 1], f[0, -1])
+
+
+def test_a_nan_point_gives_nan_not_an_index_error():
+    """A diverged network's answer reaches the Lax-Oleinik loss as NaN points: the primitive
+    and its slope must come out NaN there (the engine's non-finite-loss handling takes over),
+    and finite points keep their values. (An infinite point is the straight continuation's
+    limit: no index is taken from it.)"""
+    x = torch.linspace(0.0, 1.0, 33, dtype=torch.float64)[None]
+    F, f = node_primitive(torch.sin(3 * x), 1 / 32), torch.sin(3 * x)
+    y = torch.tensor([[0.25, float("nan"), 0.75]], dtype=torch.float64)
+    for value in (primitive_at(F, f, 1 / 32, y), *primitive_with_slope(F, f, 1 / 32, y)):
+        assert torch.isnan(value[0, 1]) and torch.isfinite(value[0, ::2]).all()
+    ok = primitive_at(F, f, 1 / 32, y[:, ::2])
+    assert torch.equal(primitive_at(F, f, 1 / 32, y)[:, ::2], ok)
