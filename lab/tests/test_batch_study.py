@@ -1,5 +1,6 @@
 """lab.tools.batch_study on a tiny plan: arms, a run split into two segments, the report."""
 import json
+import os
 
 import pytest
 
@@ -92,3 +93,23 @@ def test_run_resumes_segments_and_reports_steps_to_target(tmp_path, monkeypatch)
     assert rows["tiny_b16_sqrt"]["state"] == "new" and rows["tiny_b16_sqrt"]["test"] is None
     log = (tmp_path / "runs" / "tiny_b64_sqrt.log").read_text()
     assert log.count("$ ") == 2 and "--resume" in log                # two segments
+
+
+def test_a_failed_arm_is_recorded_skipped_and_reported(tmp_path):
+    """An arm whose training exits with an error (here: an option the problem does not have)
+    is marked failed with the reason, not retried by run, and reported as such."""
+    path = plan(tmp_path)
+    text = open(path).read().replace(f'base = "{tmp_path / "base.toml"}"',
+                                     f'base = "{tmp_path / "bad.toml"}"')
+    open(path, "w").write(text)
+    (tmp_path / "bad.toml").write_text(BASE.replace('name = "poisson"',
+                                                    'name = "poisson"\noptions = { n_term = 4 }'))
+    p = batch_study.load_plan(path)
+    arm = next(a for a in batch_study.arms(p) if a["name"] == "tiny_b16_sqrt")
+    assert batch_study.train_segment(arm, 1, 5.0) == 2
+    assert batch_study.state(arm) == "failed"
+    assert "n_term" in open(os.path.join(arm["run_dir"], "study_failed")).read()
+    row = next(r for r in batch_study.report(p, {})["arms"] if r["name"] == "tiny_b16_sqrt")
+    assert row["state"] == "failed" and "n_term" in row["failure"]
+    assert batch_study.run(p, 1, 5.0, ["tiny_b16_sqrt"]) == 0            # skipped, not retried
+    assert open(arm["run_dir"] + ".log").read().count("$ ") == 1

@@ -135,10 +135,13 @@ def base_pool(path: str) -> int:
 
 
 def state(arm: dict) -> str:
-    """'done', 'started' or 'new' from the run directory: done once a segment exited 0 or the
-    newest checkpoint is at the arm's last step (a training that ended while nobody waited)."""
+    """'done', 'failed', 'started' or 'new' from the run directory: done once a segment exited
+    0 or the newest checkpoint is at the arm's last step (a training that ended while nobody
+    waited); failed once a segment exited otherwise than 0 or 99 (study_failed holds why)."""
     if os.path.exists(os.path.join(arm["run_dir"], "study_done")):
         return "done"
+    if os.path.exists(os.path.join(arm["run_dir"], "study_failed")):
+        return "failed"
     steps = records(arm["run_dir"], "step")
     last = dict(s.split("=", 1) for s in arm["sets"])["train.max_steps"]
     if steps and steps[-1]["step"] == int(last) and records(arm["run_dir"], "eval"):
@@ -165,13 +168,23 @@ def train_segment(arm: dict, ranks: int, minutes: float) -> int:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if rc == 0:
         open(os.path.join(arm["run_dir"], "study_done"), "w").close()
+    elif rc != 99:      # not a segment's end: the arm failed (diverged, refused); keep why
+        with open(arm["run_dir"] + ".log") as log, \
+                open(os.path.join(arm["run_dir"], "study_failed"), "w") as out:
+            out.write(failure(log.read().splitlines(), rc))
     return rc
+
+
+def failure(lines: list[str], rc: int) -> str:
+    """The reason an arm's training failed: the last deepfusion or Python error line of its log."""
+    why = [ln for ln in lines if ln.startswith(("deepfusion:", "error:")) or "Error:" in ln]
+    return (why[-1] if why else f"exit {rc}").strip()
 
 
 def run(plan: dict, ranks: int, minutes: float, only) -> int:
     end = time.monotonic() + 60 * minutes
     for arm in arms(plan):
-        if (only and arm["name"] not in only) or state(arm) == "done":
+        if (only and arm["name"] not in only) or state(arm) in ("done", "failed"):
             continue
         left = (end - time.monotonic()) / 60
         if left < 1:
@@ -255,6 +268,8 @@ def table(doc: dict) -> str:
         t = r.get("test") or {}
         test = (f"{pct(t['rel_l2_mean'])} / {pct(t['rel_l2_median'])} / {pct(t['rel_l2_max'])} "
                 f"({t['n']})" if "rel_l2_mean" in t else r.get("state", "-"))
+        if r.get("state") == "failed":
+            test = f"failed at step {r.get('last_step')}: {r.get('failure', '')}"
         rule = r["rule"] + (f", {r['budget']}x samples" if r.get("budget", 1) > 1 else "")
         lines.append(f"| {r['family']} | {r['batch']} | {rule} | "
                      f"{r.get('steps_to_target') or 'not reached'} | "
@@ -283,6 +298,9 @@ def report(plan: dict, targets: dict, earlier: dict | None = None) -> dict:
         row = {k: arm[k] for k in ("name", "family", "batch", "rule", "budget")}
         row.update(state=state(arm), target=target, **to_target(arm, target))
         row["test"] = test_error(arm, plan["test_draws"])
+        if row["state"] == "failed":
+            with open(os.path.join(arm["run_dir"], "study_failed")) as f:
+                row["failure"] = f.read().strip()
         rows.append(row)
     crit = {}
     for fam in plan["family"]:
