@@ -37,7 +37,7 @@ def _hermite_cell(F: torch.Tensor, f: torch.Tensor, h: float, y: torch.Tensor):
     s = flat / h
     # a non-finite point (a diverged network's answer) takes cell 0 and stays non-finite in t:
     # the loss is then NaN for the engine to handle, instead of a NaN index crashing the gather
-    k = torch.nan_to_num(s.detach().floor(), nan=0.0).clamp(0, w - 2)
+    k = s.detach().floor().nan_to_num_(nan=0.0).clamp_(0, w - 2)   # in place: a hot path
     t = (s - k).clamp(0.0, 1.0)                 # position inside interval k, in [0, 1]
     k = k.long()
     cell = (F.gather(1, k), F.gather(1, k + 1), f.gather(1, k), f.gather(1, k + 1))

@@ -79,7 +79,7 @@ def arms(plan: dict) -> list[dict]:
         if plain is None:
             raise SystemExit(f"[longer] arms: {base!r} is not an arm of the plan")
         out.append(make_arm(plan, plain["family"], plain["batch"], plain["rule"],
-                       f"{base}_x{longer['factor']}", longer["factor"]))
+                            f"{base}_x{longer['factor']}", longer["factor"]))
     return out
 
 
@@ -106,18 +106,18 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
             f"train.log_every={max(1, min(64, steps // 32))}",
             f"run.dir={run_dir!r}".replace("'", '"')]
     warm_samples = spec["warmup_steps"] * BASE_BATCH
+    # the linear and lamb rules warm up over 5% of the steps, at least the base's samples
+    long_warm = max(warm_samples // batch, steps // 20, 1)
     if rule == "sqrt":
         lr = spec["lr"] * math.sqrt(batch / BASE_BATCH)
         warm = max(1, warm_samples // batch)
         sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}"]
     elif rule == "linear":
         lr = spec["lr"] * batch / BASE_BATCH
-        warm = max(warm_samples // batch, steps // 20, 1)
-        sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}"]
+        sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={long_warm}"]
     elif rule == "lamb":
         lr = spec.get("lamb_lr", 10 * spec["lr"]) * math.sqrt(batch / BASE_BATCH)
-        warm = max(warm_samples // batch, steps // 20, 1)
-        sets += ["optim.name=\"lamb\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}"]
+        sets += ["optim.name=\"lamb\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={long_warm}"]
     elif rule == "lbfgs":
         sets += ["optim.name=\"lbfgs\"", "optim.lr=1.0", "optim.warmup_steps=0",
                  "optim.lbfgs_max_iter=1",
