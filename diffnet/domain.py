@@ -120,6 +120,21 @@ class Block:
         coarse.start, coarse.shape, coarse.grid = tuple(start), shape, tuple(grid)
         return coarse
 
+    def in_grid(self, grid) -> "Block":
+        """The block at this one's place in the same split of another ``grid`` (a prolonged
+        network's inner grid): the split must divide ``grid`` too (ValueError naming the
+        fix). The neighbours and collectives are the same; only the geometry changes."""
+        grid = tuple(int(g) for g in grid)
+        if grid == self.grid:
+            return self
+        split = [g // n for g, n in zip(self.grid, self.shape)]
+        check_split(grid, split)
+        other = copy.copy(self)
+        other.shape = tuple(g // s for g, s in zip(grid, split))
+        other.start = tuple(a // n * m for a, n, m in zip(self.start, self.shape, other.shape))
+        other.grid = grid
+        return other
+
     # -- collectives (the undivided case) ---------------------------------------------------
     def halo(self, x: torch.Tensor, width: int = 1, fill: str = "zeros") -> torch.Tensor:
         """x (B, C, *shape) padded by ``width`` ghost layers on every side of every axis.
@@ -183,6 +198,14 @@ class Block:
         that axis; blocks that differ on other axes are not involved). The backward returns
         each block its slice of the gradient, summed over the blocks that gathered. Undivided:
         ``t``."""
+        return t
+
+    def gather_whole(self, t: torch.Tensor) -> torch.Tensor:
+        """The whole field (B, C, *grid) on every block from each block's ``t`` (B, C, *shape):
+        :meth:`gather` along every axis in turn (its adjoint: each block gets its slice of the
+        gradient, summed over the blocks). Undivided: ``t``."""
+        for a in range(self.dims):
+            t = self.gather(t.movedim(2 + a, -1), a).movedim(-1, 2 + a)
         return t
 
     def __repr__(self) -> str:

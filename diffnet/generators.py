@@ -378,7 +378,11 @@ class Prolonged(nn.Module):
             return self.inner(x)
         with torch.set_grad_enabled(self.train_inner and torch.is_grad_enabled()):
             coarse = self.inner(resample_nodes(x, self.inner_grid))
-        coarse = resample_nodes(coarse, self.grid)
+        return self.corrected(x, resample_nodes(coarse, self.grid))
+
+    def corrected(self, x: torch.Tensor, coarse: torch.Tensor) -> torch.Tensor:
+        """The answer from the inputs ``x`` and the prolonged coarse answer ``coarse`` (both on
+        ``grid``, or both on one block of it under a domain split)."""
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         if x.is_contiguous(memory_format=fmt):  # keep the correction's input in x's layout
             coarse = coarse.contiguous(memory_format=fmt)

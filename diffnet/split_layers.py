@@ -19,6 +19,9 @@ boundary, which the replicated ghost layer reproduces), instance norm (statistic
 whole field), average pooling with stride = kernel. Local and left as they are: 1x1
 convolutions, transposed convolutions with stride = kernel, nearest upsampling, pointwise
 activations, concatenation. Anything else is refused with a ValueError, never approximated.
+A prolonged network (``diffnet.generators.Prolonged``) splits its correction and its inner
+network on their grids and gathers whole fields around the resampling between them
+(:func:`split_prolonged`).
 Splitting again (another grid of a multigrid schedule) points the same split layers at the
 new block.
 """
@@ -35,6 +38,7 @@ from .domain import Block, check_split
 from .generators import ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up
 from .ghost_conv import GhostConv
 from .norms import InstanceNorm, InstanceNormNHWCBlocks
+from .resample import resample_nodes
 
 NETWORKS = (UNet, UNetSmall, UNet3D)
 # Elements per float32 slab of the low-precision inference norm (64 MiB).
@@ -259,10 +263,6 @@ def upsample_plan(m: nn.Upsample, dims: int):
 def plan(model: nn.Module) -> list:
     """[(parent, name, split class)] for the layers to replace; ValueError naming the first
     layer that cannot be split (before anything is changed)."""
-    if isinstance(model, Prolonged):
-        raise ValueError("prolonged networks cannot be split over a domain yet; their "
-                         "resampling between grids (align_corners=True) is not block-local. "
-                         "Train the finest network without prolong, or drop parallel.domain")
     if type(model) not in NETWORKS:
         raise ValueError(f"{type(model).__name__} cannot be split over a domain: only the "
                          f"U-Nets {[c.__name__ for c in NETWORKS]} can")
@@ -296,7 +296,10 @@ def split_generator(model: nn.Module, block: Block) -> nn.Module:
     """Make the built U-Net ``model`` compute on ``block`` (in place; returns it): its input is
     the block of the global input (``block.local(x)``) and its output the block of the global
     output. ValueError if a layer cannot be split exactly or the block is not aligned to
-    2**depth. Parameters and state_dict keys are unchanged."""
+    2**depth. Parameters and state_dict keys are unchanged. A prolonged network: see
+    :func:`split_prolonged`."""
+    if isinstance(model, Prolonged):
+        return split_prolonged(model, block)
     todo = plan(model)
     if block.dims != model.dims:
         raise ValueError(f"a {model.dims}-D network cannot run on the {block.dims}-D block {block}")
@@ -315,9 +318,63 @@ def split_generator(model: nn.Module, block: Block) -> nn.Module:
     return model
 
 
+def split_prolonged(model: Prolonged, block: Block) -> Prolonged:
+    """A prolonged network on ``block`` (in place; returns it). Its correction is split on
+    ``block``, its inner network on the same split of ``inner_grid`` (``Block.in_grid``), so
+    every rank does its share of both. The resampling between the grids is node-aligned
+    (``align_corners=True``), which no block can do from its own nodes: the block's input
+    fields are gathered whole before R, and the inner network's blocks gathered whole before
+    P, whose result is cut back to the block. Those are the only collectives added; the
+    gathers' adjoints give each block its share of the gradient, so the split equals the
+    undivided network up to rounding. On another grid the network is its inner network."""
+    if block.grid != model.grid:
+        split_generator(model.inner, block)
+    else:
+        split_generator(model.correction, block)
+        split_generator(model.inner, block.in_grid(model.inner_grid))
+    model.domain_block = block
+    model.forward = MethodType(prolonged_on_block, model)
+    model.check_input = MethodType(check_prolonged_block_input, model)
+    return model
+
+
+def prolonged_on_block(self: Prolonged, x: torch.Tensor) -> torch.Tensor:
+    """``Prolonged.forward`` on this rank's block (see :func:`split_prolonged`)."""
+    block = self.domain_block
+    if block.grid != self.grid:
+        return self.inner(x)
+    inner_block = block.in_grid(self.inner_grid)
+    fields = inner_block.local(resample_nodes(block.gather_whole(x), self.inner_grid))
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    layout = fmt if x.is_contiguous(memory_format=fmt) else torch.contiguous_format
+    with torch.set_grad_enabled(self.train_inner and torch.is_grad_enabled()):
+        coarse = self.inner(fields.contiguous(memory_format=layout))
+    if coarse.dtype in (torch.bfloat16, torch.float16):
+        coarse = coarse.float()  # the gather's adjoint sums gradients: MPI sums no bfloat16
+    coarse = block.local(resample_nodes(inner_block.gather_whole(coarse), self.grid))
+    return self.corrected(x, coarse.to(x.dtype))
+
+
+def check_prolonged_block_input(self: Prolonged, x: torch.Tensor) -> None:
+    """A split prolonged network's input check: x must be this block of the grid (the
+    networks of the chain were checked against their grids when split)."""
+    block = self.domain_block
+    if tuple(x.shape[2:]) != block.shape:
+        raise ValueError(f"input {tuple(x.shape)} is not this block {block.shape} of the grid")
+
+
 def check_generator_split(model: nn.Module, grid, split) -> None:
     """ValueError before training unless ``model`` can be split (see :func:`split_generator`)
     into ``split`` blocks of ``grid`` whose sides are multiples of 2**depth, naming the nearest
-    valid grids and splits."""
+    valid grids and splits. A prolonged network: its correction on ``grid`` and its inner
+    network on the same split of its own grid."""
+    if isinstance(model, Prolonged):
+        if tuple(int(g) for g in grid) != model.grid:
+            return check_generator_split(model.inner, grid, split)
+        try:
+            check_generator_split(model.correction, grid, split)
+        except ValueError as e:
+            raise ValueError(f"the correction network on {list(model.grid)}: {e}") from None
+        return check_generator_split(model.inner, model.inner_grid, split)
     plan(model)
     check_split(grid, split, 2 ** model.depth)

@@ -182,6 +182,30 @@ def test_same_losses_on_any_p_across_growths_and_the_grown_network_answers(mgp, 
 
 
 @pytest.mark.mpi
+def test_a_domain_split_across_growths_logs_the_undivided_losses(mgp, full, tmp_path):
+    """Each rank holds half of every grid: the inner networks and the corrections split on
+    their own grids, whole fields gathered around the resampling between them."""
+    d = str(tmp_path / "split")
+    p = train(2, mgp, d, "parallel.domain=[1, 2]")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "domain split" in p.stdout and "prolonging the network from 32x32" in p.stdout
+    assert losses(d) == pytest.approx(losses(full[0]), rel=1e-9, abs=0)
+    # and the grown network answers split over ranks as it does whole
+    import h5py
+    import numpy as np
+
+    from tests.test_domain_train import infer
+    got = {}
+    for ranks, extra in ((0, []), (2, ["--domain", "1x2"])):
+        out = str(tmp_path / f"p{ranks}.h5")
+        p = infer(ranks, d, out, "--samples", "2", "--batch", "2", *extra)
+        assert p.returncode == 0, p.stderr[-3000:]
+        with h5py.File(out) as f:
+            got[ranks] = f["u"][...]
+    np.testing.assert_allclose(got[2], got[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("every, fail_at", [(6, 9), (5, 7)])
 def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path, every, fail_at):
     """Resumed from inside the grown 32x32 visit (step 6: the grown network's weights), and from

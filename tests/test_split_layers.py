@@ -21,7 +21,7 @@ def assert_close(a, b, rtol=1e-12):
 
 
 def grads(model):
-    return [p.grad.clone() for p in model.parameters()]
+    return [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
 
 
 def forward_backward(model, x, w):
@@ -82,14 +82,51 @@ def test_parameters_and_state_dict_keys_survive_the_split():
     assert model.inc[0].block.grid == (16, 8) and model.domain_block.grid == (16, 8)
 
 
-def test_prolonged_networks_are_refused():
-    inner = build_generator("unet", in_channels=1, depth=1, base_width=4)
-    model = Prolonged(inner=inner, inner_grid=(8, 8), grid=(16, 16), in_channels=1,
-                      correction={"depth": 1, "base_width": 4})
-    with pytest.raises(ValueError, match="prolonged networks cannot be split"):
-        split_generator(model, Block((16, 16)))
-    with pytest.raises(ValueError, match="prolonged networks cannot be split"):
-        check_generator_split(model, (16, 16), (2, 1))
+def prolonged(grid=(16, 16), inner_grid=(8, 8), depth=1):
+    torch.manual_seed(0)
+    inner = build_generator("unet", in_channels=2, depth=depth, base_width=4)
+    model = Prolonged(inner=inner, inner_grid=inner_grid, grid=grid, in_channels=2,
+                      correction={"depth": 1, "base_width": 4}).double()
+    with torch.no_grad():  # a correction that answers (its last layer starts at zero)
+        model.correction.outc.weight.normal_()
+    return model
+
+
+def test_a_prolonged_network_on_the_whole_block_is_itself_on_its_grids():
+    nested = Prolonged(inner=prolonged(), inner_grid=(16, 16), grid=(32, 32), in_channels=2,
+                       correction={"depth": 2, "base_width": 4}).double()
+    for grid in [(32, 32), (16, 16), (8, 8)]:  # its own grid, then its inner networks'
+        model = copy.deepcopy(nested)
+        split = split_generator(copy.deepcopy(model), Block(grid))
+        x, w = torch.randn(2, 2, *grid, dtype=torch.float64), torch.randn(2, 1, *grid,
+                                                                           dtype=torch.float64)
+        out, g = forward_backward(model, x, w)
+        out_s, g_s = forward_backward(split, x, w)
+        assert_close(out_s, out)
+        assert [a is None for a in g_s] == [b is None for b in g]  # (networks not run)
+        for a, b in zip(g_s, g):
+            if b is not None:
+                assert_close(a, b)
+    kinds = {type(m).__name__ for m in split.inner.inner.modules()}
+    assert "SplitConv2d" in kinds and split.inner.inner.domain_block.grid == (8, 8)
+
+
+def test_a_block_in_another_grid_keeps_its_place_in_the_split():
+    block = Block((32, 64), start=(16, 32), shape=(16, 16))  # block (1, 2) of a [2, 4] split
+    coarse = block.in_grid((8, 12))
+    assert (coarse.grid, coarse.start, coarse.shape) == ((8, 12), (4, 6), (4, 3))
+    assert block.in_grid((32, 64)) is block
+    with pytest.raises(ValueError, match="cannot be split"):
+        block.in_grid((9, 12))
+
+
+def test_a_prolonged_split_names_the_network_a_block_does_not_suit():
+    model = prolonged(grid=(32, 32), inner_grid=(16, 16), depth=2)
+    check_generator_split(model, (32, 32), (2, 2))  # blocks 16 and 8: multiples of 2 and 4
+    with pytest.raises(ValueError, match="grid 16x16 .* multiples of 4"):  # inner: 2x2 blocks
+        check_generator_split(model, (32, 32), (8, 8))
+    with pytest.raises(ValueError, match="the correction network on \\[32, 32\\]"):
+        check_generator_split(model, (32, 32), (32, 1))
 
 
 @pytest.mark.parametrize("layer,match", [

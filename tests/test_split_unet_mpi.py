@@ -16,11 +16,13 @@ def run_cases(n, cases):
 
 def test_two_ranks_split_along_either_axis():
     run_cases(2, ["16x16:1x2:instance", "16x32:2x1:none", "16x16:2x1:instance,avgpool,transpose",
-                  "16x16:1x2:instance,cl,ck", "8x8x8:1x2x1:instance"])
+                  "16x16:1x2:instance,cl,ck", "8x8x8:1x2x1:instance",
+                  "16x16:2x1:instance,prolong", "16x16:1x2:none,prolong,frozen,cl"])
 
 
 def test_four_ranks_corners_3d_blocks_and_two_groups():
     # 16x16:1x2 on 4 ranks: two domain groups of two ranks each
     run_cases(4, ["16x16:2x2:instance", "16x32:2x2:none,avgpool,transpose",
                   "8x8x8:2x1x2:instance,cl", "8x8x8:2x2x1:none,transpose,d1",
-                  "16x16:1x2:instance"])
+                  "16x16:1x2:instance", "16x32:2x2:instance,prolong",
+                  "16x8x16:2x1x2:none,prolong,d1"])

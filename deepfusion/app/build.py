@@ -178,12 +178,6 @@ def check_domain(cfg) -> None:
         raise ValueError(f"train.compile = true with parallel.domain = {cfg.parallel.domain}: "
                          f"the halo exchange is MPI inside autograd, which torch.compile cannot "
                          f"trace; set train.compile = false or parallel.domain = []")
-    grows = [v.level for v in plan(cfg) if v.grows]
-    if grows:
-        raise ValueError(f"train.levels[{grows[0]}].prolong = true with parallel.domain = "
-                         f"{cfg.parallel.domain}: a prolonged network resamples whole fields "
-                         f"between grids and is not split over a domain; carry the weights "
-                         f"(prolong = false) or drop the split")
 
 
 def init_from(model, name: str, path: str) -> None:

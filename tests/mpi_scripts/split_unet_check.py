@@ -6,7 +6,9 @@ Each argument is a case ``GRID:SPLIT:OPTIONS``, e.g. ``16x32:2x2:instance,avgpoo
 OPTIONS (comma-separated) name the norm (instance / none), the downsampling (conv / avgpool),
 the upsampling (bilinear / trilinear / transpose), the depth (d1, d2; default 2), ``cl``
 (channels_last model and input) and ``ck`` (checkpoint_levels: the halos run again in
-backward's recomputation). The world is cut into domain groups of prod(SPLIT) ranks.
+backward's recomputation), ``prolong`` (the U-Net on half the grid prolonged to the grid by a
+correction network: the gathers around the resampling) and ``frozen`` (the same with the inner
+network frozen). The world is cut into domain groups of prod(SPLIT) ranks.
 
 Every rank builds the same network (same seed) and the same global input, runs the undivided
 network on the whole field and the split one on its block, and checks: the block of the
@@ -23,7 +25,7 @@ import torch
 from deepfusion.engine.comm import world
 from tests.mpi_scripts.cases import report_ok, run_cases
 from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
-from diffnet.generators import build_generator
+from diffnet.generators import Prolonged, build_generator
 from diffnet.split_layers import check_generator_split, split_generator
 
 torch.set_num_threads(1)
@@ -52,6 +54,12 @@ def build(grid, opts):
         norm="none" if "none" in opts else "instance",
         downsample="avgpool" if "avgpool" in opts else "conv", upsample=up,
         checkpoint_levels="ck" in opts).double()
+    if "prolong" in opts or "frozen" in opts:  # the U-Net on half the grid, prolonged to grid
+        model = Prolonged(inner=model, inner_grid=[g // 2 for g in grid], grid=grid,
+                          in_channels=2, correction={"depth": 1, "base_width": 2},
+                          train_inner="frozen" not in opts).double()
+        with torch.no_grad():  # a correction that answers (its last layer starts at zero)
+            model.correction.outc.weight.normal_()
     return model
 
 
@@ -61,7 +69,7 @@ def run_once(model, x, w):
     model.zero_grad()
     out = model(x)
     (out * w).sum().backward()
-    return out.detach(), [p.grad.clone() for p in model.parameters()], x.grad
+    return out.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad], x.grad
 
 
 def run(case):
@@ -85,7 +93,7 @@ def run(case):
     out_s, grads_s, gx_s = run_once(split_model, block.local(x), block.local(w))
     close(out_s, block.local(out), f"{case} output")
     close(gx_s, block.local(gx), f"{case} input gradient")
-    names = [n for n, _ in model.named_parameters()]
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
     for name, g, g_s in zip(names, grads, grads_s):
         total = g_s.contiguous()
         dom.allreduce_(total.view(-1))  # the blocks' shares of the gradient
