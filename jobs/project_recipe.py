@@ -7,13 +7,15 @@ modelled step time of the best layout for each node count.
 The batch is the recipe's, so the error reached is the recipe's measured test error, not a
 projection; what more nodes buy is more ranks per step. Data parallelism stops at the global
 batch; a split of each sample over ``k`` ranks (``parallel.domain``) carries a level past it
-wherever the recipe can split (no grown network, a split the network's depth and the problem
-accept: ``deepfusion check`` decides, once per candidate split). One layout serves the whole
+wherever the recipe can split (a split the networks' depths and the problem accept:
+``deepfusion check`` decides, once per candidate split). One layout serves the whole
 run, as in a real job: P = nodes x r ranks (r ranks per node, T = cores / r threads each) in
 G = P / k groups, G dividing every level's batch, and
 
     t_sample_l(k) = jobs.domain_model.domain_step's compute + halo + norm time of one sample
-                    of level l on k ranks (k = 1: amdahl(t_sample_l, T)),
+                    of level l on k ranks (k = 1: amdahl(t_sample_l, T)), plus on a level whose
+                    network was grown (prolong) the whole-field gathers around each
+                    resampling of its chain (:func:`gather_time`),
     time          = sum over levels of steps_l * (ceil(B_l / G) * t_sample_l(k)
                                                   + wait(allreduce(P, 4 * params))),
 
@@ -36,10 +38,49 @@ def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
     from deepfusion.app.check_cli import check_launch
     from deepfusion.engine.levels import plan
 
+    from deepfusion.app.build import build_problem
+
     cfg = check_launch(config, sets, 1, here=False).cfg
     levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
                "steps": v.steps, "grows": bool(v.inner_grid)} for v in plan(cfg)]
+    task = build_problem(cfg, levels[0]["grid"])
+    chains = prolonged_chains(plan(cfg))
+    for lv in levels:  # [(fine grid, inner grid, inner trains)] of the network on the level's grid
+        lv["chain"] = [[list(f), list(c), t] for f, c, t in chains.get(tuple(lv["grid"]), [])]
+        lv["channels"] = [len(task.input_channels), task.output_channels]
     return cfg, levels
+
+
+def prolonged_chains(visits) -> dict:
+    """{grid: the resampling stages of the network that answers on it}: a visit that grows
+    the network adds (its grid, its inner grid, whether the inner network trains) to the
+    stages of the network on the inner grid."""
+    chains: dict = {}
+    for v in visits:
+        if v.inner_grid:
+            chains[tuple(v.grid)] = chains.get(tuple(v.inner_grid), []) + [
+                (tuple(v.grid), tuple(v.inner_grid), bool(v.train_inner))]
+    return chains
+
+
+def gather_time(lv: dict, split, alpha: float, beta: float) -> float:
+    """Seconds per sample of a split prolonged network's collectives (diffnet.split_layers
+    .split_prolonged): per stage, the input fields gathered whole on the fine grid and the
+    inner answer gathered whole on the inner grid, one line of blocks per axis (ring
+    allgathers, each block receiving the whole field; links as ``jobs.model.link_params`` for
+    the nodes one sample spans), and in backward, where the inner
+    network trains, the inner answer's gradient all-reduced along each line. The resampling
+    itself (pointwise work on whole fields) is not modelled."""
+    c_in, c_out = lv["channels"]
+    k = math.prod(split)
+    total = 0.0
+    for fine, inner, trains in lv["chain"]:
+        for nbytes in (4.0 * c_in * math.prod(fine), 4.0 * c_out * math.prod(inner)):
+            total += sum(s - 1 for s in split) * alpha + (1 - 1 / k) * nbytes / beta
+        if trains:
+            total += sum(allreduce_time(s, 4.0 * c_out * math.prod(inner), alpha, beta)[0]
+                         for s in split if s > 1)
+    return total
 
 
 def recipe_net(cfg, dims: int) -> Net:
@@ -75,8 +116,6 @@ class Splits:
         return self.cache[k]
 
     def find(self, k: int):
-        if any(lv["grows"] for lv in self.levels):
-            return None
         split = choose_split(self.levels[0]["grid"], k, self.depth)
         if split is None or not all(valid_split(lv["grid"], split, self.depth)
                                     for lv in self.levels):
@@ -92,13 +131,16 @@ class Splits:
         return split
 
 
-def level_sample_time(net: Net, grid, split, r: int, t_rank: float, prof: dict):
-    """Seconds of one sample of ``grid`` on the ranks of ``split`` (() = one rank); None if
-    the model has no row for it (the split's ranks do not fill whole nodes)."""
+def level_sample_time(net: Net, lv: dict, split, r: int, t_rank: float, prof: dict):
+    """Seconds of one sample of level ``lv`` on the ranks of ``split`` (() = one rank); None
+    if the model has no row for it (the split's ranks do not fill whole nodes)."""
     if not split:
         return t_rank
-    row = domain_step(net, grid, split, min(r, math.prod(split)), t_rank, prof, params=0)
-    return None if row is None else row["t_compute"] + row["t_halo"] + row["t_norm"]
+    row = domain_step(net, lv["grid"], split, min(r, math.prod(split)), t_rank, prof, params=0)
+    if row is None:
+        return None
+    alpha, beta = link_params(prof, -(-math.prod(split) // r))  # the nodes one sample spans
+    return row["t_compute"] + row["t_halo"] + row["t_norm"] + gather_time(lv, split, alpha, beta)
 
 
 def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
@@ -112,7 +154,7 @@ def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
     steps_s = []
     for lv, ts in zip(levels, t_samples):
         t_rank = amdahl(ts, args.t_sample_threads, threads, args.serial_fraction)
-        per = level_sample_time(net, lv["grid"], split, r, t_rank, prof)
+        per = level_sample_time(net, lv, split, r, t_rank, prof)
         if per is None:
             return None
         compute = (lv["batch"] // groups) * per

@@ -1,6 +1,8 @@
 """deepfusion jobs project: time to accuracy from a batch study and the cluster model."""
 import json
 
+import pytest
+
 from jobs import model, project
 
 STUDY = {"arms": [
@@ -111,13 +113,34 @@ def test_a_recipe_keeps_its_batch_and_splits_samples_past_it(tmp_path):
     assert rows[-1]["hours"] < rows[0]["hours"]
 
 
-def test_a_recipe_that_grows_its_network_is_never_split(tmp_path):
+def test_a_recipe_that_grows_its_network_is_split_and_pays_the_gathers(tmp_path):
     rc, out = recipe(tmp_path, "prolong = true", "--t-sample", "0.01,0.04")
     assert rc == 0
-    rows = json.loads((out / "project.json").read_text())["projection"]["stampede2"]
-    assert rows[0]["domain"] is None and rows[0]["ranks"] <= 4
-    assert rows[1:] == [None, None]     # batch 4 and no split: 16 nodes have nothing to run
-    assert "| 16 | no layout" in (out / "project.md").read_text()
+    doc = json.loads((out / "project.json").read_text())
+    grown = doc["inputs"]["levels"][1]
+    assert grown["chain"] == [[[64, 64], [32, 32], True]] and grown["channels"][1] == 1
+    rows = doc["projection"]["stampede2"]
+    assert rows[-1]["ranks"] > 4 and rows[-1]["domain"]  # batch 4: 64 nodes split each sample
+    plain = json.loads((recipe(tmp_path, "", "--t-sample", "0.01,0.04")[1]
+                        / "project.json").read_text())["projection"]["stampede2"]
+    assert all(r["hours"] > q["hours"] for r, q in zip(rows, plain) if r["domain"])
+    assert all(r["hours"] == q["hours"] for r, q in zip(rows, plain) if not r["domain"])
+
+
+def test_the_gathers_of_a_split_prolonged_level_are_two_allgathers_and_an_allreduce():
+    from jobs.model import allreduce_time
+    from jobs.project_recipe import gather_time
+
+    lv = {"chain": [[[64, 64], [32, 32], True]], "channels": [2, 1]}
+    alpha, beta = 1e-6, 1e9
+    fields, answer = 4.0 * 2 * 64 * 64, 4.0 * 1 * 32 * 32
+    want = 2 * (2 * alpha) + 0.75 * (fields + answer) / beta \
+        + 2 * allreduce_time(2, answer, alpha, beta)[0]
+    assert gather_time(lv, (2, 2), alpha, beta) == pytest.approx(want, rel=1e-12)
+    lv["chain"][0][2] = False                            # a frozen inner network: no backward
+    assert gather_time(lv, (2, 2), alpha, beta) == pytest.approx(
+        want - 2 * allreduce_time(2, answer, alpha, beta)[0], rel=1e-12)
+    assert gather_time({"chain": [], "channels": [2, 1]}, (2, 2), alpha, beta) == 0
 
 
 def test_a_recipe_is_probed_when_no_sample_time_is_given(tmp_path):
