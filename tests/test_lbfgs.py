@@ -110,6 +110,51 @@ def test_nonfinite_inside_the_line_search_abandons_the_step_cleanly():
     assert len(opt.state) == 0  # half-updated history discarded
 
 
+class _WorseAt(LinearLSQ):
+    """The least-squares loss, plus 1e6 at the evaluations numbered in ``worse`` (1-based): a
+    line-search trial that lands higher than the step's start."""
+
+    def __init__(self, worse):
+        self.worse, self.calls = set(worse), 0
+
+    def loss_terms(self, u, x):
+        self.calls += 1
+        t = super().loss_terms(u, x)
+        if self.calls in self.worse:
+            t["pde"] = t["pde"] + 1e6
+        return t
+
+
+def test_a_one_iteration_step_searches_past_a_rejected_full_step():
+    """lbfgs_max_iter = 1 (the large-batch setting): a full step that lands higher is followed
+    by more trials within the step, not by no step at all."""
+    task = _WorseAt({2})
+    _, x = lsq_batch()
+    model = linear_model(0)
+    before = flat_params(model)
+    _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16,
+                                  cfg=lbfgs_cfg(max_iter=1))
+    res = step.run(x)
+    assert res.metrics["func_evals"] >= 3 and not res.metrics["lbfgs_restart"]
+    assert res.metrics["loss_after"] < res.loss
+    assert not torch.equal(flat_params(model), before)
+
+
+def test_a_step_that_finds_nothing_lower_restarts_the_history():
+    task = _WorseAt(range(2, 7))  # every trial of the first step (1 + 4 line-search evaluations)
+    _, x = lsq_batch()
+    model = linear_model(0)
+    before = flat_params(model)
+    _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16,
+                                  cfg=lbfgs_cfg(max_iter=1))
+    res = step.run(x)
+    assert res.metrics["func_evals"] == 1 + lbfgs.LINE_SEARCH_EVALS
+    assert res.metrics["lbfgs_restart"] and len(opt.state) == 0
+    assert torch.equal(flat_params(model), before)
+    res = step.run(x)  # afresh: a scaled gradient step, accepted
+    assert not res.metrics["lbfgs_restart"] and res.metrics["loss_after"] < res.loss
+
+
 def test_state_dict_roundtrips_through_the_hdf5_checkpoint(tmp_path):
     lin, x = lsq_batch()
     model = linear_model(1)

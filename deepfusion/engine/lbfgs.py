@@ -11,7 +11,7 @@ parameters stay equal on all ranks (the trainer's all-reduced checksum checks it
 
 Config (``[optim]``): ``name = "lbfgs"`` or ``switch_to_lbfgs_epoch = E`` (Adam/SGD for epochs
 < E, L-BFGS from the first step of epoch E; decided in :mod:`.optimizers`), ``lbfgs_history``, ``lbfgs_max_iter`` (iterations per optimiser
-step; max evaluations = 5/4 of it, torch's default), ``lbfgs_tolerance_grad``,
+step; max evaluations per step: :func:`max_evaluations`), ``lbfgs_tolerance_grad``,
 ``lbfgs_tolerance_change``, ``lbfgs_line_search`` ("strong_wolfe" | "none"). L-BFGS ignores
 ``optim.lr`` and its schedule: its step length is 1 (times the rollback factor after a
 ``train.on_nonfinite = "rollback"``), scaled by the line search. Gradient clipping is not applied.
@@ -28,6 +28,13 @@ evaluations, ``flags`` OR-ed over them, and ``metrics = {"optimizer": "lbfgs", "
 "lbfgs_iters": k, "samples_evaluated": n x global_batch, "loss_after": f}`` (``loss_after`` = the
 lowest finite loss evaluated in the step, the accepted iterate's loss under the strong-Wolfe
 line search). The trainer adds these to each step record of metrics.jsonl.
+
+A rejected step: when the line search finds no point below the step's starting loss it
+returns step length 0, the parameters do not move, and torch's LBFGS would build the next
+step from the same history (no new curvature pair: its s is 0), on a new batch that the
+same too-long direction overshoots again: a run that silently stops learning (seen at batch
+256 on Poisson and Burgers). Here a rejected step clears the history, so the next step starts
+afresh from the scaled gradient, and its record says ``"lbfgs_restart": true``.
 
 Non-finite values: if any evaluation (line search included) is non-finite -- decided on
 all-reduced values, so on every rank alike -- the step is abandoned on every rank: parameters
@@ -51,6 +58,17 @@ from .step import LossAndGrad, StepResult
 
 # L-BFGS's own step length; the line search scales it, a rollback multiplies it.
 STEP_LENGTH = 1.0
+# Loss evaluations a step's line search may always spend beyond its iterations.
+LINE_SEARCH_EVALS = 4
+
+
+def max_evaluations(max_iter: int, line_search: str) -> int:
+    """Loss evaluations per optimiser step: torch's default 5/4 of the iterations, but at least
+    ``LINE_SEARCH_EVALS`` more than them under a line search. torch charges the line search's
+    evaluations to this budget, so with 5/4 alone a one-iteration step (5/4 of 1 is 1) has
+    none left: it tries the full step once and, if that is not lower, does not move at all."""
+    budget = max_iter * 5 // 4
+    return budget if line_search == "none" else max(budget, max_iter + LINE_SEARCH_EVALS)
 
 
 class DistLBFGS(torch.optim.LBFGS):
@@ -82,7 +100,9 @@ class LBFGSStepper(Stepper):
 
     def __init__(self, params, cfg, loss_and_grad: LossAndGrad):
         opt = DistLBFGS(list(params), lr=STEP_LENGTH, history_size=cfg.lbfgs_history,
-                        max_iter=cfg.lbfgs_max_iter, tolerance_grad=cfg.lbfgs_tolerance_grad,
+                        max_iter=cfg.lbfgs_max_iter,
+                        max_eval=max_evaluations(cfg.lbfgs_max_iter, cfg.lbfgs_line_search),
+                        tolerance_grad=cfg.lbfgs_tolerance_grad,
                         tolerance_change=cfg.lbfgs_tolerance_change,
                         line_search_fn=None if cfg.lbfgs_line_search == "none" else "strong_wolfe")
         super().__init__(opt, cfg, loss_and_grad)
@@ -124,13 +144,17 @@ class LBFGSStepper(Stepper):
                     p.copy_(p0)
             optimizer.state.clear()  # the history is half-updated: start it afresh
         del start
-        iters = (0 if failed is not None else optimizer.state[optimizer._params[0]].get("n_iter", 0)
-                 - iters0)
+        state = optimizer.state.get(optimizer._params[0], {})
+        iters = 0 if failed is not None else state.get("n_iter", 0) - iters0
+        rejected = failed is None and bool(state.get("t", 1) == 0)
+        if rejected:  # nothing moved: start the history afresh (module docstring)
+            optimizer.state.clear()
         res = evals[0] if failed is None or failed is evals[0] else failed
         finite = [e.loss for e in evals if e.finite]
         res.times = {k: sum(e.times.get(k, 0.0) for e in evals) for k in evals[0].times}
         res.flags = {k: max(e.flags[k] for e in evals) for k in evals[0].flags}
         res.metrics = {"optimizer": "lbfgs", "func_evals": len(evals), "lbfgs_iters": iters,
                        "samples_evaluated": len(evals) * self.lg.global_batch,
-                       "loss_after": min(finite) if finite else float("nan")}
+                       "loss_after": min(finite) if finite else float("nan"),
+                       "lbfgs_restart": rejected}
         return res
