@@ -32,8 +32,7 @@ line search). The trainer adds these to each step record of metrics.jsonl.
 A rejected step: when the line search finds no point below the step's starting loss it
 returns step length 0, the parameters do not move, and torch's LBFGS would build the next
 step from the same history (no new curvature pair: its s is 0), on a new batch that the
-same too-long direction overshoots again: a run that silently stops learning (seen at batch
-256 on Poisson and Burgers). Here a rejected step clears the history, so the next step starts
+same too-long direction overshoots again: a run that silently stops learning. Here a rejected step clears the history, so the next step starts
 afresh from the scaled gradient, and its record says ``"lbfgs_restart": true``.
 
 Non-finite values: if any evaluation (line search included) is non-finite -- decided on
