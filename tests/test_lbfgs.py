@@ -125,15 +125,21 @@ class _WorseAt(LinearLSQ):
         return t
 
 
-def test_a_one_iteration_step_searches_past_a_rejected_full_step():
-    """lbfgs_max_iter = 1 (the large-batch setting): a full step that lands higher is followed
-    by more trials within the step, not by no step at all."""
-    task = _WorseAt({2})
+def one_iteration_steps(worse):
+    """(model, its parameters before, optimiser, stepper, inputs): lbfgs_max_iter = 1 (the
+    large-batch setting) on the least-squares task worsened at the evaluations ``worse``."""
     _, x = lsq_batch()
     model = linear_model(0)
     before = flat_params(model)
-    _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16,
+    _, _, opt, step = make_engine(model, _WorseAt(worse), SerialComm(), global_batch=16,
                                   cfg=lbfgs_cfg(max_iter=1))
+    return model, before, opt, step, x
+
+
+def test_a_one_iteration_step_searches_past_a_rejected_full_step():
+    """A full step that lands higher is followed by more trials within the step, not by no step
+    at all."""
+    model, before, _opt, step, x = one_iteration_steps({2})
     res = step.run(x)
     assert res.metrics["func_evals"] >= 3 and not res.metrics["lbfgs_restart"]
     assert res.metrics["loss_after"] < res.loss
@@ -141,12 +147,8 @@ def test_a_one_iteration_step_searches_past_a_rejected_full_step():
 
 
 def test_a_step_that_finds_nothing_lower_restarts_the_history():
-    task = _WorseAt(range(2, 7))  # every trial of the first step (1 + 4 line-search evaluations)
-    _, x = lsq_batch()
-    model = linear_model(0)
-    before = flat_params(model)
-    _, _, opt, step = make_engine(model, task, SerialComm(), global_batch=16,
-                                  cfg=lbfgs_cfg(max_iter=1))
+    # every trial of the first step: 1 + 4 line-search evaluations
+    model, before, opt, step, x = one_iteration_steps(range(2, 7))
     res = step.run(x)
     assert res.metrics["func_evals"] == 1 + lbfgs.LINE_SEARCH_EVALS
     assert res.metrics["lbfgs_restart"] and len(opt.state) == 0
