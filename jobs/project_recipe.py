@@ -16,8 +16,10 @@ G = P / k groups, G dividing every level's batch, and
                     of level l on k ranks (k = 1: amdahl(t_sample_l, T)), plus on a level whose
                     network was grown (prolong) the whole-field gathers around each
                     resampling of its chain (:func:`gather_time`),
-    time          = sum over levels of steps_l * (ceil(B_l / G) * t_sample_l(k)
-                                                  + wait(allreduce(P, 4 * params))),
+    time          = sum over levels of steps_l * e_l * (ceil(B_l / G) * t_sample_l(k)
+                                                        + wait(allreduce(P, 4 * params))),
+
+e_l: loss evaluations per step (1; under L-BFGS :func:`evaluations_per_step`),
 
 wait = jobs.model.gradient_wait: the whole all-reduce, or with ``--overlap`` what outlasts the
 backward pass.
@@ -42,13 +44,22 @@ def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
 
     cfg = check_launch(config, sets, 1, here=False).cfg
     levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
-               "steps": v.steps, "grows": bool(v.inner_grid)} for v in plan(cfg)]
+               "steps": v.steps, "grows": bool(v.inner_grid),
+               "evals": evaluations_per_step(v.optim)} for v in plan(cfg)]
     task = build_problem(cfg, levels[0]["grid"])
     chains = prolonged_chains(plan(cfg))
     for lv in levels:  # [(fine grid, inner grid, inner trains)] of the network on the level's grid
         lv["chain"] = [[list(f), list(c), t] for f, c, t in chains.get(tuple(lv["grid"]), [])]
         lv["channels"] = [len(task.input_channels), task.output_channels]
     return cfg, levels
+
+
+def evaluations_per_step(optim) -> int:
+    """Loss evaluations (each a forward, backward and gradient all-reduce over the batch) per
+    step: 1, or under L-BFGS its iterations plus the first: the fewest it can take (every line
+    search accepting its first trial, as nearly all did in the batch study). A switch to L-BFGS
+    part-way (``switch_to_lbfgs_epoch``) is counted as Adam throughout."""
+    return 1 + optim.lbfgs_max_iter if optim.name == "lbfgs" else 1
 
 
 def prolonged_chains(visits) -> dict:
@@ -96,7 +107,9 @@ def probe_t_samples(cfg, levels: list[dict], threads: int) -> list[float]:
 
     from deepfusion.app.probe import run_probe
 
-    one = replace(cfg, parallel=replace(cfg.parallel, domain=[], threads_per_rank=threads))
+    # one loss evaluation per probed step (Adam's): an L-BFGS plan counts its evaluations itself
+    one = replace(cfg, parallel=replace(cfg.parallel, domain=[], threads_per_rank=threads),
+                  optim=replace(cfg.optim, name="adam", switch_to_lbfgs_epoch=-1))
     measured = {lv["level"]: lv["median_step_s"] / lv["local_batch"]
                 for lv in run_probe(one, 1, threads)["levels"]}
     return [measured[lv["level"]] for lv in levels]
@@ -158,7 +171,7 @@ def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
         if per is None:
             return None
         compute = (lv["batch"] // groups) * per
-        steps_s.append(compute + gradient_wait(t_grad, compute, args.overlap))
+        steps_s.append(lv["evals"] * (compute + gradient_wait(t_grad, compute, args.overlap)))
     hours = sum(lv["steps"] * s for lv, s in zip(levels, steps_s)) / 3600
     return hours, steps_s
 

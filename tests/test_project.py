@@ -127,6 +127,20 @@ def test_a_recipe_that_grows_its_network_is_split_and_pays_the_gathers(tmp_path)
     assert all(r["hours"] == q["hours"] for r, q in zip(rows, plain) if not r["domain"])
 
 
+def test_an_lbfgs_recipe_counts_its_loss_evaluations(tmp_path):
+    """Each L-BFGS step evaluates the loss (and all-reduces the gradient) 1 + lbfgs_max_iter
+    times at least: the same layouts, twice the time with one iteration per step."""
+    read = lambda out: json.loads((out / "project.json").read_text())  # noqa: E731
+    adam = read(recipe(tmp_path, "", "--t-sample", "0.01,0.04")[1])
+    rc, out = recipe(tmp_path, "", "--t-sample", "0.01,0.04", "--set", 'optim.name="lbfgs"',
+                     "--set", "optim.lbfgs_max_iter=1")
+    assert rc == 0
+    lbfgs = read(out)
+    assert [lv["evals"] for lv in lbfgs["inputs"]["levels"]] == [2, 2]
+    for a, b in zip(adam["projection"]["stampede2"], lbfgs["projection"]["stampede2"]):
+        assert b["hours"] == pytest.approx(2 * a["hours"], rel=1e-12) and b["domain"] == a["domain"]
+
+
 def test_the_gathers_of_a_split_prolonged_level_are_two_allgathers_and_an_allreduce():
     from jobs.model import allreduce_time
     from jobs.project_recipe import gather_time
