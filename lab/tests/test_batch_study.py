@@ -75,6 +75,18 @@ def test_lamb_and_longer_arms(tmp_path):
     assert arms["tiny_b64_linear_x2"]["budget"] == 2
 
 
+def test_adam_then_lbfgs_arms_switch_at_half_the_samples(tmp_path):
+    path = plan(tmp_path)
+    text = open(path).read().replace('"linear", "lbfgs"]', '"linear", "lbfgs", "adam_lbfgs"]')
+    open(path, "w").write(text)
+    arms = {a["name"]: a for a in batch_study.arms(batch_study.load_plan(path))}
+    assert "tiny_b64_adam_lbfgs" in arms and "tiny_b16_adam_lbfgs" not in arms
+    sets = dict(s.split("=", 1) for s in arms["tiny_b64_adam_lbfgs"]["sets"])
+    # 256 samples at 64: 2 Adam steps (128 samples), then 1 L-BFGS step of two evaluations
+    assert sets["train.max_steps"] == "3" and sets["optim.switch_to_lbfgs_epoch"] == "2"
+    assert sets["optim.name"] == '"adam"' and sets["optim.lr"] == "0.004"
+
+
 @pytest.mark.mpi
 def test_run_resumes_segments_and_reports_steps_to_target(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

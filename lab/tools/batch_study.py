@@ -16,6 +16,8 @@ config with its batch-16 learning rate, a sample budget and a validation target.
 * ``lbfgs``: L-BFGS (lr 1, one iteration per step, strong Wolfe line search), from
   ``lbfgs_min_batch`` up, for half the steps; its samples count every function evaluation
   (``samples_evaluated`` in the step records);
+* ``adam_lbfgs``: the linear rule's Adam for half the samples, then L-BFGS as above for the
+  other half (``optim.switch_to_lbfgs_epoch``), from ``lbfgs_min_batch`` up;
 * ``lamb``: LAMB (layer-wise trust ratio over Adam's update), from ``lamb_min_batch`` up,
   lr = ``lamb_lr`` * sqrt(B / 16) with the linear rule's warm-up. LAMB's lr is a relative step
   per layer, not Adam's: the family's ``lamb_lr`` defaults to 10 x its Adam lr, because a
@@ -68,7 +70,7 @@ def arms(plan: dict) -> list[dict]:
             for rule in plan["rules"]:
                 if rule == "linear" and batch == BASE_BATCH:
                     continue                # the same arm as sqrt at the base batch
-                if rule == "lbfgs" and batch < plan.get("lbfgs_min_batch", 0):
+                if rule in ("lbfgs", "adam_lbfgs") and batch < plan.get("lbfgs_min_batch", 0):
                     continue                # a full-batch method: noisy small batches defeat it
                 if rule == "lamb" and batch < plan.get("lamb_min_batch", 0):
                     continue
@@ -95,6 +97,9 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
     # L-BFGS evaluates the loss more than once per step (the line search): half the steps
     evals = 2 if rule == "lbfgs" else 1
     steps = max(1, spec["samples"] // (batch * evals))
+    if rule == "adam_lbfgs":  # Adam for half the samples, L-BFGS at half the steps for the rest
+        adam_steps = max(1, spec["samples"] // (2 * batch))
+        steps = adam_steps + max(1, spec["samples"] // (4 * batch))
     pool = max(base_pool(spec["base"]), batch)
     every_samples = spec.get("eval_every_samples", plan["eval_every_samples"])
     every = max(1, every_samples // pool)                   # epochs between validations
@@ -118,12 +123,18 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
     elif rule == "lamb":
         lr = spec.get("lamb_lr", 10 * spec["lr"]) * math.sqrt(batch / BASE_BATCH)
         sets += ["optim.name=\"lamb\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={long_warm}"]
+    elif rule == "adam_lbfgs":
+        lr = spec["lr"] * batch / BASE_BATCH
+        warm = max(warm_samples // batch, adam_steps // 20, 1)
+        sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}",
+                 f"optim.switch_to_lbfgs_epoch={adam_steps * batch // pool}",
+                 "optim.lbfgs_max_iter=1"]
     elif rule == "lbfgs":
         sets += ["optim.name=\"lbfgs\"", "optim.lr=1.0", "optim.warmup_steps=0",
                  "optim.lbfgs_max_iter=1",
                  "optim.schedule=\"constant\"", "optim.min_lr=0.0"]
     else:
-        raise SystemExit(f"unknown rule {rule!r}: use sqrt, linear, lamb or lbfgs")
+        raise SystemExit(f"unknown rule {rule!r}: use sqrt, linear, lamb, lbfgs or adam_lbfgs")
     return sets
 
 
