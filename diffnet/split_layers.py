@@ -367,14 +367,16 @@ def check_generator_split(model: nn.Module, grid, split) -> None:
     """ValueError before training unless ``model`` can be split (see :func:`split_generator`)
     into ``split`` blocks of ``grid`` whose sides are multiples of 2**depth, naming the nearest
     valid grids and splits. A prolonged network: its correction on ``grid`` and its inner
-    network on the same split of its own grid."""
+    network on the same split of its own grid, the message naming which (down the chain)."""
     if isinstance(model, Prolonged):
         if tuple(int(g) for g in grid) != model.grid:
             return check_generator_split(model.inner, grid, split)
-        try:
-            check_generator_split(model.correction, grid, split)
-        except ValueError as e:
-            raise ValueError(f"the correction network on {list(model.grid)}: {e}") from None
-        return check_generator_split(model.inner, model.inner_grid, split)
+        for net, on, what in ((model.correction, model.grid, "the correction network"),
+                              (model.inner, model.inner_grid, "the network it grew from")):
+            try:
+                check_generator_split(net, on, split)
+            except ValueError as e:
+                raise ValueError(f"{what} on {list(on)}: {e}") from None
+        return
     plan(model)
     check_split(grid, split, 2 ** model.depth)

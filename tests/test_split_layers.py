@@ -127,6 +127,14 @@ def test_a_prolonged_split_names_the_network_a_block_does_not_suit():
         check_generator_split(model, (32, 32), (8, 8))
     with pytest.raises(ValueError, match="the correction network on \\[32, 32\\]"):
         check_generator_split(model, (32, 32), (32, 1))
+    # a chain 8 -> 16 -> 32 whose first network cannot take the split on its grid: the
+    # message follows the chain down to it (infer --domain on 32x32 would otherwise name
+    # only an 8x8 grid nobody asked for)
+    nested = Prolonged(inner=prolonged(depth=2), inner_grid=(16, 16), grid=(32, 32),
+                       in_channels=2, correction={"depth": 1, "base_width": 4})
+    with pytest.raises(ValueError, match=r"^the network it grew from on \[16, 16\]: the network "
+                                         r"it grew from on \[8, 8\]: grid 8x8 .* multiples of 4"):
+        check_generator_split(nested, (32, 32), (4, 4))
 
 
 @pytest.mark.parametrize("layer,match", [
