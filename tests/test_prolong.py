@@ -20,7 +20,7 @@ from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.test_multigrid import MG
-from tests.tiny_configs import variant
+from tests.tiny_configs import TINY, variant
 
 # MG with the 32² and 64² levels grown by a depth-2 correction each
 MGP = variant(MG, "model.prolong={depth = 2, base_width = 4}", "train.levels[1].prolong=true",
@@ -205,6 +205,30 @@ def test_a_domain_split_across_growths_logs_the_undivided_losses(mgp, full, tmp_
     np.testing.assert_allclose(got[2], got[0], rtol=1e-6, atol=1e-7)
 
 
+# 16x16 -> 24x24: the first network (depth 3) suits a [1, 2] split of 16x16 but not of 24x24
+UNEVEN = variant(TINY, "problem.grid=[24, 24]", "model.options={depth = 3, base_width = 4}",
+                 "model.prolong={depth = 2, base_width = 4}",
+                 "train.levels=[{grid = [16, 16], steps = 5}, {grid = [24, 24], steps = 4, "
+                 "prolong = true}]", drop=("train.epochs",))
+
+
+@pytest.mark.mpi
+def test_a_split_grown_network_need_not_suit_the_finest_grid_with_its_first_network(tmp_path):
+    """Each network is split on the grids it runs on: the first on 16x16 (where it starts, not
+    on problem.grid), the grown one's correction on 24x24; a rollback to before the growth
+    re-splits the first network on 16x16 again."""
+    cfg = tmp_path / "uneven.toml"
+    cfg.write_text(UNEVEN)
+    runs = {}
+    for name, extra in (("whole", []), ("split", ["parallel.domain=[1, 2]"])):
+        runs[name] = str(tmp_path / name)
+        p = train(2, str(cfg), runs[name], *extra, "train.checkpoint_every=3",
+                  'train.on_nonfinite="rollback"', env={FAULT: "nan@6"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "rolled back to step_00000003.h5" in p.stderr
+    assert losses(runs["split"]) == pytest.approx(losses(runs["whole"]), rel=1e-9, abs=0)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("every, fail_at", [(6, 9), (5, 7)])
 def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path, every, fail_at):
@@ -289,6 +313,20 @@ def test_a_bad_correction_on_a_level_is_refused_before_training(mgp, tmp_path, c
 
 
 @pytest.mark.mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("split", [[], ["parallel.domain=[1, 2]"]])
+def test_a_rollback_into_the_level_a_frozen_growth_wraps_trains_that_network_again(mgp, tmp_path,
+                                                                                    split):
+    """train_inner = false on the 32x32 level freezes the 16x16 network it wraps; a NaN on
+    entering 32x32 rolls back into the 16x16 level (step 3), whose network trains again."""
+    d = str(tmp_path / "nan")
+    p = train(2, mgp, d, "train.levels[1].train_inner=false", "train.checkpoint_every=3",
+              'train.on_nonfinite="rollback"', *split, env={FAULT: "nan@6"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rolled back to step_00000003.h5" in p.stderr
+    assert len(losses(d)) == 11
+
+
 def test_a_rollback_to_before_a_growth_regrows_the_same_network(mgp, tmp_path):
     """A NaN in the first step of the grown 32x32 visit rolls back to the boundary checkpoint
     (the 16x16 network): the network is unwrapped, reloaded, and grown again."""

@@ -118,6 +118,13 @@ def model_grower(cfg, task):
     return grow
 
 
+def first_grid(cfg) -> tuple[int, ...]:
+    """The grid training starts on (the first level's; ``problem.grid`` without levels): where
+    the network as built is split first (a grown network's first network need not suit the
+    finest grid)."""
+    return tuple(plan(cfg)[0].grid)
+
+
 def check_grids(model, cfg, task, grow) -> None:
     """Every grid the run trains on suits the network it trains there (divisibility by
     2**depth, norms; a prolonged level's network as grown)."""

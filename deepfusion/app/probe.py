@@ -155,11 +155,12 @@ def child(config: str, out: str) -> int:
     precision = agreed_precision(cfg.train.precision, comm)
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import build_checked, model_grower, prepare_run_dir, torch_dtype
+    from .build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
 
     task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     prepare_run_dir(cfg, False, False, comm.rank)
-    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile, grid=task.grid)
+    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,
+                         grid=first_grid(cfg))
     run_cfg = replace(cfg, train=replace(cfg.train, precision=precision))
     trainer = probe_trainer(Trainer)(run_cfg, comm, task, pmodel, specs=specs,
                                      dtype=torch_dtype(cfg), problems=problems,

@@ -67,7 +67,7 @@ def train_locked(args, comm, cfg) -> int:
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from ..engine.parallel import parallelize
     from ..engine.trainer import Trainer
-    from .build import build_checked, model_grower, prepare_run_dir, torch_dtype
+    from .build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -79,7 +79,8 @@ def train_locked(args, comm, cfg) -> int:
     task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
-    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile, grid=task.grid)
+    pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,
+                         grid=first_grid(cfg))
     if pmodel.domain is not None:
         d = pmodel.domain
         say_once(comm, f"domain split {list(d.split)}: {d.groups} data-parallel group(s) of "

@@ -79,10 +79,14 @@ class ParallelModel:
         split_generator(self.module, block)
         return block
 
-    def rewrap(self, module: torch.nn.Module) -> "ParallelModel":
+    def rewrap(self, module: torch.nn.Module, grid) -> "ParallelModel":
         """The same parallelism applied to another module (a grown one that contains this
-        one's): this one's gradient buckets let go of the parameters first."""
+        one's, or the one it grew from after a rollback), split on ``grid``, the grid it
+        trains on next (a network need not suit the grid of the one it replaces): this one's
+        gradient buckets let go of the parameters first."""
         self.grads.close()
+        if self.domain is not None:
+            self.domain.on_grid(grid)
         return parallelize(module, self.comm, self.cfg, compile=self.compiled,
                            domain=self.domain)
 

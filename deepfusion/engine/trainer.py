@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from ..config import config_changes, config_to_dict
 from . import checkpoint as ckpt
 from . import stop
@@ -46,6 +48,9 @@ class Trainer:
         # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
         # innermost first, and the visits that grew them
         self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
+        # which parameters of each network on the stack train: growing may freeze the network
+        # it wraps (train_inner = false), and a rollback to before the growth unfreezes it
+        self.trainable = [trainable(model.module)]
         self.run_dir = cfg.run.dir
         self.visits = plan(cfg)
         self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
@@ -135,11 +140,14 @@ class Trainer:
         while self.grown and self.grown != want[:len(self.grown)]:
             self.grown.pop()
             self.stack.pop()
+            self.trainable.pop()
+        set_trainable(self.stack[-1][0], self.trainable[-1])
         for i in want[len(self.grown):]:
             self.stack.append(self.grow(self.stack[-1][0], self.visits[i]))
+            self.trainable.append(trainable(self.stack[-1][0]))
             self.grown.append(i)
         module, spec = self.stack[-1]
-        self.model = self.model.rewrap(module)
+        self.model = self.model.rewrap(module, self.visits[index].grid)
         self.specs = {**self.specs, "model": spec}
 
     def end_visit(self):
@@ -401,3 +409,14 @@ class Trainer:
         current step; the request travels in the fused allreduce so all ranks stop together.
         (``deepfusion train`` installs them at start-up already: :mod:`.stop`.)"""
         stop.install()
+
+
+def trainable(module: torch.nn.Module) -> list[bool]:
+    """Which of ``module``'s parameters train (``requires_grad``), in order."""
+    return [p.requires_grad for p in module.parameters()]
+
+
+def set_trainable(module: torch.nn.Module, flags: list[bool]) -> None:
+    """Make ``module``'s parameters train as ``flags`` (from :func:`trainable`) say."""
+    for p, flag in zip(module.parameters(), flags):
+        p.requires_grad_(flag)
