@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .domain import Block, check_split
-from .generators import ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up
+from .generators import (ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up,
+                         memory_format_of)
 from .ghost_conv import GhostConv
 from .norms import InstanceNorm, InstanceNormNHWCBlocks
 from .resample import resample_nodes
@@ -345,10 +346,8 @@ def prolonged_on_block(self: Prolonged, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x)
     inner_block = block.in_grid(self.inner_grid)
     fields = inner_block.local(resample_nodes(block.gather_whole(x), self.inner_grid))
-    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    layout = fmt if x.is_contiguous(memory_format=fmt) else torch.contiguous_format
     with torch.set_grad_enabled(self.train_inner and torch.is_grad_enabled()):
-        coarse = self.inner(fields.contiguous(memory_format=layout))
+        coarse = self.inner(fields.contiguous(memory_format=memory_format_of(x)))
     if coarse.dtype in (torch.bfloat16, torch.float16):
         coarse = coarse.float()  # the gather's adjoint sums gradients: MPI sums no bfloat16
     coarse = block.local(resample_nodes(inner_block.gather_whole(coarse), self.grid))

@@ -36,18 +36,18 @@ from jobs.model import allreduce_time, amdahl, gradient_wait, link_params
 
 
 def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
-    """(the checked config, [{grid, batch, steps, grows}] per visit of its plan)."""
+    """(the checked config, [{level, grid, batch, steps, evals, chain, channels}] per visit of
+    its plan)."""
+    from deepfusion.app.build import build_problem
     from deepfusion.app.check_cli import check_launch
     from deepfusion.engine.levels import plan
 
-    from deepfusion.app.build import build_problem
-
     cfg = check_launch(config, sets, 1, here=False).cfg
+    visits = plan(cfg)
     levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
-               "steps": v.steps, "grows": bool(v.inner_grid),
-               "evals": evaluations_per_step(v.optim)} for v in plan(cfg)]
+               "steps": v.steps, "evals": evaluations_per_step(v.optim)} for v in visits]
     task = build_problem(cfg, levels[0]["grid"])
-    chains = prolonged_chains(plan(cfg))
+    chains = prolonged_chains(visits)
     for lv in levels:  # [(fine grid, inner grid, inner trains)] of the network on the level's grid
         lv["chain"] = [[list(f), list(c), t] for f, c, t in chains.get(tuple(lv["grid"]), [])]
         lv["channels"] = [len(task.input_channels), task.output_channels]

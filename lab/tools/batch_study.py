@@ -111,8 +111,9 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
             f"train.log_every={max(1, min(64, steps // 32))}",
             f"run.dir={run_dir!r}".replace("'", '"')]
     warm_samples = spec["warmup_steps"] * BASE_BATCH
-    # the linear and lamb rules warm up over 5% of the steps, at least the base's samples
-    long_warm = max(warm_samples // batch, steps // 20, 1)
+    # the linear, lamb and adam_lbfgs rules warm up over 5% of their first-order steps, at
+    # least the base's samples
+    long_warm = max(warm_samples // batch, (adam_steps if rule == "adam_lbfgs" else steps) // 20, 1)
     if rule == "sqrt":
         lr = spec["lr"] * math.sqrt(batch / BASE_BATCH)
         warm = max(1, warm_samples // batch)
@@ -125,8 +126,7 @@ def overrides(plan: dict, spec: dict, batch: int, rule: str, run_dir: str) -> li
         sets += ["optim.name=\"lamb\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={long_warm}"]
     elif rule == "adam_lbfgs":
         lr = spec["lr"] * batch / BASE_BATCH
-        warm = max(warm_samples // batch, adam_steps // 20, 1)
-        sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={warm}",
+        sets += ["optim.name=\"adam\"", f"optim.lr={lr:.6g}", f"optim.warmup_steps={long_warm}",
                  f"optim.switch_to_lbfgs_epoch={adam_steps * batch // pool}",
                  "optim.lbfgs_max_iter=1"]
     elif rule == "lbfgs":
