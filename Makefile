@@ -47,7 +47,7 @@ demo: install
 # The suite starts ~365 Python processes (ranks, CLI runs); where PYTHONDONTWRITEBYTECODE is set
 # (as on CI here) each would compile our modules again, ~0.1 s of its ~2.3 s start-up (most of
 # the rest is importing torch). compileall writes the bytecode once, whatever that variable says.
-BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench jobs tests lab > /dev/null
+BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench tests lab > /dev/null
 
 # The benchmark harness's end-to-end runs (marker `bench`: bench/ at tiny sizes, several
 # processes each) are `make test-bench`, not part of `make test`: they check the measuring
@@ -74,7 +74,7 @@ test-fast: install
 # slurm-wlm + munge if missing, starts a one-node cluster on localhost in a temporary directory,
 # runs tests/test_slurm*.py and stops every daemon it started; elsewhere it prints why and skips.
 test-slurm: install
-	$(PY) -m jobs.slurm_local test
+	$(PY) -m tests.slurm_local test
 
 bench: install
 	$(PY) -m bench.run --out bench/out

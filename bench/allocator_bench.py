@@ -6,7 +6,7 @@ user runs it: each in its own process, with its own C allocator setting.
 
 ``step_bench`` times every configuration in one process, so they all share one allocator
 (glibc's defaults). ``deepfusion train`` keeps freed memory for reuse
-(``parallel.reuse_memory``, ``deepfusion/engine/memory.py``); a plain loop gets glibc's default,
+(``parallel.reuse_memory``, ``deepfusion/engine/parallel/memory.py``); a plain loop gets glibc's default,
 which hands large blocks out as fresh mmaps and so faults a step's activations in again every
 step (the page faults per step are reported). A process's allocator can
 be set once, so each configuration runs in its own worker process: ``plain`` (default malloc),
@@ -35,7 +35,7 @@ def worker(a) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from deepfusion.engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     kind, reuse, precision = CONFIGS[a.config]
     reuse_freed_memory(reuse)

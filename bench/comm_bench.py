@@ -38,9 +38,9 @@ def _free_port() -> int:
 
 
 def _setup(threads: int):
-    from deepfusion.engine.comm import world
-    from deepfusion.engine.layout import setup_threads
-    from deepfusion.engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.comm import world
+    from deepfusion.engine.parallel.layout import setup_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     comm = world()
     setup_threads(comm, threads)  # before the first torch op
@@ -80,7 +80,7 @@ def worker_allreduce(comm, sizes_mb, repeats) -> dict:
 
 def worker_buckets(comm, bucket_mbs, repeats, generator="unet") -> dict:
     from bench.common import build
-    from deepfusion.engine.gradsync import GradSync
+    from deepfusion.engine.parallel.gradsync import GradSync
 
     _, model = build("burgers", 64, generator)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-from deepfusion.engine.memory import peak_rss_mib as peak_rss_mb  # noqa: F401 (the benches' name)
-from deepfusion.engine.memory import proc_status_mib
+from deepfusion.engine.parallel.memory import peak_rss_mib as peak_rss_mb  # noqa: F401 (the benches' name)
+from deepfusion.engine.parallel.memory import proc_status_mib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,7 +127,7 @@ def build(problem: str = "burgers", grid: int = 64, generator: str = "unet",
     nodes along each of the problem's axes (N x N, or N x N x N for a 3-D problem)."""
     import torch
 
-    from deepfusion.engine.memformat import convert_model
+    from deepfusion.engine.parallel.memformat import convert_model
     from diffnet.generators import build_generator
     from diffnet.problems import PROBLEMS, get_problem
 

@@ -12,11 +12,11 @@ high-water marks do not mix; every rank reports, the driver takes the max over r
 the engine's path: the default generator ("unet", default options) and the Burgers problem
 (default options), fp32, channels_last; ``parallelize`` with the domain split, the problem's
 ``on_block``, the inputs built on the whole grid and cut with ``block.local``,
-:class:`~deepfusion.engine.step.LossAndGrad` and Adam. Batch 1, one thread per rank.
+:class:`~deepfusion.engine.train.step.LossAndGrad` and Adam. Batch 1, one thread per rank.
 
   p1       SIZE^2 undivided on 1 rank: setup RSS, peak RSS of the first step, step times;
   p2       SIZE^2 split [1, 2] over 2 ranks: the same, plus the time inside the halo exchange
-           and the sums (the autograd Functions of ``deepfusion.engine.halo``, timed by wrapping
+           and the sums (the autograd Functions of ``deepfusion.engine.parallel.halo``, timed by wrapping
            them in this worker only), the messages and bytes they send, and an MPI ping-pong
            (latency and bandwidth) for the alpha-beta model of that traffic;
   p2copy   p2 with the split convolutions on a padded copy of the block (``Block.halo``, the

@@ -23,15 +23,14 @@ from bench.common import load, median, peak_rss_mb, rss_mb
 class HaloTimers:
     """Seconds inside the halo / sum autograd Functions (forward and backward) and inside the
     MPI calls of the halo exchange, with the messages and bytes each rank sends. Installed by
-    wrapping ``deepfusion.engine.halo``'s Functions in this process only (bench instrumentation,
+    wrapping ``deepfusion.engine.parallel.halo``'s Functions in this process only (bench instrumentation,
     the library is unchanged)."""
 
     KEYS = ("halo_fwd", "halo_bwd", "sum_fwd", "sum_bwd", "exchange", "gather_fwd", "gather_bwd",
             "slabs_fwd", "slabs_bwd")
 
     def __init__(self):
-        from deepfusion.engine import halo
-
+        from deepfusion.engine.parallel import halo
         self.reset()
         wrap = self._wrap
         orig_exchange = halo._exchange
@@ -208,10 +207,10 @@ def build_step(comm, grid, split, checkpoint: bool, global_batch: int = 1):
     import torch
 
     from deepfusion.config.sections import OptimConfig, ParallelConfig
-    from deepfusion.engine.memformat import convert_model
-    from deepfusion.engine.optim import FirstOrderStepper
-    from deepfusion.engine.parallel import parallelize
-    from deepfusion.engine.step import LossAndGrad
+    from deepfusion.engine.parallel.memformat import convert_model
+    from deepfusion.engine.train.stepper import FirstOrderStepper
+    from deepfusion.engine.parallel.parallelize import parallelize
+    from deepfusion.engine.train.step import LossAndGrad
     from diffnet.generators import build_generator
     from diffnet.problems import get_problem
 
@@ -251,9 +250,9 @@ def build_step(comm, grid, split, checkpoint: bool, global_batch: int = 1):
 
 
 def worker(a) -> int:
-    from deepfusion.engine.comm import world
-    from deepfusion.engine.layout import setup_threads
-    from deepfusion.engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.comm import world
+    from deepfusion.engine.parallel.layout import setup_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     comm = world()
     setup_threads(comm, a.threads)  # before the first torch op
@@ -266,7 +265,7 @@ def worker(a) -> int:
     split = [int(s) for s in a.split.split(",")] if a.split else []
     timers = HaloTimers() if split and a.timers else None
     if a.halo_copy:  # the padded-copy alternative to diffnet.ghost_conv: a copy of every block
-        from deepfusion.engine.halo import MPIBlock
+        from deepfusion.engine.parallel.halo import MPIBlock
         MPIBlock.thin_ghosts = False
     step, model, task, block, x = build_step(comm, grid, split, a.checkpoint,
                                              global_batch=comm.size if not split else 1)

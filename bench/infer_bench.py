@@ -14,7 +14,7 @@ sample (after an untimed warm-up: the network on the same shape, the solver on a
 of the same problem, which loads the same code without a second large solve) and its peak RSS
 (VmHWM, also given as the increase over the RSS right after setup), so configurations
 do not inherit each other's memory. Every worker keeps freed memory for reuse, as ``deepfusion
-infer`` and ``solve`` do (``deepfusion.engine.memory``), so the timed pass after the warm-up
+infer`` and ``solve`` do (``deepfusion.engine.parallel.memory``), so the timed pass after the warm-up
 does not fault its pages in again. The first solver of ``--solvers`` is the reference the
 errors are measured against (use ``--solvers amg`` in 3-D above 32^3: a sparse direct
 factorisation of a 3-D grid fills in far beyond the machine's memory).
@@ -49,7 +49,7 @@ import tempfile
 import time
 
 from bench.common import ROOT, emit_json, peak_rss_mb
-from deepfusion.app.cli_options import (ANSWER_SET_HELP, add_set, deprecated_spellings,
+from deepfusion.app.options import (ANSWER_SET_HELP, add_set, deprecated_spellings,
                                         problem_options)
 
 
@@ -146,7 +146,7 @@ def worker(cfg: dict) -> dict:
     """Measure one configuration; print and return its JSON record."""
     import numpy as np
 
-    from deepfusion.engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     reuse_freed_memory(True)   # both sides, as deepfusion infer and solve run
     model, problem, work, params = _setup(cfg)
@@ -293,7 +293,7 @@ def _ratio(solver: dict, best: dict | None):
 
 
 def _checkpoint_problem(path: str) -> str:
-    from deepfusion.engine.checkpoint import load_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint
 
     return load_checkpoint(path)["meta"]["problem"]["name"]
 

@@ -32,12 +32,12 @@ import time
 import numpy as np
 import torch
 
-from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.data import InputCache, ShardedPool
+from deepfusion.engine.parallel.comm import SerialComm
+from deepfusion.engine.parallel.data import InputCache, ShardedPool
 from deepfusion.config import ParallelConfig
-from deepfusion.engine.lbfgs import LBFGSStepper
-from deepfusion.engine.parallel import parallelize
-from deepfusion.engine.step import LossAndGrad
+from deepfusion.engine.train.lbfgs import LBFGSStepper
+from deepfusion.engine.parallel.parallelize import parallelize
+from deepfusion.engine.train.step import LossAndGrad
 from diffnet.generators import build_generator
 from diffnet.metrics import relative_l2
 from diffnet.problems import get_problem

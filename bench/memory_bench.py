@@ -32,7 +32,7 @@ def worker(a) -> int:
     torch.set_num_threads(a.threads)
     from bench.common import build, inputs
     from bench.step_bench import make_deepfusion
-    from deepfusion.engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     reuse_freed_memory(not a.malloc_default)
 

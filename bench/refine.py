@@ -12,7 +12,7 @@ solved by AMG-preconditioned CG to the relative residual ``--tol``:
 
 * **cold**: from zero, as ``deepfusion solve`` would;
 * **warm**: from the network's answer (the checkpoint's model as ``deepfusion infer`` runs it,
-  ``deepfusion.engine.predict.Pipeline``: on ``--work-grid`` and interpolated, its forward
+  ``deepfusion.engine.predict.pipeline.Pipeline``: on ``--work-grid`` and interpolated, its forward
   pass timed with the input rendering and resampling);
 * **coarse** (control, ``--coarse``; "trained" is the checkpoint's training grid): from the
   exact reference answer of the same draw on the coarse grid, interpolated; the coarse solve
@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from bench.common import Timer, command_line, emit_json, machine
-from deepfusion.app.cli_options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
 
 # the goal: the refined answer sooner than the cold solve, network included (medians
 # over the draws, at --tol): cold seconds / (network + warm seconds) above this
@@ -77,11 +77,11 @@ def _setup(a, size: int):
 
 def _network(model, problem, work, params):
     """answer(j) -> u (*grid) float64: the answer as ``deepfusion infer`` forms it
-    (``deepfusion.engine.predict.Pipeline``: the draw rendered on the work grid, the network,
+    (``deepfusion.engine.predict.pipeline.Pipeline``: the draw rendered on the work grid, the network,
     the imposition, the interpolation to the grid)."""
     import torch
 
-    from deepfusion.engine.predict import Pipeline, Samples
+    from deepfusion.engine.predict.pipeline import Pipeline, Samples
 
     pipe, samples = Pipeline(model, problem, work=work, channels_last=True), Samples(params)
 

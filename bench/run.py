@@ -215,7 +215,7 @@ def _want_bf16(mode: str, quick: bool) -> bool:
         return False
     if mode == "on":
         return True
-    from deepfusion.engine.layout import bf16_supported
+    from deepfusion.engine.parallel.layout import bf16_supported
 
     return bf16_supported()
 

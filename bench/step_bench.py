@@ -7,7 +7,7 @@ loop, as a fraction of the machine's fp32 GEMM rate.
 Configurations (same problem, generator, global batch, initial weights), timed in turn:
   plain            eager NCHW, stock nn.InstanceNorm2d, torch.optim.Adam defaults,
                    loss.backward(); opt.step(); opt.zero_grad()
-  deepfusion       deepfusion.engine.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
+  deepfusion       deepfusion.engine.train.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
                    channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
@@ -103,10 +103,10 @@ def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=
     """The engine's step as Trainer.train_step runs it (minus data loading and logging);
     ``poll=False`` turns off GradSync's progress polling (an ablation of the overlap)."""
     from deepfusion.config import OptimConfig, ParallelConfig
-    from deepfusion.engine.comm import SerialComm
-    from deepfusion.engine.optim import FirstOrderStepper
-    from deepfusion.engine.parallel import parallelize
-    from deepfusion.engine.step import LossAndGrad
+    from deepfusion.engine.parallel.comm import SerialComm
+    from deepfusion.engine.train.stepper import FirstOrderStepper
+    from deepfusion.engine.parallel.parallelize import parallelize
+    from deepfusion.engine.train.step import LossAndGrad
 
     comm = comm or SerialComm()
     pm = parallelize(model, comm, ParallelConfig(bucket_mb=bucket_mb, overlap=overlap))
@@ -222,7 +222,7 @@ def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burge
 
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=5, compile_=False, profile=True,
         bf16=False, log=print) -> dict:
-    from deepfusion.engine.layout import bf16_supported
+    from deepfusion.engine.parallel.layout import bf16_supported
 
     out = {"runs": [], "bf16_native": bf16_supported()}
     if bf16 and not out["bf16_native"]:  # training refuses this; the bench measures why

@@ -11,14 +11,14 @@ __all__ = ["load", "Solver", "__version__"]
 
 def load(*args, **kwargs):
     """The solver of a checkpoint or a run directory: see :func:`deepfusion.app.solver.load`."""
-    from .app.solver import load as load_solver
+    from deepfusion.app.solver import load as load_solver
 
     return load_solver(*args, **kwargs)
 
 
 def __getattr__(name):
     if name == "Solver":
-        from .app.solver import Solver
+        from deepfusion.app.solver import Solver
 
         return Solver
     raise AttributeError(f"module 'deepfusion' has no attribute {name!r}")

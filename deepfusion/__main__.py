@@ -1,6 +1,6 @@
 """``python -m deepfusion ...`` is the ``deepfusion`` command (what launchers call)."""
 import sys
 
-from .app.cli import main
+from deepfusion.cli import main
 
 sys.exit(main())

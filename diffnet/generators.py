@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .norms import InstanceNorm
-from .resample import resample_nodes
-from .validation import check_bool, check_choice, check_int
+from diffnet.norms import InstanceNorm
+from diffnet.resample import resample_nodes
+from diffnet.validation import check_bool, check_choice, check_int
 
 NORMS = ("instance", "none")
 ACTIVATIONS = {

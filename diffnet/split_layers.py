@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .domain import Block, check_split
-from .generators import (ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up,
+from diffnet.domain import Block, check_split
+from diffnet.generators import (ACTIVATIONS, ConvBlock, Down, Prolonged, UNet, UNet3D, UNetSmall, Up,
                          memory_format_of)
-from .ghost_conv import GhostConv
-from .norms import InstanceNorm, InstanceNormNHWCBlocks
-from .resample import resample_nodes
+from diffnet.ghost_conv import GhostConv
+from diffnet.norms import InstanceNorm, InstanceNormNHWCBlocks
+from diffnet.resample import resample_nodes
 
 NETWORKS = (UNet, UNetSmall, UNet3D)
 # Elements per float32 slab of the low-precision inference norm (64 MiB).

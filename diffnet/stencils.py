@@ -1,7 +1,7 @@
 """Finite differences on the node grid of 1, 2 or 3 axes as fixed (never trained) convolution
 kernels: 3 (1-D), 3x3 (2-D) or 3x3x3 (3-D), one implementation whatever the number of axes.
 
-Grid convention (see ``diffnet/problems/base.py``): a field is (B, 1, *grid) with the grid axes
+Grid convention (see ``diffnet/problems/contract/base.py``): a field is (B, 1, *grid) with the grid axes
 (W), (H, W) or (D, H, W); nodes include the boundary and the spacing of each axis is its own,
 ``h = (hi - lo) / (n - 1)`` (domains are rarely square or cubic). The number of axes is the
 length of the spacing.
@@ -64,7 +64,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from .validation import check_choice, check_positive_tuple, grid_axes
+from diffnet.validation import check_choice, check_positive_tuple, grid_axes
 
 KINDS = ("sobel", "sobel3103", "central")
 AXIS_LETTERS = "drc"     # a derivative name lists the axes it differentiates along

@@ -12,7 +12,7 @@ if WORKERS > 1:
 
 import pytest  # noqa: E402
 
-from deepfusion.app.cli import main  # noqa: E402
+from deepfusion.cli import main  # noqa: E402
 
 # pytest-xdist's --dist loadfile gives a worker a whole file, so a long file started last keeps
 # one worker busy after the other has run out of files: these start first, in this order (the

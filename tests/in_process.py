@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from deepfusion.app.cli import main
+from deepfusion.cli import main
 
 
 def deepfusion_here(args: list[str]) -> subprocess.CompletedProcess:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.app.fields import read_fields, write_input_fields
-from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.app.fields_file import read_fields, write_input_fields
+from deepfusion.engine.run.faults import ENV as FAULT
 from tests.mpi_util import REAL_MPI, deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.tiny_configs import TINY, variant
@@ -59,7 +59,7 @@ def test_same_losses_on_one_and_two_ranks_in_either_layout(run3d, tmp_path):
     changes the memory order, never the function; all to rtol 1e-9), the loss falls, and the
     run writes its report (eval.png: three orthogonal slices per sample). The checkpoint holds
     the 5-D weights as channels_last_3d."""
-    from deepfusion.engine.checkpoint import load_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint
 
     config, d2 = run3d
     d1 = str(tmp_path / "p1")
@@ -103,9 +103,9 @@ def test_channels_last_3d_weights_and_gradient_buckets(tmp_path):
     those strides (dense views), so autograd accumulates in place."""
     from deepfusion.app.build import build_model, build_problem
     from deepfusion.config import load_config
-    from deepfusion.engine.comm import SerialComm
-    from deepfusion.engine.gradsync import GradSync
-    from deepfusion.engine.memformat import as_format, memory_format
+    from deepfusion.engine.parallel.comm import SerialComm
+    from deepfusion.engine.parallel.gradsync import GradSync
+    from deepfusion.engine.parallel.memformat import as_format, memory_format
 
     cfg = load_config(write(tmp_path, "c.toml", TINY3), [])
     task = build_problem(cfg)
@@ -232,7 +232,7 @@ def test_prolonged_multigrid_schedule_8_to_16(tmp_path, cli):
 def test_metrics_and_figure_views_know_the_dimension():
     """relative_l2 / max_error: one 3-D field with dims=3, batches as before; plots.views
     shows a 3-D field as its three mid-slices and a 2-D field whole."""
-    from deepfusion.engine.plots import view_geometry, views
+    from deepfusion.engine.predict.plots import view_geometry, views
     from diffnet.metrics import max_error, relative_l2
 
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The residual an answer carries (Problem.answer_residual, diffnet.problems.answer_check): the
+"""The residual an answer carries (Problem.answer_residual, diffnet.problems.contract.answer_check): the
 zero field with its boundary values reads 1, the reference solution about 0, a perturbed answer
 is flagged; families without one say so."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, Problem, get_problem
-from diffnet.problems.answer_check import CELLS, flags, ramp_lift, subdomain_sums
+from diffnet.problems.contract.answer_check import CELLS, flags, ramp_lift, subdomain_sums
 
 # every other problem on a 17x17 grid; Burgers' u0 needs some nodes per period
 SMALL = {"poisson3d": {"grid": (9, 9, 9)}, "burgers": {"grid": (33, 33), "c_range": (1.0, 2.0)}}
@@ -101,7 +101,7 @@ def test_subdomain_sums_telescope_interior_fluxes():
 
 def checkpoint(tmp_path, name: str, grid, in_channels: int) -> str:
     """An (untrained) checkpoint of problem ``name`` as 'deepfusion train' writes it."""
-    from deepfusion.engine.checkpoint import save_checkpoint
+    from deepfusion.engine.checkpoint.store import save_checkpoint
     from diffnet.generators import build_generator
 
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def test_infer_stores_the_check_and_the_api_returns_it(tmp_path, cli):
     import h5py
 
     import deepfusion
-    from deepfusion.app.fields import read_fields
+    from deepfusion.app.fields_file import read_fields
 
     ck = checkpoint(tmp_path, "darcy", (16, 16), 2)
     out = str(tmp_path / "p.h5")

@@ -1,4 +1,4 @@
-"""The answer head (diffnet.problems.heads): a user's quadratic-energy problem answers through
+"""The answer head (diffnet.problems.contract.heads): a user's quadratic-energy problem answers through
 the Ritz head with the public pieces only, the problem checker checks a head, and problems
 without one (the Plain head, or an impose of their own that combines fields) answer as before."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from diffnet.answer import Answer
 from diffnet.generators import build_generator
 from diffnet.problems import PROBLEMS, Plain, QuadraticEnergy, Ritz, get_problem
-from diffnet.problems.check import check_problem
+from diffnet.problems.check.problem import check_problem
 from examples.heat import Heat
 
 HERE = __name__

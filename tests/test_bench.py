@@ -164,7 +164,7 @@ def test_comm_bench_overlap_times_both_engines_over_the_same_steps(monkeypatch):
     warm-up round dropped), and returns well-formed records."""
     import torch
 
-    from deepfusion.engine.comm import SerialComm
+    from deepfusion.engine.parallel.comm import SerialComm
 
     lengths = []
 

@@ -12,7 +12,7 @@ import torch
 
 from diffnet.domain import Block
 from diffnet.problems import PROBLEMS, Problem, get_problem
-from diffnet.problems.blocks import cut
+from diffnet.problems.contract.blocks import cut
 
 GRIDS = {2: (16, 12), 3: (8, 8, 12)}       # not square: axes must not be mixed up
 SPLITS = {2: ([1, 2], [2, 2]), 3: ([2, 1, 2],)}

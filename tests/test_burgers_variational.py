@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
-from diffnet.problems.burgers import initial_condition
-from diffnet.problems.lax_oleinik import basin_targets, lax_oleinik_nodes
+from diffnet.problems.families.burgers import initial_condition
+from diffnet.problems.families.lax_oleinik import basin_targets, lax_oleinik_nodes
 
 C = 4.3
 
@@ -83,7 +83,7 @@ def test_closed_form_gradient_is_autograds(sigma):
     autograd's value and gradient through the cubic Hermite primitive, in float64, including
     feet x - u t left of the inflow and right of the outflow boundary."""
     from diffnet.primitive import node_primitive
-    from diffnet.problems.lax_oleinik import lax_oleinik_nodes
+    from diffnet.problems.families.lax_oleinik import lax_oleinik_nodes
 
     torch.manual_seed(1)
     b, h, w, dx = 2, 6, 33, 1 / 32
@@ -96,7 +96,7 @@ def test_closed_form_gradient_is_autograds(sigma):
     points = [(0.0, 1.0)] if sigma == 0 else [(-sigma, 0.25), (0.0, 0.5), (sigma, 0.25)]
     got = lax_oleinik_nodes(v, big, u0, x, t, here, dx, points)
     (g_got,) = torch.autograd.grad((got * torch.cos(v.detach())).sum(), v)
-    from diffnet.problems.lax_oleinik import lax_oleinik_value
+    from diffnet.problems.families.lax_oleinik import lax_oleinik_value
 
     # the functional through primitive_at, differentiated by autograd
     want = sum(w * lax_oleinik_value(v + s, big, u0, x, t, here, dx) for s, w in points)

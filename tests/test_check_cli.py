@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from diffnet.problems.burgers import Burgers
+from diffnet.problems.families.burgers import Burgers
 from tests.mpi_util import REAL_MPI, deepfusion
 from tests.tiny_configs import TINY, variant
 
@@ -96,8 +96,7 @@ def test_run_directory_states_as_train_judges_them(tmp_path, cli):
 def test_a_live_lock_is_refused_and_a_stale_one_noted(tmp_path, cli):
     """The lock is looked at, never taken: a live holder (this process) is train's refusal;
     a dead one's lock is what train takes over, said as a note."""
-    from deepfusion.engine import runlock
-
+    from deepfusion.engine.run import lock as runlock
     config = write(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
@@ -142,7 +141,7 @@ def warning_lines(err: str) -> list[str]:
 def test_past_the_useful_rank_count_is_a_warning_not_a_refusal(tmp_path, cli):
     """parallel.max_useful_ranks = 2 (a batch of 4 allows 4 ranks): 4 ranks pass with one
     warning saying what to do, 2 ranks say nothing; jobs render / sweep get the same line."""
-    from jobs.precheck import check_job
+    from deepfusion.jobs.precheck import check_job
 
     config = write(tmp_path, "parallel.max_useful_ranks=2")
     js = tmp_path / "r.json"

@@ -1,4 +1,4 @@
-"""The problem checker (``diffnet.problems.check``, ``deepfusion check-problem``): every
+"""The problem checker (``diffnet.problems.check.problem``, ``deepfusion check-problem``): every
 registered problem passes it; a problem written with the public API passes it; a problem
 broken in one way fails the check of that way, naming the method at fault; the exit codes."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, Axis, Problem
-from diffnet.problems.check import ProblemCheckFailed, ProblemSpecError, check_problem
+from diffnet.problems.check.problem import ProblemCheckFailed, ProblemSpecError, check_problem
 from diffnet.stencils import FiniteDifference
 
 HERE = __name__          # "tests.test_check_problem": the classes below as module:Class

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from deepfusion.engine import checkpoint as ckpt
-from deepfusion.engine.checkpoint import (
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.checkpoint.store import (
     CheckpointError,
     capture_rng_state,
     checkpoint_path,
@@ -51,11 +51,11 @@ def _make_opt(name, params):
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True)
     if name == "lamb":  # DeepFusion's own (torch has none)
-        from deepfusion.engine.firstorder import Lamb
+        from deepfusion.engine.train.firstorder import Lamb
 
         return Lamb(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-4)
     # DeepFusion's L-BFGS (torch's, with gradients gathered so channels_last weights work).
-    from deepfusion.engine.lbfgs import DistLBFGS
+    from deepfusion.engine.train.lbfgs import DistLBFGS
 
     return DistLBFGS(params, lr=0.5, history_size=5, max_iter=4, line_search_fn="strong_wolfe")
 

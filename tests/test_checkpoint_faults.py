@@ -13,8 +13,8 @@ import sys
 import h5py
 import pytest
 
-from deepfusion.engine import checkpoint as ckpt
-from deepfusion.engine.sealed import ChildFailed, run_contained
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.checkpoint.sealed import ChildFailed, run_contained
 from tests.faults.bitflip import BAD, PREVIOUS, STEP, fingerprint
 from tests.faults.commands import train_args
 from tests.faults.files import flip_bit, make_unsealed, raw_ranges, unseal

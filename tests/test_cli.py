@@ -11,15 +11,16 @@ import h5py
 import numpy as np
 import pytest
 
-from deepfusion.app.cli import build_parser, main
-from deepfusion.app.cli_options import THREADS_HELP, set_options
+import deepfusion
+
+from deepfusion.cli import build_parser, main
+from deepfusion.app.options import THREADS_HELP, set_options
 from deepfusion.config.reference import BEGIN, END, between, markdown_reference, splice
 from deepfusion.config.sections import SECTIONS
 from diffnet.problems import PROBLEMS, problem_options
-from jobs import model as jobs_model
-from jobs import render as jobs_render
-from jobs import sweep as jobs_sweep
-
+from deepfusion.jobs import model as jobs_model
+from deepfusion.jobs import render as jobs_render
+from deepfusion.jobs import sweep as jobs_sweep
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
 REGENERATE = "python -m deepfusion.config.reference docs/configuration.md"
@@ -79,8 +80,10 @@ def test_version(capsys):
     assert e.value.code == 0
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    assert capsys.readouterr().out.strip() == f"deepfusion {version('deepfusion')}"
-    assert version("deepfusion") == cfg["metadata"]["version"]
+    assert capsys.readouterr().out.strip() == f"deepfusion {deepfusion.__version__}"
+    # one place states the version: setup.cfg reads it from the package
+    assert cfg["metadata"]["version"] == "attr: deepfusion.__version__"
+    assert version("deepfusion") == deepfusion.__version__
 
 
 @pytest.mark.parametrize("tool", sorted(JOBS))

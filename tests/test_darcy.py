@@ -12,9 +12,9 @@ import torch
 from scipy.fft import idctn
 
 from diffnet.problems import get_problem
-from diffnet.problems.fields import trapezoid_weights
-from diffnet.problems.ritz import gram
-from diffnet.problems.random_fields import (cosine_basis, draw_coefficients, grf_scales,
+from diffnet.problems.families.diffusion import trapezoid_weights
+from diffnet.problems.contract.ritz import gram
+from diffnet.problems.families.random_fields import (cosine_basis, draw_coefficients, grf_scales,
                                             render, xi_stream_positions)
 from diffnet.reference import solve_diffusion
 
@@ -376,9 +376,9 @@ def test_loss_terms_per_sample_and_precisions(kw):
 
 # -- a coefficient array through deepfusion infer --inputs ----------------------------------------
 def test_a_coefficient_array_through_infer_and_solve(tmp_path, monkeypatch, capsys):
-    from deepfusion.app.cli import main
-    from deepfusion.app.fields import read_fields, write_input_fields
-    from deepfusion.engine.checkpoint import save_checkpoint
+    from deepfusion.cli import main
+    from deepfusion.app.fields_file import read_fields, write_input_fields
+    from deepfusion.engine.checkpoint.store import save_checkpoint
     from diffnet.generators import build_generator
 
     monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deepfusion.app.inference import load_model
-from deepfusion.engine.checkpoint import save_checkpoint
+from deepfusion.engine.checkpoint.store import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem, replace_options
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from deepfusion.engine.checkpoint import (CheckpointError, capture_rng_state, checkpoint_path,
+from deepfusion.engine.checkpoint.store import (CheckpointError, capture_rng_state, checkpoint_path,
                                          load_checkpoint, save_checkpoint)
 from tests.faults.files import make_unsealed, reseal
 from tests.test_checkpoint import _assert_same, _make_opt, _model, _step

@@ -104,7 +104,7 @@ def commands():
 
 def parse(argv: list[str]) -> None:
     """Parse like the real command line, down into the job tools' own parsers."""
-    from deepfusion.app.cli import build_parser
+    from deepfusion.cli import build_parser
 
     args = build_parser().parse_args(argv)
     if getattr(args, "cmd", None) == "jobs":

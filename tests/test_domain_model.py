@@ -1,4 +1,4 @@
-"""jobs/domain_model.py: the domain-parallel scaling model (one sample split over the ranks)."""
+"""deepfusion/jobs/domain_model.py: the domain-parallel scaling model (one sample split over the ranks)."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,9 @@ from argparse import Namespace
 
 import pytest
 
-from jobs import domain_model as D
-from jobs.model import NODES
-from jobs.render import get_profile, load_profiles
+from deepfusion.jobs import domain_model as D
+from deepfusion.jobs.model import NODES
+from deepfusion.jobs.render import get_profile, load_profiles
 
 PROFILES = load_profiles()
 TINY = D.Net(dims=2, depth=1, base_width=2, max_width=4, in_channels=1)
@@ -91,7 +91,7 @@ def test_efficiency_is_one_at_one_node_then_decreases(grid, ref):
 
 
 def test_cli_writes_json_and_table(tmp_path, capsys):
-    from jobs.model import main
+    from deepfusion.jobs.model import main
     args = ["--t-sample", "24", "--t-sample-grid", "2048x2048", "--clusters", "stampede2,aws-c5n"]
     assert main(["--domain-grid", "4096x4096", *args, "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "domain.json").read_text())
@@ -114,7 +114,7 @@ def test_cli_writes_json_and_table(tmp_path, capsys):
 
 
 def test_3d_through_deepfusion_jobs_model(tmp_path):
-    from jobs.cli import run
+    from deepfusion.jobs.cli import run
     rest = ["--domain-grid", "512x512x512", "--t-sample", "36", "--t-sample-grid", "128x128x128",
             "--clusters", "azure-hc44", "--ranks-per-node", "8", "--threads-per-rank", "4", "--out", str(tmp_path)]
     assert run(Namespace(tool="model", rest=rest)) == 0

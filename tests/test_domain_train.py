@@ -134,7 +134,7 @@ def test_infer_split_in_bf16_matches_the_fp32_prediction_to_bf16_rounding(undivi
     import h5py
     import numpy as np
 
-    from deepfusion.engine.layout import bf16_supported
+    from deepfusion.engine.parallel.layout import bf16_supported
 
     outs = {}
     for ranks, extra in ((0, []), (2, ["--domain", "1x2", "--precision", "bf16"])):

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from deepfusion.engine import checkpoint as ckpt
-from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.run.faults import ENV as FAULT
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
 from tests.test_lbfgs import SWITCH

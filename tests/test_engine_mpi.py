@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from deepfusion.engine import checkpoint as ckpt
-from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.run.faults import ENV as FAULT
 from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion, run_mpi
 from tests.tiny_configs import TINY, variant

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from bench import infer_bench
-from deepfusion.engine.checkpoint import latest_checkpoint
+from deepfusion.engine.checkpoint.store import latest_checkpoint
 from tests.mpi_util import REAL_MPI, commands, deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant

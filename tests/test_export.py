@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.app.fields import write_input_fields
-from deepfusion.engine.checkpoint import save_checkpoint
+from deepfusion.app.fields_file import write_input_fields
+from deepfusion.engine.checkpoint.store import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import Poisson, get_problem
 from tests.in_process import deepfusion_here

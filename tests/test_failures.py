@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from deepfusion.engine.faults import ENV as FAULT
+from deepfusion.engine.run.faults import ENV as FAULT
 from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec, run_mpi
-from deepfusion.engine.checkpoint import latest_checkpoint
+from deepfusion.engine.checkpoint.store import latest_checkpoint
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
 from tests.tiny_configs import TINY
 from tests.tiny_runs import trained

@@ -1,4 +1,4 @@
-"""deepfusion.engine.firstorder: Adam and SGD take torch.optim's steps and share its
+"""deepfusion.engine.train.firstorder: Adam and SGD take torch.optim's steps and share its
 state_dict layout (checkpoints load both ways), without importing torch._dynamo; LAMB takes the
 steps of a per-tensor reference written out here."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from deepfusion.engine.firstorder import SGD, Adam, Lamb
+from deepfusion.engine.train.firstorder import SGD, Adam, Lamb
 
 CASES = [(Adam, torch.optim.Adam, dict(lr=1e-2, betas=(0.9, 0.99))),
          (Adam, torch.optim.Adam, dict(lr=3e-3, betas=(0.8, 0.999), weight_decay=1e-2)),
@@ -74,7 +74,7 @@ def test_a_state_for_another_model_is_refused():
 
 def test_stepping_does_not_import_dynamo():
     code = ("import sys, torch\n"
-            "from deepfusion.engine.firstorder import Adam\n"
+            "from deepfusion.engine.train.firstorder import Adam\n"
             "p = [torch.nn.Parameter(torch.ones(3))]\n"
             "o = Adam(p, lr=0.1)\n"
             "p[0].grad = torch.ones(3)\n"

@@ -3,8 +3,8 @@ post-accumulate hook tests the oldest unfinished request (MPICH makes no progres
 import pytest
 import torch
 
-from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.gradsync import GradSync
+from deepfusion.engine.parallel.comm import SerialComm
+from deepfusion.engine.parallel.gradsync import GradSync
 from diffnet.generators import build_generator
 
 

@@ -1,4 +1,4 @@
-"""Domain parallelism's MPI block (deepfusion.engine.halo) with real processes: mpiexec -n 2
+"""Domain parallelism's MPI block (deepfusion.engine.parallel.halo) with real processes: mpiexec -n 2
 and -n 4 (oversubscribed on 2 cores: tiny grids). The checks themselves live in
 tests/mpi_scripts/halo_check.py (halo forward vs F.pad of the global field, the halo adjoint,
 sum, gather, geometry, refusals); the in-process tests cover the serial stand-ins."""
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.halo import MPIBlock, domain_groups, group_count, make_block
+from deepfusion.engine.parallel.comm import SerialComm
+from deepfusion.engine.parallel.halo import MPIBlock, domain_groups, group_count, make_block
 from diffnet.domain import Block
 from tests.mpi_util import run_script_cases
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from deepfusion.engine.checkpoint import save_checkpoint
-from deepfusion.app.fields import read_fields, write_input_fields
+from deepfusion.engine.checkpoint.store import save_checkpoint
+from deepfusion.app.fields_file import read_fields, write_input_fields
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 from tests.mpi_util import REAL_MPI, commands, deepfusion
@@ -181,7 +181,7 @@ def test_p2_input_error_exits_2_everywhere(tmp_path):
 
 
 def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, cli):
-    from deepfusion.engine.layout import bf16_supported
+    from deepfusion.engine.parallel.layout import bf16_supported
 
     p32, p16 = str(tmp_path / "p32.h5"), str(tmp_path / "p16.h5")
     assert cli(["infer", ckpt, "--samples", "3", "--out", p32])[0] == 0
@@ -269,7 +269,7 @@ def test_the_error_panel_is_centred_on_zero():
     """compare's / evaluate's error column: symmetric colour limits, whatever the sign of the
     largest error (matplotlib's own [min, max] put white at -0.4 for a field of ~0 with one
     -0.9 line, and the 1024² Burgers figure showed a whole row red)."""
-    from deepfusion.engine.plots import error_style
+    from deepfusion.engine.predict.plots import error_style
 
     s = error_style(np.array([[0.0, 0.01], [-0.9, 0.0]]))
     assert (s["vmin"], s["vmax"], s["cmap"]) == (-0.9, 0.9, "RdBu_r")

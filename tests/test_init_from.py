@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepfusion.app.build import build_model, build_problem
-from deepfusion.engine.checkpoint import load_checkpoint
+from deepfusion.engine.checkpoint.store import load_checkpoint
 from deepfusion.config import load_config
 from tests.in_process import deepfusion_here
 from tests.tiny_configs import TINY

@@ -11,8 +11,8 @@ import sys
 import h5py
 import pytest
 
-from deepfusion.engine import atomic
-from deepfusion.engine.checkpoint import checkpoint_dir, checkpoint_path, prune_checkpoints
+from deepfusion.engine.checkpoint import atomic
+from deepfusion.engine.checkpoint.store import checkpoint_dir, checkpoint_path, prune_checkpoints
 from tests.mpi_util import deepfusion
 from tests.tiny_configs import TINY
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import render as R
-from jobs import sweep as S
+from deepfusion.jobs import render as R
+from deepfusion.jobs import sweep as S
 from tests.mpi_util import mpiexec as find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ def test_layout_from_a_sweep_takes_the_fastest_measured_layout(tmp_path, capsys)
     """jobs render --layout-from: the one-node layout with the most samples/s (ties: fewer
     ranks), said on stderr; a sweep from another kind of host is a warning, a weak-scaling
     sweep, a missing file or an explicit layout beside it are errors."""
-    from jobs.pick import fastest_layout, load_sweep
+    from deepfusion.jobs.pick import fastest_layout, load_sweep
 
     sweep = _sweep(tmp_path / "a", {(1, 2): 1.2, (2, 1): 1.1, (1, 1): 2.0})
     assert fastest_layout(load_sweep(sweep), sweep)[:2] == (2, 1)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from deepfusion.app.check_cli import check_launch
+from deepfusion.app.check import check_launch
 from deepfusion.engine.errors import InputError
-from jobs import render as R
-from jobs import sweep as S
-from jobs.precheck import absolute, default_setup
-from jobs.sweep_sbatch import site_profiles
+from deepfusion.jobs import render as R
+from deepfusion.jobs import sweep as S
+from deepfusion.jobs.precheck import absolute, default_setup
+from deepfusion.jobs.sweep_sbatch import site_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs" / "recipes" / "burgers.toml")  # global batch 16

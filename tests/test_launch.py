@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from deepfusion.engine.comm import SerialComm, launcher_mismatch
+from deepfusion.engine.parallel.comm import SerialComm, launcher_mismatch
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion
 from tests.tiny_configs import TINY
 

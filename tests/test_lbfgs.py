@@ -1,4 +1,4 @@
-"""L-BFGS (deepfusion/engine/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
+"""L-BFGS (deepfusion/engine/train/lbfgs.py): in-process unit tests and real ``mpiexec -n 2`` runs."""
 import os
 import sys
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from deepfusion.config import ConfigError, load_config
-from deepfusion.engine import checkpoint as ckpt
-from deepfusion.engine import lbfgs
-from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.data import LazyBatch
-from deepfusion.engine.firstorder import Adam, Lamb
-from deepfusion.engine.optimizers import OptimizerSchedule, build_stepper
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.train import lbfgs
+from deepfusion.engine.parallel.comm import SerialComm
+from deepfusion.engine.parallel.data import LazyBatch
+from deepfusion.engine.train.firstorder import Adam, Lamb
+from deepfusion.engine.train.optimizer import OptimizerSchedule, build_stepper
 from tests.mpi_util import run_mpi
 from tests.tiny_configs import TINY, variant
 
@@ -228,6 +228,6 @@ def test_the_config_offers_exactly_the_engines_optimisers():
     import dataclasses
 
     from deepfusion.config.sections import OptimConfig
-    from deepfusion.engine.optimizers import STEPPERS
+    from deepfusion.engine.train.optimizer import STEPPERS
     name = next(f for f in dataclasses.fields(OptimConfig) if f.name == "name")
     assert tuple(name.metadata["choices"]) == STEPPERS

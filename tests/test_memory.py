@@ -9,7 +9,7 @@ from tests.mpi_util import ROOT
 
 PROBE = """
 import resource, sys
-from deepfusion.engine.memory import reuse_freed_memory
+from deepfusion.engine.parallel.memory import reuse_freed_memory
 assert reuse_freed_memory(sys.argv[1] == "1") == ""
 import ctypes, ctypes.util
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -43,7 +43,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 
 PEAK_PROBE = """
 import numpy as np
-from deepfusion.engine.memory import peak_rss_mib
+from deepfusion.engine.parallel.memory import peak_rss_mib
 before = peak_rss_mib()
 a = np.ones(96 * 2**20 // 8)          # 96 MiB, every page written
 touched = peak_rss_mib()

@@ -13,9 +13,9 @@ import pytest
 
 from deepfusion.app.inference import load_model
 from deepfusion.config import ConfigError, load_config
-from deepfusion.engine.checkpoint import latest_checkpoint
-from deepfusion.engine.faults import ENV as FAULT
-from deepfusion.engine.levels import plan, visit_at, visit_order
+from deepfusion.engine.checkpoint.store import latest_checkpoint
+from deepfusion.engine.run.faults import ENV as FAULT
+from deepfusion.engine.train.plan import plan, visit_at, visit_order
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.test_engine_mpi import losses, train
 from tests.tiny_configs import TINY, variant

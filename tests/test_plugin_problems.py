@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import diffnet.problems as problems
-from deepfusion.engine.checkpoint import latest_checkpoint, load_checkpoint
+from deepfusion.engine.checkpoint.store import latest_checkpoint, load_checkpoint
 from tests.mpi_util import HANG_GUARD, REAL_MPI, ROOT, deepfusion, run_mpi
 from tests.plugins.heat import Heat, HeatWithoutReference
 from tests.test_engine_mpi import train
@@ -65,7 +65,7 @@ def test_an_unknown_name_lists_the_valid_ones_and_how_to_name_a_class():
     ("tests.plugins.heat:Hot", ["has no attribute 'Hot'", "Problem subclasses in it: Heat, "
                                                           "HeatWholeGrid, HeatWithoutReference"]),
     ("examples.heat:MODES", ["is a tuple, not a subclass of diffnet.problems.Problem"]),
-    ("diffnet.problems.base:Problem", ["does not implement", "'loss_terms'"]),
+    ("diffnet.problems.contract.base:Problem", ["does not implement", "'loss_terms'"]),
     ("tests.plugins.heat:", ["not of the form 'package.module:ClassName'"]),
 ])
 def test_a_plugin_that_cannot_be_used_is_one_clear_error(spec, needles):
@@ -80,7 +80,7 @@ def test_register_adds_a_name_and_refuses_a_taken_one():
     try:
         assert problems.register(Local) is Local and problems.resolve("registered_heat") is Local
         problems.register(Local)  # the same class again: fine
-        with pytest.raises(ValueError, match="'burgers' is taken by diffnet.problems.burgers"):
+        with pytest.raises(ValueError, match="'burgers' is taken by diffnet.problems.families.burgers"):
             problems.register(name="burgers")(Local)
         with pytest.raises(ValueError, match="not a subclass"):
             problems.register(dict)

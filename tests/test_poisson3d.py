@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, get_problem, problem_options
-from diffnet.problems.fields import kl_modes, log_nu_bound
+from diffnet.problems.families.diffusion import kl_modes, log_nu_bound
 from diffnet.reference import assemble_diffusion
 from diffnet.stencils import KINDS
 
@@ -107,7 +107,7 @@ def test_nu_is_the_documented_formula_on_the_z_y_x_grid():
 
 def test_inputs_are_within_the_family_range_and_solutions_are_genuinely_3d():
     """Every draw's nu lies in nu_range(); the reference solution varies along z and along y
-    (with single-axis modes in the sum it would not: see diffnet.problems.fields)."""
+    (with single-axis modes in the sum it would not: see diffnet.problems.families.diffusion)."""
     p = make()
     params, x = inputs(p, n=4)
     lo, hi = p.nu_range()

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from deepfusion.config import ParallelConfig
-from deepfusion.engine.comm import SerialComm
-from deepfusion.engine.layout import bf16_flags, bf16_supported, check_precision, precision_line
-from deepfusion.engine.parallel import parallelize
-from deepfusion.engine.step import LossAndGrad
+from deepfusion.engine.parallel.comm import SerialComm
+from deepfusion.engine.parallel.layout import bf16_flags, bf16_supported, check_precision, precision_line
+from deepfusion.engine.parallel.parallelize import parallelize
+from deepfusion.engine.train.step import LossAndGrad
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 
@@ -71,7 +71,7 @@ class _Ranks:
 def test_auto_is_bf16_only_if_every_rank_has_it(tmp_path):
     """train.precision = "auto": bf16 where every rank's CPU has native bf16, fp32 if one
     rank's has not (a mixed partition), and said at start-up; fp32 and bf16 pass unchanged."""
-    from deepfusion.engine.layout import agreed_precision
+    from deepfusion.engine.parallel.layout import agreed_precision
 
     amx = tmp_path / "cpuinfo"
     amx.write_text("flags\t\t: avx512_bf16 amx_bf16\n")
@@ -96,7 +96,7 @@ def test_auto_needs_float32():
 def test_auto_run_keeps_auto_in_its_config_and_records_what_ran(tmp_path, cli):
     """The run directory's config.toml keeps "auto" (a requeue on other nodes chooses again);
     the checkpoint's config holds the precision the steps ran in."""
-    from deepfusion.engine.checkpoint import load_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint
     from tests.tiny_configs import TINY, variant
 
     cfg = tmp_path / "auto.toml"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffnet.problems import PROBLEMS, Problem, get_problem
-from diffnet.problems.check import check_problem
-from diffnet.problems.fields import kl_modes, log_nu_bound
+from diffnet.problems.check.problem import check_problem
+from diffnet.problems.families.diffusion import kl_modes, log_nu_bound
 
 NAMES = sorted(n for n in PROBLEMS if PROBLEMS[n].dims == 2)  # 3-D: tests/test_poisson3d.py
 GRID = (16, 24)  # deliberately non-square

@@ -1,6 +1,6 @@
 """The problems' losses on blocks of a split grid (issue #15), in one process without MPI.
 
-The blocks run in threads of this process, like ranks (``diffnet.problems.check_split``, the
+The blocks run in threads of this process, like ranks (``diffnet.problems.check.split``, the
 emulation ``deepfusion check-problem`` uses for a user's problem): every block computes on
 views of the SAME global autograd leaf, so summing the blocks' terms and backpropagating once
 carries the gradient across the blocks exactly as the collectives' adjoint exchange would. The
@@ -15,7 +15,7 @@ import torch
 
 from diffnet.domain import Block
 from diffnet.problems import get_problem
-from diffnet.problems.check_split import (ThreadSplit, compare_split, run_blocks, split_run,
+from diffnet.problems.check.split import (ThreadSplit, compare_split, run_blocks, split_run,
                                           terms_and_grads, undivided)
 from diffnet.stencils import (DERIVATIVES, DERIVATIVES_3D, FiniteDifference, FiniteDifference3D,
                               pad_cubic, pad_cubic_3d, pad_cubic_block)

@@ -6,10 +6,10 @@ import os
 import pytest
 
 from deepfusion.app.build import build_model, build_problem, torch_dtype
-from deepfusion.engine.parallel import parallelize
-from deepfusion.engine.comm import SerialComm
+from deepfusion.engine.parallel.parallelize import parallelize
+from deepfusion.engine.parallel.comm import SerialComm
 from deepfusion.config import load_config
-from deepfusion.engine.trainer import Trainer
+from deepfusion.engine.train.trainer import Trainer
 
 TOML = """
 [problem]

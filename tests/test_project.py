@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from jobs import model, project
+from deepfusion.jobs import model
 
+from deepfusion.jobs import project
 STUDY = {"arms": [
     {"name": "f_b16_sqrt", "family": "f", "batch": 16, "rule": "sqrt", "steps_to_target": 4000},
     {"name": "f_b64_sqrt", "family": "f", "batch": 64, "rule": "sqrt", "steps_to_target": 1000},
@@ -142,8 +143,8 @@ def test_an_lbfgs_recipe_counts_its_loss_evaluations(tmp_path):
 
 
 def test_the_gathers_of_a_split_prolonged_level_are_two_allgathers_and_an_allreduce():
-    from jobs.model import allreduce_time
-    from jobs.project_recipe import gather_time
+    from deepfusion.jobs.model import allreduce_time
+    from deepfusion.jobs.project_recipe import gather_time
 
     lv = {"chain": [[[64, 64], [32, 32], True]], "channels": [2, 1]}
     alpha, beta = 1e-6, 1e9

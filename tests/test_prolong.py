@@ -11,9 +11,9 @@ import torch
 
 from deepfusion.app.inference import load_model
 from deepfusion.config import ConfigError, load_config
-from deepfusion.engine.checkpoint import latest_checkpoint
-from deepfusion.engine.faults import ENV as FAULT
-from deepfusion.engine.levels import plan, signature
+from deepfusion.engine.checkpoint.store import latest_checkpoint
+from deepfusion.engine.run.faults import ENV as FAULT
+from deepfusion.engine.train.plan import plan, signature
 from diffnet.generators import Prolonged, build_generator
 from diffnet.resample import resample_nodes
 from tests.in_process import deepfusion_here

@@ -43,7 +43,7 @@ GRIDS = {"poisson_256.toml": (256, 256), "burgers_512.toml": (512, 512),
 @pytest.mark.parametrize("recipe", sorted(f for f in os.listdir(RECIPES) if f.endswith(".toml")))
 def test_recipe_loads(recipe):
     from deepfusion.config import load_config
-    from deepfusion.engine.levels import plan
+    from deepfusion.engine.train.plan import plan
     from diffnet.problems import get_problem
 
     cfg = load_config(os.path.join(RECIPES, recipe))

@@ -107,7 +107,7 @@ def test_the_residual_of_a_field_with_nan_is_nan_not_an_error():
 
 
 def test_refine_batch_refines_every_answer_and_records_each_outcome():
-    from deepfusion.engine.refine import DATASETS, refine_batch, unconverged
+    from deepfusion.engine.predict.refine import DATASETS, refine_batch, unconverged
 
     p = get_problem("darcy", grid=(33, 33))
     x = p.build_input(p.sample_params(0, [0, 1]))                  # float32, as infer has it

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffnet.problems import get_problem
-from diffnet.problems.ritz import (Partition, partition_combination, ritz_combination,
+from diffnet.problems.contract.ritz import (Partition, partition_combination, ritz_combination,
                                    self_products, solve_gram)
 
 GRID = (19, 23)            # not square, and (n - 1) / m not an integer for m = 3

@@ -1,4 +1,4 @@
-"""One live job per run directory (deepfusion.engine.runlock): a second start of any kind is
+"""One live job per run directory (deepfusion.engine.run.lock): a second start of any kind is
 refused naming the live job, a lock left by a dead job is taken over, and racing starters never
 both win. The lock's rules in-process; then racing processes, and real training jobs started,
 refused, killed with -9 and resumed. Timeouts are hang guards only."""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from deepfusion.engine import runlock
-from deepfusion.engine.runlock import LOCK_NAME, Holder, RunDirInUse, acquire
+from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.run.lock import LOCK_NAME, Holder, RunDirInUse, acquire
 from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.tiny_configs import TINY
@@ -143,7 +143,7 @@ def test_overwrite_clears_all_but_the_lock(tmp_path):
 
 RACER = """
 import os, sys, time
-from deepfusion.engine.runlock import RunDirInUse, acquire
+from deepfusion.engine.run.lock import RunDirInUse, acquire
 d, go, done, out = sys.argv[1:5]
 while not os.path.exists(go):
     time.sleep(0.001)

@@ -1,4 +1,4 @@
-"""jobs/model.py: alpha-beta allreduce, epoch model and the validation against the talk."""
+"""deepfusion/jobs/model.py: alpha-beta allreduce, epoch model and the validation against the talk."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from jobs import model as M
-from jobs.render import get_profile, load_profiles
+from deepfusion.jobs import model as M
+from deepfusion.jobs.render import get_profile, load_profiles
 
 PROFILES = load_profiles()
 

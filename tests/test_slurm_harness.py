@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from jobs import sweep as S
-from jobs.slurm_local import client as C
-from jobs.slurm_local import cluster as K
+from deepfusion.jobs import sweep as S
+from tests.slurm_local import client as C
+from tests.slurm_local import cluster as K
 from tests.mpi_util import ROOT
 
 
@@ -35,14 +35,14 @@ def test_skip_exits_0_with_the_reason():
     """What `make test-slurm` prints as a non-root user: a skip, exit 0 (`make test` is unaffected)."""
     env = dict(os.environ, DEEPFUSION_SLURM_MODE="local")  # never use a live cluster from here
     res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                          "jobs.slurm_local", "test"], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+                          "tests.slurm_local", "test"], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
     if "setpriv" in res.stderr:  # not root here, or no setpriv: the probe test above covers the logic
         pytest.skip(res.stderr.strip())
     assert res.returncode == 0 and "SKIPPED: not root" in res.stdout, res.stdout + res.stderr
 
 
 def test_bad_usage_exits_2():
-    res = subprocess.run([sys.executable, "-m", "jobs.slurm_local", "start"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "tests.slurm_local", "start"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert res.returncode == 2 and "expected check, test" in res.stderr
 

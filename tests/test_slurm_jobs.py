@@ -1,6 +1,6 @@
 """Rendered job scripts under a real Slurm: completion, requeue on signal, time limit, failure.
 
-`make test-slurm` (python -m jobs.slurm_local test) starts a one-node cluster on localhost and
+`make test-slurm` (python -m tests.slurm_local test) starts a one-node cluster on localhost and
 sets DEEPFUSION_SLURM=1; without it every test here is skipped. Each test renders a script with
 `deepfusion jobs render`, submits it with sbatch, and reads the job's state from
 `scontrol show job` (no slurmdbd: sacct has no data), its output file and the run's
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.slurm_local.client import (ENV_LOCAL, ENV_PARTITION, ENV_WORKDIR, FINAL_STATES, cluster_up,
+from tests.slurm_local.client import (ENV_LOCAL, ENV_PARTITION, ENV_WORKDIR, FINAL_STATES, cluster_up,
                                      run_client, sbatch, wait_for_file, wait_job)
 from tests.tiny_configs import TINY, variant
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.slurm_local.client import cluster_up, sbatch, wait_job
+from tests.slurm_local.client import cluster_up, sbatch, wait_job
 from tests.test_slurm_jobs import HANG_GUARD, ROOT, slurm  # noqa: F401 (slurm: a fixture)
 
 pytestmark = [pytest.mark.slurm,

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from deepfusion.app.agreement import check_same_config, launch_disagreement
-from deepfusion.app.fields import write_input_fields
+from deepfusion.app.fields_file import write_input_fields
 from deepfusion.config import load_config
 from deepfusion.engine.errors import InjectedFailure, InputError
-from deepfusion.engine.faults import ENV as FAULT
-from deepfusion.engine.faults import Faults, parse
-from deepfusion.engine.layout import RankLayout, report
+from deepfusion.engine.run.faults import ENV as FAULT
+from deepfusion.engine.run.faults import Faults, parse
+from deepfusion.engine.parallel.layout import RankLayout, report
 from tests.mpi_util import run_mpi
 from tests.test_inference import ckpt  # noqa: F401 (a fixture: an untrained Poisson checkpoint)
 from tests.tiny_configs import TINY, variant

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import deepfusion
-from deepfusion.app.fields import read_fields, write_input_fields
-from deepfusion.engine.checkpoint import save_checkpoint
+from deepfusion.app.fields_file import read_fields, write_input_fields
+from deepfusion.engine.checkpoint.store import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem
 from tests.in_process import deepfusion_here

@@ -1,4 +1,4 @@
-"""The split-exact helpers (``diffnet.problems.blocks``, the ``Problem`` methods ``mean``,
+"""The split-exact helpers (``diffnet.problems.contract.blocks``, the ``Problem`` methods ``mean``,
 ``wall_mean``, ``edges``, ``total``, ``share``): on every block of a split grid, 1-D to 3-D,
 the parts of a loss written with them sum to the undivided loss, value and gradient; undivided
 they are the plain torch expressions; a problem that declares terms it cannot split is refused
@@ -11,8 +11,8 @@ import torch
 
 from diffnet.domain import Block
 from diffnet.problems import Axis, Problem
-from diffnet.problems.blocks import SIDES, edges, node_mean, share, total, wall_mean
-from diffnet.problems.check_split import (ThreadSplit, close, run_blocks, terms_and_grads)
+from diffnet.problems.contract.blocks import SIDES, edges, node_mean, share, total, wall_mean
+from diffnet.problems.check.split import (ThreadSplit, close, run_blocks, terms_and_grads)
 
 CASES = [((12,), (2,)), ((12,), (4,)), ((8, 12), (1, 2)), ((8, 12), (2, 2)), ((8, 12), (4, 3)),
          ((8, 4, 6), (2, 1, 2)), ((8, 4, 6), (2, 2, 3))]

@@ -12,7 +12,7 @@ from tests.tiny_configs import TINY
 
 SPY = """
 import sys
-import deepfusion.engine.layout as layout
+import deepfusion.engine.parallel.layout as layout
 real = layout.setup_threads
 def spy(comm, requested=0):
     print("torch before threads:", "torch" in sys.modules, flush=True)
@@ -20,7 +20,7 @@ def spy(comm, requested=0):
 layout.setup_threads = spy
 import deepfusion.app.train, deepfusion.app.inference_cli
 deepfusion.app.train.setup_threads = spy
-from deepfusion.app.cli import main
+from deepfusion.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -47,8 +47,8 @@ BLAS = """
 import json
 import numpy  # loaded before the layout, as the communicator's module loads it
 from threadpoolctl import threadpool_info
-from deepfusion.engine.comm import world
-from deepfusion.engine.layout import setup_threads
+from deepfusion.engine.parallel.comm import world
+from deepfusion.engine.parallel.layout import setup_threads
 def blas(): return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
 before = blas()
 setup_threads(world(), 1)

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from deepfusion.config import load_config
-from deepfusion.engine import runlock
-from deepfusion.engine.eta import StepClock, eta_text, format_duration
-from deepfusion.engine.levels import plan
+from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.run.eta import StepClock, eta_text, format_duration
+from deepfusion.engine.train.plan import plan
 from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD
 from tests.tiny_configs import TINY, variant

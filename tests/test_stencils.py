@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from diffnet import stencils
-from diffnet.problems.check_split import ThreadSplit, run_blocks
+from diffnet.problems.check.split import ThreadSplit, run_blocks
 from diffnet.stencils import KINDS, FiniteDifference, derivative_names, gradient, pad_cubic
 
 ALL = ("r", "c", "rr", "cc", "rc")

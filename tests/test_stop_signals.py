@@ -1,4 +1,4 @@
-"""Stop signals that always stop (deepfusion.engine.stop, .watchdog): the first SIGTERM asks
+"""Stop signals that always stop (deepfusion.engine.run.stop, .watchdog): the first SIGTERM asks
 for a checkpoint, its copies change nothing, and a rank stuck in native code with the GIL held
 (DEEPFUSION_FAULT=hang@S) still ends on a second SIGTERM or at the deadline; a rank whose peers
 never join MPI_Init ends with a message. The watchdog's rules in-process, then real processes.
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from deepfusion.engine import watchdog
-from deepfusion.engine.watchdog import DUP_S, START, STARTED, Watch
+from deepfusion.engine.run import watchdog
+from deepfusion.engine.run.watchdog import DUP_S, START, STARTED, Watch
 from tests.mpi_util import HANG_GUARD, ROOT, mpiexec
 from tests.test_runlock import start, steps, tiny, wait_for_steps  # noqa: F401 (tiny: fixture)
 

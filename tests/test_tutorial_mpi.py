@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from diffnet.problems import get_problem
-from diffnet.problems.check import check_problem
+from diffnet.problems.check.problem import check_problem
 from tests.mpi_util import HANG_GUARD, ROOT, run_mpi
 
 EXAMPLES = os.path.join(ROOT, "examples")

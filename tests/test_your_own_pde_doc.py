@@ -4,7 +4,7 @@ constructor option fails even when the problem is built at its defaults (the pag
 from __future__ import annotations
 
 from diffnet.problems import Axis
-from diffnet.problems.check import check_problem
+from diffnet.problems.check.problem import check_problem
 from tests.test_check_problem import ForgetsAnOption, Smooth
 
 

@@ -19,13 +19,13 @@ from diffnet.generators import build_generator
 from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
-from ..config import dump_toml
-from ..engine.checkpoint import load_checkpoint
-from ..engine.levels import plan
-from ..engine.memformat import convert_model
-from ..engine.runlock import clear_run_dir
-from .preflight import holds_run
-from .problems_cli import check_registry_options
+from deepfusion.config import dump_toml
+from deepfusion.engine.checkpoint.store import load_checkpoint
+from deepfusion.engine.train.plan import plan
+from deepfusion.engine.parallel.memformat import convert_model
+from deepfusion.engine.run.lock import clear_run_dir
+from deepfusion.app.preflight import holds_run
+from deepfusion.app.problems import check_registry_options
 
 
 def build_checked(cfg, check):

@@ -8,7 +8,7 @@ one written by ``infer``, the second by ``solve``: their ``kind`` attribute) and
 draws (problem, grid, coordinates, parameter vectors or input fields): a swapped pair or two of a
 kind would report a meaningless error and speed-up, so they are refused naming the fix.
 
-Files: see :mod:`deepfusion.app.fields`.
+Files: see :mod:`deepfusion.app.fields_file`.
 """
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ import os
 
 import numpy as np
 
-from . import fields as h5io
-
-
+from deepfusion.app import fields_file as h5io
 WRITER = {"prediction": "deepfusion infer", "reference": "deepfusion solve"}
 
 
@@ -168,7 +166,7 @@ def _work_grid_line(s: dict) -> str:
 def _figure(a: dict, b: dict, shown, rel, path: str) -> str:
     """compare.png: per shown sample input channel 0, prediction, reference, error (a 3-D
     grid: three rows, its orthogonal mid-slices)."""
-    from ..engine.plots import fields_figure, views
+    from deepfusion.engine.predict.plots import fields_figure, views
 
     names = list(a["axes"])
     coords = [a["coords"][ax] for ax in names]

@@ -27,8 +27,8 @@ import os
 import re
 import warnings
 
-from .inference import checkpoint_file, grid_note, load_model, training_grid
-from .version import ROOT, package_version
+from deepfusion.app.inference import checkpoint_file, grid_note, load_model, training_grid
+from deepfusion import __version__
 
 FORMATS = ("torchscript", "onnx")
 DTYPES = ("float32", "float64")
@@ -41,6 +41,9 @@ ONNX_PIP = "pip install onnx onnxruntime onnxscript (from a source tree: pip ins
 # other batch sizes, so a batch size or a value fixed by the trace shows up as a difference.
 EXAMPLE = (101, 2)
 CHECKS = ((202, 1), (303, 3))
+
+# the source tree, for naming a file of the package in a message by its path in the tree
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def check_request(fmt: str, out: str, dtype: str | None) -> None:
@@ -113,7 +116,7 @@ def describe(problem, work, meta, ckpt: str, fmt: str, dtype: str) -> dict:
     """What the file expects and where it comes from (stored in the file)."""
     c, grid = len(problem.input_channels), list(problem.grid)
     return {"format": "deepfusion-export", "format_version": 1, "export_format": fmt,
-            "deepfusion_version": package_version(),
+            "deepfusion_version": __version__,
             "problem": problem.name, "problem_kwargs": problem.config(),
             "input_name": INPUT_NAME, "input_channels": list(problem.input_channels),
             "input_shape": ["N", c, *grid], "output_name": OUTPUT_NAME,
@@ -270,7 +273,7 @@ def worst_difference(run, reference, problem, dtype, ref_dtype) -> float:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    from ..engine.atomic import atomic_path
+    from deepfusion.engine.checkpoint.atomic import atomic_path
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)

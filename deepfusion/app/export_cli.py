@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli_options import ANSWER_SET_HELP, add_set, problem_options
-from .policy import run_local
+from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.policy import run_local
 
 
 def register(sub) -> None:
@@ -43,8 +43,8 @@ def register(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from .export import export
-    from .inference import grid_text, parse_grid
+    from deepfusion.app.export import export
+    from deepfusion.app.inference import grid_text, parse_grid
 
     notes: list = []
     try:

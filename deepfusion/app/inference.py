@@ -6,7 +6,7 @@ the number of ranks (identical bytes for any P). Ranks compute one batch per rou
 blocks are gathered and rank 0 streams them into the output file (memory: P batches at a time).
 
 The samples themselves (drawn, or read from --params / --inputs): :mod:`deepfusion.app.samples`.
-Files: see :mod:`deepfusion.app.fields`. :func:`compare_files` compares a prediction file with a
+Files: see :mod:`deepfusion.app.fields_file`. :func:`compare_files` compares a prediction file with a
 reference file (``deepfusion compare``); it lives in :mod:`deepfusion.app.compare`, re-exported
 here.
 """
@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-from . import fields as h5io
-from .cli_options import as_set_flags
-from .compare import compare_files  # noqa: F401  (re-exported)
-from .samples import Samples
+from deepfusion.app import fields_file as h5io
+from deepfusion.app.options import as_set_flags
+from deepfusion.app.compare import compare_files  # noqa: F401  (re-exported)
+from deepfusion.app.samples import Samples
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def checkpoint_file(path: str, notes: list | None = None) -> str:
     argument of ``infer`` and ``evaluate`` may be either). ``notes`` (a list, if given) gets
     ``(level, text)`` lines for the user, level "note" or "WARNING": which checkpoint of a run
     directory is used and why newer ones were skipped, and a file written without a seal."""
-    from ..engine.checkpoint import find_checkpoint, seal_status, unsealed_note
+    from deepfusion.engine.checkpoint.store import find_checkpoint, seal_status, unsealed_note
 
     said = []
     if not os.path.isdir(path):
@@ -177,7 +177,7 @@ def load_model(path, grid=None, work_grid=None, options=None):
     """
     from diffnet.generators import build_generator
 
-    from ..engine.checkpoint import load_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint
 
     state = load_checkpoint(path)
     meta = state["meta"]
@@ -309,7 +309,7 @@ def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
 
 def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None,
               domain=None, warmup: bool = True, post=None, refine=None, check: bool = False):
-    """compute(lo, hi) for run_blocks: the prediction pipeline (``deepfusion.engine.predict``)
+    """compute(lo, hi) for run_blocks: the prediction pipeline (``deepfusion.engine.predict.pipeline``)
     on one batch, timed from the inputs on the work grid to the answer on the output grid (the
     inputs recorded on the output grid are built outside the time).
 
@@ -318,12 +318,12 @@ def predictor(model, problem, samples: Samples, *, channels_last: bool = False, 
     the group's first rank; ``post``: the pipeline's per-batch post-step. With ``warmup``
     every new batch size first runs once untimed (one-off kernel selection stays out of the
     timing). ``refine`` (a tolerance): each answer is then refined by the problem's reference
-    solver (``deepfusion.engine.refine``), outside the time, and returned in float64 with its
+    solver (``deepfusion.engine.predict.refine``), outside the time, and returned in float64 with its
     per-sample records. ``check``: each answer written gets its residual and flag
     (``Problem.check_answers``, outside the time) among its records.
     """
-    from ..engine.predict import Pipeline
-    from ..engine.refine import refine_batch
+    from deepfusion.engine.predict.pipeline import Pipeline
+    from deepfusion.engine.predict.refine import refine_batch
 
     pipe = Pipeline(model, problem, work=work, channels_last=channels_last, domain=domain,
                     post=post)
@@ -382,9 +382,9 @@ def solver_compute(problem, samples: Samples, solve):
 def open_writer(path, problem, samples: Samples, refined: bool = False,
                 checked: bool = False) -> h5io.FieldWriter:
     """The output file's writer (rank 0 only), sized for all samples; ``refined``: float64
-    answers and the refinement's per-sample records (``deepfusion.engine.refine``);
+    answers and the refinement's per-sample records (``deepfusion.engine.predict.refine``);
     ``checked``: the answers' residuals and flags (``h5io.CHECK_DATASETS``)."""
-    from ..engine.refine import DATASETS
+    from deepfusion.engine.predict.refine import DATASETS
 
     axes = [a.name for a in problem.axes]
     names = list(problem.param_names) if samples.params.shape[1] else []

@@ -11,9 +11,9 @@ import os
 import sys
 import time
 
-from .cli_options import (ANSWER_SET_HELP, SOLVE_SET_HELP, add_set, add_threads,
+from deepfusion.app.options import (ANSWER_SET_HELP, SOLVE_SET_HELP, add_set, add_threads,
                           deprecated_spellings, problem_options)
-from .policy import ExitCode, collective_check, run_distributed, say_note, say_once
+from deepfusion.app.policy import ExitCode, collective_check, run_distributed, say_note, say_once
 
 DEFAULT_SEED = 12345
 
@@ -101,10 +101,10 @@ def register(sub) -> None:
 
 def _threads(comm, requested: int, split: bool = False) -> None:
     """The thread layout, and freed memory kept for the next batch (as training keeps it:
-    ``deepfusion.engine.memory``) unless the fields are split over ranks (``--domain``),
+    ``deepfusion.engine.parallel.memory``) unless the fields are split over ranks (``--domain``),
     where keeping it costs the most memory per rank."""
-    from ..engine.layout import setup_threads
-    from ..engine.memory import reuse_freed_memory
+    from deepfusion.engine.parallel.layout import setup_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
 
     setup_threads(comm, max(0, int(requested or 0)))
     say_note(comm, reuse_freed_memory(not split))
@@ -123,7 +123,7 @@ def _check_batch(args) -> None:
 
 def _open_writer(rank: int, path, problem, samples, refined: bool = False,
                  checked: bool = False):
-    from .inference import open_writer
+    from deepfusion.app.inference import open_writer
 
     return open_writer(path, problem, samples, refined, checked) if rank == 0 else None
 
@@ -139,12 +139,12 @@ def _inputs_note(args) -> str:
 def _execute(comm, args, problem, samples, compute, attrs: dict, domain=None) -> int:
     """Open the output (rank 0), run every batch, publish the file and its XDMF sidecar;
     print one line."""
-    from ..engine.memory import peak_rss_mib
-    from ..engine.refine import DATASETS, report
+    from deepfusion.engine.parallel.memory import peak_rss_mib
+    from deepfusion.engine.predict.refine import DATASETS, report
     from diffnet.problems import has_reference
 
-    from .inference import grid_text, run_blocks
-    from .xdmf import sidecar_path
+    from deepfusion.app.inference import grid_text, run_blocks
+    from deepfusion.app.xdmf import sidecar_path
 
     refine = getattr(args, "refine", None)
     checked = "residual_threshold" in attrs
@@ -195,7 +195,7 @@ def _check_text(flagged) -> str:
 
 
 def _samples(comm, args, problem):
-    from .samples import resolve_samples
+    from deepfusion.app.samples import resolve_samples
 
     problem, samples, warns = collective_check(
         comm, lambda: resolve_samples(problem, sample=args.samples, seed=args.seed,
@@ -210,11 +210,11 @@ def _samples(comm, args, problem):
 # ---------------------------------------------------------------------------------------------
 
 def _load(args):
-    from .inference import checkpoint_file, load_model, parse_grid
+    from deepfusion.app.inference import checkpoint_file, load_model, parse_grid
 
     _check_batch(args)
     if args.precision == "bf16":
-        from ..engine.layout import check_precision
+        from deepfusion.engine.parallel.layout import check_precision
 
         check_precision("bf16", setting="--precision {}")
     args.checkpoint_notes = []  # which checkpoint of a run directory, and why: said once
@@ -230,7 +230,7 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
-    from .inference import (grid_note, grid_text, predictor, trained_config, warmup_pays,
+    from deepfusion.app.inference import (grid_note, grid_text, predictor, trained_config, warmup_pays,
                             work_problem)
 
     _warn_deprecated(comm, args)
@@ -247,7 +247,7 @@ def _infer(args, comm) -> int:
         say_once(comm, f"deepfusion: WARNING: --seed {args.seed} is the training seed "
                        f"(data.seed): these samples are the training pool, not unseen inputs")
     if args.refine is not None:   # refused up front, before any network runs
-        from ..engine.refine import check_refine
+        from deepfusion.engine.predict.refine import check_refine
 
         collective_check(comm, check_refine, problem, args.refine, "--refine")
     cl = bool(trained_config(meta, "model").get("channels_last", False))
@@ -286,9 +286,9 @@ def _work_grid(args) -> str:
 def _split(comm, args, model, on):
     """The domain split of --domain over the ranks, the model and the problem ``on`` (the grid
     the network runs on) set to compute on this rank's block, as training splits them
-    (``deepfusion.engine.predict.split_for_prediction``); None without --domain."""
-    from ..engine.predict import check_split, split_for_prediction
-    from .inference import grid_text, parse_grid
+    (``deepfusion.engine.predict.pipeline.split_for_prediction``); None without --domain."""
+    from deepfusion.engine.predict.pipeline import check_split, split_for_prediction
+    from deepfusion.app.inference import grid_text, parse_grid
 
     if not args.domain:
         return None
@@ -313,7 +313,7 @@ def run_infer(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def _build_solve(args):
-    from .inference import build_problem, parse_grid
+    from deepfusion.app.inference import build_problem, parse_grid
 
     _check_batch(args)
     opts = problem_options(args, "solve")
@@ -323,7 +323,7 @@ def _build_solve(args):
 
 
 def _solve(args, comm) -> int:
-    from .inference import make_solver, solver_compute
+    from deepfusion.app.inference import make_solver, solver_compute
 
     _warn_deprecated(comm, args)
     _threads(comm, args.threads)
@@ -344,7 +344,7 @@ def run_solve(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def run_compare(args) -> int:
-    from .compare import compare_files
+    from deepfusion.app.compare import compare_files
 
     try:
         out_dir = args.out or os.path.dirname(os.path.abspath(args.preds))

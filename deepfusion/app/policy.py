@@ -15,7 +15,7 @@ import traceback
 import warnings
 from enum import IntEnum
 
-from ..engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
+from deepfusion.engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 
 
 class ExitCode(IntEnum):
@@ -79,8 +79,8 @@ def run_local(fn, args) -> int:
 def run_distributed(fn, args) -> int:
     """Run ``fn(args, comm)`` on COMM_WORLD under the policy. Python warnings are shown by rank 0
     only: every rank runs the same code on the same shapes, so they would repeat P times."""
-    from ..engine import stop
-    from ..engine.comm import launcher_mismatch, world
+    from deepfusion.engine.run import stop
+    from deepfusion.engine.parallel.comm import launcher_mismatch, world
 
     try:
         with stop.starting():  # MPI_Init: a watchdog ends a rank whose peers never join
@@ -94,7 +94,7 @@ def run_distributed(fn, args) -> int:
         return ExitCode.INPUT
     if comm.rank != 0:
         warnings.filterwarnings("ignore")
-    from .agreement import launch_disagreement  # the first collective: same command everywhere
+    from deepfusion.app.agreement import launch_disagreement  # the first collective: same command everywhere
 
     with stop.starting():  # a process that joined MPI but runs another program never comes
         differ = launch_disagreement(comm, args)

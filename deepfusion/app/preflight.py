@@ -13,10 +13,12 @@ import math
 import os
 import time
 
-from ..engine import faults, runlock
-from ..engine.data import check_divisible, group_count
-from ..engine.layout import check_precision
-from ..engine.levels import plan
+from deepfusion.engine.run import faults
+
+from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.parallel.data import check_divisible, group_count
+from deepfusion.engine.parallel.layout import check_precision
+from deepfusion.engine.train.plan import plan
 
 
 def holds_run(d: str) -> bool:

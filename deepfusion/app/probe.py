@@ -24,10 +24,10 @@ import sys
 import tempfile
 from dataclasses import replace
 
-from ..config import config_from_dict, config_to_dict, dump_toml, load_config
-from ..engine.levels import plan
-from ..engine.memory import proc_status_mib
-from .preflight import data_units
+from deepfusion.config import config_from_dict, config_to_dict, dump_toml, load_config
+from deepfusion.engine.train.plan import plan
+from deepfusion.engine.parallel.memory import proc_status_mib
+from deepfusion.app.preflight import data_units
 
 STEPS = 3    # measured steps per level (--probe-steps)
 WARMUP = 1   # steps per level before those: first-touch allocations, kernel selection
@@ -143,19 +143,19 @@ def probe_trainer(base):
 
 def child(config: str, out: str) -> int:
     """Train the probe config (as ``train`` does, cut short) and write the report to ``out``."""
-    from ..engine.comm import world
-    from ..engine.layout import agreed_precision, setup_threads
-    from ..engine.memory import reuse_freed_memory
-    from .train import on_every_rank
+    from deepfusion.engine.parallel.comm import world
+    from deepfusion.engine.parallel.layout import agreed_precision, setup_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
+    from deepfusion.app.train import on_every_rank
 
     cfg = load_config(config)
     comm = world()
     layout, _ = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch
     reuse_freed_memory(cfg.parallel.reuses_memory())
     precision = agreed_precision(cfg.train.precision, comm)
-    from ..engine.parallel import parallelize
-    from ..engine.trainer import Trainer
-    from .build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
+    from deepfusion.engine.parallel.parallelize import parallelize
+    from deepfusion.engine.train.trainer import Trainer
+    from deepfusion.app.build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
 
     task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     prepare_run_dir(cfg, False, False, comm.rank)

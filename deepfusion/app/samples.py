@@ -7,10 +7,8 @@ import numpy as np
 
 from diffnet.validation import grid_axes
 
-from ..engine.predict import Samples
-from . import fields as h5io
-
-
+from deepfusion.engine.predict.pipeline import Samples
+from deepfusion.app import fields_file as h5io
 def range_warnings(problem, params: np.ndarray) -> list[str]:
     """One message per parameter with values outside ``problem.param_bounds()``."""
     out = []

@@ -2,7 +2,7 @@
 :class:`Solver`, whose ``predict`` maps input fields or parameter vectors to the answer.
 
 The answer is the one ``deepfusion infer`` writes: the same prediction pipeline
-(``deepfusion.engine.predict``), the same network, boundary imposition and answer head
+(``deepfusion.engine.predict.pipeline``), the same network, boundary imposition and answer head
 (``diffnet.answer.Answer``), the same work-grid rule (the network runs on its training grid and
 its answer is interpolated, unless asked otherwise), the same batches; at the same threads the
 numbers are identical. One process, no MPI: a domain split is ``deepfusion infer --domain``'s.
@@ -14,10 +14,10 @@ import warnings
 import numpy as np
 import torch
 
-from .inference import (build_problem, checkpoint_file, grid_note, grid_text, load_model,
+from deepfusion.app.inference import (build_problem, checkpoint_file, grid_note, grid_text, load_model,
                         resolve_work_grid, trained_config, work_problem)
-from .inference_cli import DEFAULT_SEED
-from .samples import Samples, check_params, fields_inputs, range_warnings
+from deepfusion.app.inference_cli import DEFAULT_SEED
+from deepfusion.app.samples import Samples, check_params, fields_inputs, range_warnings
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
           "fp64": torch.float64, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -60,7 +60,7 @@ def as_dtype(dtype) -> torch.dtype | None:
     else:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a torch dtype, got {dtype!r}")
     if out is torch.bfloat16:
-        from ..engine.layout import check_precision
+        from deepfusion.engine.parallel.layout import check_precision
 
         check_precision("bf16", setting="dtype='{}'")
     return out
@@ -163,7 +163,7 @@ class Solver:
         wrong: a wrong channel count or grid axes, non-finite values, a grid the network
         cannot take as is.
         """
-        from ..engine.refine import check_refine, refine_batch
+        from deepfusion.engine.predict.refine import check_refine, refine_batch
 
         check_refine(self.problem, refine, "predict(refine=...)")
         if check and self.problem.residual_threshold is None:
@@ -226,7 +226,7 @@ class Solver:
         return self._on[key]
 
     def _run(self, problem, work, samples, batch: int, threads) -> torch.Tensor:
-        from ..engine.predict import Pipeline, run_batches
+        from deepfusion.engine.predict.pipeline import Pipeline, run_batches
 
         if isinstance(batch, bool) or int(batch) < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
@@ -245,7 +245,7 @@ class Solver:
     @staticmethod
     def _grid_text(value, as_grid: bool = False):
         """A grid given as a tuple/list or text -> its text (or, ``as_grid``, the tuple)."""
-        from .inference import parse_grid
+        from deepfusion.app.inference import parse_grid
 
         if isinstance(value, (tuple, list)):
             value = grid_text(value)

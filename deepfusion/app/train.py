@@ -13,14 +13,14 @@ import subprocess
 import sys
 from dataclasses import replace
 
-from ..config import load_config
-from ..engine import runlock
-from ..engine.layout import agreed_precision, precision_line, report, setup_threads
-from ..engine.memory import reuse_freed_memory
-from .agreement import check_same_config
-from .cli_options import as_set_flags, deprecated_spellings, problem_options
-from .policy import ExitCode, collective_check, say_note, say_once
-from .preflight import apply_resume, check_run, useful_ranks_warning
+from deepfusion.config import load_config
+from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
+from deepfusion.engine.parallel.memory import reuse_freed_memory
+from deepfusion.app.agreement import check_same_config
+from deepfusion.app.options import as_set_flags, deprecated_spellings, problem_options
+from deepfusion.app.policy import ExitCode, collective_check, say_note, say_once
+from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warning
 
 
 def cmd_train(args, comm) -> int:
@@ -65,9 +65,9 @@ def train_locked(args, comm, cfg) -> int:
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
     precision = agreed_precision(cfg.train.precision, comm)
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
-    from ..engine.parallel import parallelize
-    from ..engine.trainer import Trainer
-    from .build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
+    from deepfusion.engine.parallel.parallelize import parallelize
+    from deepfusion.engine.train.trainer import Trainer
+    from deepfusion.app.build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -102,9 +102,9 @@ def final_validation(cfg, comm, trainer) -> None:
     the trainer's last visit): problem.grid, unless train.max_steps cut a multigrid plan
     before its last level, which is then said. Rank 0 writes eval.json, with the step, level
     and grid."""
-    from ..engine.evaluate import evaluate, quantity, summary_text, write_report
-    from .build import torch_dtype
-    from .inference import grid_text
+    from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text, write_report
+    from deepfusion.app.build import torch_dtype
+    from deepfusion.app.inference import grid_text
 
     pmodel, visit, task = trainer.model, trainer.visit, trainer.task  # (grown, if prolonged)
     summary = evaluate(pmodel.module, task, comm, n=cfg.data.eval_samples,
@@ -161,17 +161,17 @@ def cmd_demo(args) -> int:
 def cmd_config(args) -> int:
     """The resolved config of FILE (checked against the problem and model registries), the
     list of every key, or (``--markdown``) the reference of every key."""
-    from ..config import describe, dump_toml
+    from deepfusion.config import describe, dump_toml
 
     if args.markdown:
         if args.config or args.set:
             raise ValueError("--markdown prints the reference of every key: give no FILE and "
                              "no --set with it")
-        from ..config.reference import markdown_reference
+        from deepfusion.config.reference import markdown_reference
 
         print(markdown_reference(), end="")
     elif args.config or args.set:
-        from .problems_cli import check_registry_options
+        from deepfusion.app.problems import check_registry_options
 
         cfg = load_config(args.config, args.set or [])
         notes = check_registry_options(cfg)
@@ -189,8 +189,8 @@ def cmd_config(args) -> int:
 
 def _evaluation_target(args):
     """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
-    from ..config import DataConfig
-    from .inference import checkpoint_file, load_model, trained_config
+    from deepfusion.config import DataConfig
+    from deepfusion.app.inference import checkpoint_file, load_model, trained_config
 
     args.checkpoint_notes = []  # which checkpoint of a run directory, and why: said once
     path = checkpoint_file(args.checkpoint, args.checkpoint_notes)
@@ -216,9 +216,9 @@ def cmd_evaluate(args, comm) -> int:
         say_once(comm, w)
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
-    from ..engine.evaluate import evaluate, quantity, summary_text
-    from ..engine.memformat import convert_model
-    from .inference import grid_text, trained_config
+    from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text
+    from deepfusion.engine.parallel.memformat import convert_model
+    from deepfusion.app.inference import grid_text, trained_config
 
     path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
     for level, text in args.checkpoint_notes:

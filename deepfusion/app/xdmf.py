@@ -13,7 +13,7 @@ The sidecar is light XML (XDMF 2) that points into the HDF5 file, which holds al
   hyperslab of ``/inputs``), named after the channel.
 
 The HDF5 file is named by its base name (the pair moves together). Written atomically after
-the HDF5 file is published (:func:`deepfusion.engine.atomic.atomic_path`).
+the HDF5 file is published (:func:`deepfusion.engine.checkpoint.atomic.atomic_path`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from ..engine.atomic import atomic_path
+from deepfusion.engine.checkpoint.atomic import atomic_path
 
 
 def sidecar_path(h5_path) -> str:

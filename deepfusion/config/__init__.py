@@ -4,9 +4,9 @@
 writing), ``sections`` the seven tables and :class:`Config`, ``files`` reading files and
 ``--set`` overrides. Everything a caller needs is re-exported here.
 """
-from .files import apply_overrides, config_changes, describe, dump_toml, load_config
-from .schema import ConfigError
-from .sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, ParallelConfig,
+from deepfusion.config.files import apply_overrides, config_changes, describe, dump_toml, load_config
+from deepfusion.config.schema import ConfigError
+from deepfusion.config.sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, ParallelConfig,
                        ProblemConfig, RunConfig, TrainConfig, config_from_dict, config_to_dict)
 
 __all__ = [

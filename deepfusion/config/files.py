@@ -12,8 +12,8 @@ import re
 import sys
 import typing
 
-from .schema import ConfigError, describe_sections, dump_tables
-from .sections import SECTIONS, Config, config_from_dict, config_to_dict
+from deepfusion.config.schema import ConfigError, describe_sections, dump_tables
+from deepfusion.config.sections import SECTIONS, Config, config_from_dict, config_to_dict
 
 
 def import_toml(version_info=sys.version_info):

@@ -15,7 +15,7 @@ A level is one table of the ``train.levels`` array::
 
 ``train.cycle`` says how the listed levels are visited: ``""`` exactly as listed, or one of the
 multigrid cycle names, for which the levels are listed coarse to fine and the visit order is
-expanded by the engine (``deepfusion.engine.levels``). ``prolong = true`` on a level makes the
+expanded by the engine (``deepfusion.engine.train.plan``). ``prolong = true`` on a level makes the
 network trained so far the inner part of a new, larger one on this level's grid (the model's
 ``prolong`` construction, options ``model.prolong``); it needs a level visited first from a
 coarser one (half-V or as listed, never the first). Every check here names the level
@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .schema import ConfigError, Section, describe_value, option
+from deepfusion.config.schema import ConfigError, Section, describe_value, option
 
 CYCLES = ("", "half-v", "v", "f")
 

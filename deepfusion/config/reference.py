@@ -6,9 +6,9 @@ deepfusion.config.reference docs/configuration.md`` writes it there again. Pure 
 """
 from __future__ import annotations
 
-from .levels import LevelConfig
-from .schema import key_rows
-from .sections import SECTIONS
+from deepfusion.config.levels import LevelConfig
+from deepfusion.config.schema import key_rows
+from deepfusion.config.sections import SECTIONS
 
 BEGIN = "<!-- BEGIN deepfusion config --markdown -->"
 END = "<!-- END deepfusion config --markdown -->"

@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .levels import CYCLES, check_levels
-from .schema import ConfigError, Section, describe_value, option, unknown_key
+from deepfusion.config.levels import CYCLES, check_levels
+from deepfusion.config.schema import ConfigError, Section, describe_value, option, unknown_key
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,4 +25,4 @@ class Preempted(Exception):
 
 
 class InjectedFailure(RuntimeError):
-    """A test-only failure on one rank (see :mod:`deepfusion.engine.faults`)."""
+    """A test-only failure on one rank (see :mod:`deepfusion.engine.run.faults`)."""

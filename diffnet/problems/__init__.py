@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import inspect
 
-from ..validation import keyword_options
-from .base import Axis, Problem
-from .family import Family
-from .heads import AnswerHead, Plain, QuadraticEnergy, Ritz
-from .loss import Loss
-from .burgers import Burgers
-from .darcy import Darcy
-from .poisson import Poisson
-from .poisson3d import Poisson3D
-from .reaction_diffusion import ReactionDiffusion
-from .registry import (GROUP, PROBLEMS, available_text, check_reference, entry_point_names,
+from diffnet.validation import keyword_options
+from diffnet.problems.contract.base import Axis, Problem
+from diffnet.problems.contract.family import Family
+from diffnet.problems.contract.heads import AnswerHead, Plain, QuadraticEnergy, Ritz
+from diffnet.problems.contract.loss import Loss
+from diffnet.problems.families.burgers import Burgers
+from diffnet.problems.families.darcy import Darcy
+from diffnet.problems.families.poisson import Poisson
+from diffnet.problems.families.poisson3d import Poisson3D
+from diffnet.problems.families.reaction_diffusion import ReactionDiffusion
+from diffnet.problems.contract.registry import (GROUP, PROBLEMS, available_text, check_reference, entry_point_names,
                        has_reference, problem_spec, register, resolve)
 
 for _cls in (Burgers, Darcy, Poisson, Poisson3D, ReactionDiffusion):

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from ..validation import check_int, check_number
+from diffnet.validation import check_int, check_number
 
 # The solver; check_burgers_args, eval_u0 and cell_averages are public helpers shared with the
 # exact solver (burgers_exact), which validates and integrates u0 the same way.

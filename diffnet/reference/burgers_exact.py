@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..validation import check_choice, check_int
-from .burgers import cell_averages, check_burgers_args, eval_u0, integrals
+from diffnet.validation import check_choice, check_int
+from diffnet.reference.burgers import cell_averages, check_burgers_args, eval_u0, integrals
 
 __all__ = ["solve_burgers_exact", "exact_cell_averages"]
 

@@ -56,7 +56,7 @@ import time
 
 import numpy as np
 
-from ..validation import (check_array, check_choice, check_int, check_number,
+from diffnet.validation import (check_array, check_choice, check_int, check_number,
                           check_positive_tuple, grid_axes)
 
 __all__ = ["solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS", "solve_direct",

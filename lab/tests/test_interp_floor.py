@@ -4,7 +4,7 @@ import json
 import pytest
 
 from lab.tools import interp_floor
-from deepfusion.app.cli import main
+from deepfusion.cli import main
 
 
 @pytest.fixture(autouse=True)

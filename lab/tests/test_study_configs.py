@@ -27,7 +27,7 @@ def _training_configs() -> list[str]:
 def test_study_configs_load(config):
     """The configs of the comparison runs (lab/configs/) stay valid."""
     from deepfusion.config import load_config
-    from deepfusion.engine.levels import plan
+    from deepfusion.engine.train.plan import plan
 
     assert plan(load_config(os.path.join(STUDIES, config)))
 
@@ -37,7 +37,7 @@ def _beside_the_fine_darcy_recipe(study_file: str):
     study of lab/configs/ built on it, whose model, data, optimiser and problem options
     must be the recipe's."""
     from deepfusion.config import load_config
-    from deepfusion.engine.levels import plan, signature
+    from deepfusion.engine.train.plan import plan, signature
 
     rc = load_config(os.path.join(RECIPES, "darcy_fine.toml"))
     sc = load_config(os.path.join(STUDIES, study_file))

@@ -152,7 +152,7 @@ def test_checkpoint_average_means_the_float_tensors_and_keeps_the_others(tmp_pat
     import torch
 
     from lab.tools import checkpoint_average
-    from deepfusion.engine.checkpoint import save_checkpoint
+    from deepfusion.engine.checkpoint.store import save_checkpoint
 
     paths = []
     for step, (w, n) in enumerate([(1.0, 3), (2.0, 5)], start=1):

@@ -28,11 +28,11 @@ import numpy as np  # noqa: E402
 from bench.common import Timer, emit_json, load  # noqa: E402
 from diffnet.reference import solve_burgers_exact  # noqa: E402
 
-T_END = 1.0 / 3.0                  # diffnet.problems.burgers.T_END (not imported: no torch)
+T_END = 1.0 / 3.0                  # diffnet.problems.families.burgers.T_END (not imported: no torch)
 
 
 def initial_condition(c: float, x: np.ndarray) -> np.ndarray:
-    """diffnet.problems.burgers.initial_condition: u0(x) = 0.5 (1 - cos(2 pi c x))."""
+    """diffnet.problems.families.burgers.initial_condition: u0(x) = 0.5 (1 - cos(2 pi c x))."""
     return 0.5 * (1.0 - np.cos(2.0 * np.pi * c * x))
 
 

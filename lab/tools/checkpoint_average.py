@@ -27,7 +27,7 @@ from lab.tools.error_vs_time import checkpoints, draws, errors
 
 
 def model_states(paths: list[str]) -> list[dict]:
-    from deepfusion.engine.checkpoint import load_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint
 
     return [load_checkpoint(p)["model_state"] for p in paths]
 

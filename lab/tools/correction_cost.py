@@ -32,7 +32,7 @@ def _seconds(net, x, repeats: int) -> float:
 def grown_network(cfg):
     """CONFIG's final network: built, then grown at every visit that grows it."""
     from deepfusion.app.build import build_model, build_problem, model_grower
-    from deepfusion.engine.levels import plan
+    from deepfusion.engine.train.plan import plan
 
     task = build_problem(cfg)
     model = build_model(cfg, task)[0]

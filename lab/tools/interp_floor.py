@@ -37,7 +37,7 @@ def floor(coarse_path: str, fine_path: str) -> dict:
     """Relative L2 of the coarse file's fields, interpolated, against the fine file's."""
     import torch
 
-    from deepfusion.app.fields import read_fields
+    from deepfusion.app.fields_file import read_fields
     from diffnet.metrics import relative_l2
     from diffnet.resample import resample_nodes
 

@@ -6,7 +6,7 @@
 The loss's forward + backward on one rank's share of a step (``--batch`` samples of c in
 [3, 16] on a ``--grid`` x ``--grid`` Burgers grid, random u), with the smoothing on (the
 8-point Gauss-Hermite average, sigma 0.2: the first half of the recipes) and off, for:
-  closed    ``diffnet.problems.lax_oleinik`` as the loss uses it (the slope computed beside
+  closed    ``diffnet.problems.families.lax_oleinik`` as the loss uses it (the slope computed beside
             the value, backward one multiplication);
   autograd  the same functional, ``lax_oleinik_value`` (g through ``primitive_at``),
             differentiated by autograd (what the loss did before).
@@ -28,7 +28,7 @@ from bench.common import emit_json, machine, median_seconds
 
 def setup(grid: int, batch: int):
     from diffnet.primitive import node_primitive
-    from diffnet.problems.burgers import Burgers
+    from diffnet.problems.families.burgers import Burgers
 
     p = Burgers(grid=(grid, grid), c_range=(3.0, 16.0), scheme="lax-oleinik", hard_bc=True)
     dt, dx = p.spacing
@@ -42,13 +42,13 @@ def setup(grid: int, batch: int):
 
 
 def closed(v, args, points):
-    from diffnet.problems.lax_oleinik import lax_oleinik_nodes
+    from diffnet.problems.families.lax_oleinik import lax_oleinik_nodes
 
     return lax_oleinik_nodes(v, *args, points)
 
 
 def autograd(v, args, points):
-    from diffnet.problems.lax_oleinik import lax_oleinik_value
+    from diffnet.problems.families.lax_oleinik import lax_oleinik_value
 
     return sum(w * lax_oleinik_value(v + s, *args) for s, w in points)
 
@@ -67,7 +67,7 @@ def saved_bytes(fn) -> int:
 
 
 def main(argv=None) -> None:
-    from diffnet.problems.lax_oleinik import smoothing_points
+    from diffnet.problems.families.lax_oleinik import smoothing_points
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=int, default=512)
@@ -117,7 +117,7 @@ def elementwise_rows(v, repeats: int) -> list[dict]:
 def basin_rows(v, args, repeats: int) -> list[dict]:
     """The basin term's neighbour search (no gradient), with g evaluated by the loss's own
     function (value and slope) and by the value-only one it uses."""
-    from diffnet.problems.lax_oleinik import (basin_targets, lax_oleinik_nodes,
+    from diffnet.problems.families.lax_oleinik import (basin_targets, lax_oleinik_nodes,
                                               lax_oleinik_value)
 
     ways = {"value+slope": lambda c: lax_oleinik_nodes(c, *args, [(0.0, 1.0)]),

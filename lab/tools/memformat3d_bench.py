@@ -19,10 +19,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from deepfusion.config import ParallelConfig  # noqa: E402
-from deepfusion.engine.comm import SerialComm  # noqa: E402
-from deepfusion.engine.memformat import as_format, convert_model  # noqa: E402
-from deepfusion.engine.parallel import parallelize  # noqa: E402
-from deepfusion.engine.step import LossAndGrad  # noqa: E402
+from deepfusion.engine.parallel.comm import SerialComm  # noqa: E402
+from deepfusion.engine.parallel.memformat import as_format, convert_model  # noqa: E402
+from deepfusion.engine.parallel.parallelize import parallelize  # noqa: E402
+from deepfusion.engine.train.step import LossAndGrad  # noqa: E402
 from diffnet.generators import build_generator  # noqa: E402
 from diffnet.problems import get_problem  # noqa: E402
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from bench.common import command_line, emit_json
-from diffnet.problems.answer_check import elliptic_residual
+from diffnet.problems.contract.answer_check import elliptic_residual
 
 SCORES = ("residual", "nodal_residual", "loss")     # per-draw numbers that could flag
 

@@ -8,7 +8,7 @@ For each K of ``--fields``, on ``--batch`` fine-scale Darcy draws at ``--grid``Â
 from K random fields (median of ``--repeats`` after one warm-up), the work the Ritz route adds to
 a training step besides the network, with G assembled two ways side by side:
 
-* ``product``: as the problem does it (``diffnet.problems.ritz``): the energy as weighted
+* ``product``: as the problem does it (``diffnet.problems.contract.ritz``): the energy as weighted
   squares, G_ij = 2 sum(w F(u_i) F(u_j)), one batched matrix product;
 * ``polarisation``: G_ij = a(u_i + u_j) - a(u_i) - a(u_j) from K + K(K - 1)/2 evaluations of
   the energy (the first version of ``ritz_combination``), here as a stand-in with the same
@@ -33,9 +33,7 @@ import torch
 
 from bench.common import emit_json, machine, median_seconds, peak_rss_mb
 from diffnet.problems import get_problem
-from diffnet.problems import ritz
-
-
+from diffnet.problems.contract import ritz
 def polarised_gram(features: list, b: int, k: int) -> torch.Tensor:
     """(b, k, k) G from energies alone: a(v, v) = 2 sum(w F(v)^2) of the k fields and of the
     k(k - 1)/2 pairwise sums (F is linear, so F(u_i + u_j) = F(u_i) + F(u_j)), and

@@ -33,7 +33,7 @@ def _summary(errors) -> dict:
 def run(ckpt: str, ref_path: str, partitions, samples: int, control: bool) -> dict:
     import torch
 
-    from deepfusion.app.fields import read_fields
+    from deepfusion.app.fields_file import read_fields
     from deepfusion.app.inference import build_problem, checkpoint_file, load_model
 
     ref = read_fields(ref_path)

@@ -39,8 +39,8 @@ def partition_answer(problem, u, nu, m: int, *, features32=False, sums32=False):
     cell's products are summed in float32 (``ritz.self_products`` is swapped for the call)."""
     import torch
 
-    from diffnet.problems import ritz
-    from diffnet.problems.fields import trapezoid_weights
+    from diffnet.problems.contract import ritz
+    from diffnet.problems.families.diffusion import trapezoid_weights
 
     dtype = torch.float32 if features32 else torch.float64
     nu_f = nu.to(dtype)
@@ -66,8 +66,8 @@ def reduced_fields(problem, u, nu, kp: int):
     generalised eigenproblem on that complement, so K' = K spans the K fields)."""
     import torch
 
-    from diffnet.problems.fields import trapezoid_weights
-    from diffnet.problems.ritz import gram
+    from diffnet.problems.families.diffusion import trapezoid_weights
+    from diffnet.problems.contract.ritz import gram
 
     v = u.double()
     k = v.shape[1]
@@ -89,7 +89,7 @@ def reduced_fields(problem, u, nu, kp: int):
 def run(ckpt: str, ref_path: str, samples: int, m: int, fields) -> dict:
     import torch
 
-    from deepfusion.app.fields import read_fields
+    from deepfusion.app.fields_file import read_fields
     from deepfusion.app.inference import build_problem, checkpoint_file, load_model
 
     ref = read_fields(ref_path)

@@ -60,7 +60,7 @@ def parse(argv):
     except ValueError as e:
         ap.error(f"--grids / --c-range must be comma-separated numbers ({e})")
     args.command = command_line(ap.prog, argv)
-    from diffnet.problems.burgers_fv import FV_SCHEMES
+    from diffnet.problems.families.burgers_fv import FV_SCHEMES
 
     args.schemes = [parse_scheme(s) for s in args.schemes.split(",")]
     bad = [s for s, _ in args.schemes if s not in FV_SCHEMES + (CELLS,)]
@@ -74,7 +74,7 @@ def parse(argv):
 
 def cell_fields(grid: int, params: np.ndarray):
     """(n, H, W) float64: the exact entropy solution's averages over each node's cell."""
-    from diffnet.problems.burgers import T_END, initial_condition
+    from diffnet.problems.families.burgers import T_END, initial_condition
     from diffnet.reference import exact_cell_averages
 
     return np.stack([exact_cell_averages(lambda x, c=float(p[0]): initial_condition(c, x),

@@ -8,7 +8,7 @@ import os
 
 import h5py
 
-from deepfusion.engine.sealed import TRAILER_SIZE, recorded_digest, seal
+from deepfusion.engine.checkpoint.sealed import TRAILER_SIZE, recorded_digest, seal
 
 
 def flip_bit(path, bit: int) -> None:
@@ -57,7 +57,7 @@ def normalised_copy(src, dst) -> None:
 
     import numpy as np
 
-    from deepfusion.engine.checkpoint import load_checkpoint, save_checkpoint
+    from deepfusion.engine.checkpoint.store import load_checkpoint, save_checkpoint
 
     state = load_checkpoint(src)
     meta = state["meta"]

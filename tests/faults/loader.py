@@ -51,8 +51,7 @@ def worker() -> int:
     """Read a job (JSON on stdin), print one JSON line per flip."""
     import h5py
 
-    from deepfusion.engine import checkpoint as ckpt
-
+    from deepfusion.engine.checkpoint import store as ckpt
     job = json.load(sys.stdin)
     original = open(job["checkpoint"], "rb").read()
     # the undamaged file's own check keeps the product's guard: a short --check-seconds is for

@@ -10,8 +10,8 @@ code, start-up, signals) is tested with real ``deepfusion`` launches, not here.
 import json
 import sys
 
-from deepfusion.app.cli import main
-from deepfusion.engine.comm import world
+from deepfusion.cli import main
+from deepfusion.engine.parallel.comm import world
 
 
 def say(what: str, *streams) -> None:

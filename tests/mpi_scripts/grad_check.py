@@ -13,10 +13,10 @@ import sys
 import torch
 
 from deepfusion.config import ParallelConfig
-from deepfusion.engine.comm import SerialComm, world
-from deepfusion.engine.data import ShardedPool
-from deepfusion.engine.parallel import parallelize
-from deepfusion.engine.step import LossAndGrad
+from deepfusion.engine.parallel.comm import SerialComm, world
+from deepfusion.engine.parallel.data import ShardedPool
+from deepfusion.engine.parallel.parallelize import parallelize
+from deepfusion.engine.train.step import LossAndGrad
 from diffnet.generators import InstanceNorm, build_generator
 from diffnet.problems import get_problem
 

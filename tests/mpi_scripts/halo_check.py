@@ -1,4 +1,4 @@
-"""Under mpiexec -n P: the MPI domain block (deepfusion.engine.halo) against the undivided
+"""Under mpiexec -n P: the MPI domain block (deepfusion.engine.parallel.halo) against the undivided
 computation on one process (float64). Each argument is a case GRIDxSPLIT, e.g. ``8x12:1x2``:
 the world is cut into domain groups of prod(split) ranks and every check runs on each group.
 Rank 0 prints one ``OK ...`` line per case; any failure aborts the job non-zero with the
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepfusion.engine.comm import world
+from deepfusion.engine.parallel.comm import world
 from tests.mpi_scripts.cases import report_ok, run_cases
-from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
+from deepfusion.engine.parallel.halo import MPIBlock, domain_groups, make_block
 from diffnet.domain import Block
 
 torch.set_num_threads(1)

@@ -5,9 +5,9 @@ import numpy as np
 import torch
 
 from deepfusion.config import ParallelConfig
-from deepfusion.engine.lbfgs import LBFGSStepper
-from deepfusion.engine.parallel import parallelize
-from deepfusion.engine.step import LossAndGrad
+from deepfusion.engine.train.lbfgs import LBFGSStepper
+from deepfusion.engine.parallel.parallelize import parallelize
+from deepfusion.engine.train.step import LossAndGrad
 
 
 class LinearLSQ:

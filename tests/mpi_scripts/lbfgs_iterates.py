@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
 
 from deepfusion.engine import checkpoint as ckpt  # noqa: E402
-from deepfusion.engine.comm import SerialComm, world  # noqa: E402
-from deepfusion.engine.data import ShardedPool  # noqa: E402
-from deepfusion.engine.data import LazyBatch  # noqa: E402
+from deepfusion.engine.parallel.comm import SerialComm, world  # noqa: E402
+from deepfusion.engine.parallel.data import ShardedPool  # noqa: E402
+from deepfusion.engine.parallel.data import LazyBatch  # noqa: E402
 from diffnet.generators import build_generator  # noqa: E402
 from diffnet.problems import get_problem  # noqa: E402
 from tests.mpi_scripts.cases import run_cases  # noqa: E402

@@ -1,5 +1,5 @@
 """Under mpiexec -n P: every problem's loss terms on the blocks of a real MPI domain split
-(deepfusion.engine.halo) against the undivided terms on one process (float64).
+(deepfusion.engine.parallel.halo) against the undivided terms on one process (float64).
 
 Each argument is a case GRIDxSPLIT, e.g. ``16x16:1x2`` or ``8x8x8:1x2x2``: the world is cut into
 domain groups of prod(split) ranks; on each, every problem configuration of that dimension is
@@ -13,9 +13,9 @@ import sys
 
 import torch
 
-from deepfusion.engine.comm import world
+from deepfusion.engine.parallel.comm import world
 from tests.mpi_scripts.cases import report_ok, run_cases
-from deepfusion.engine.halo import domain_groups, make_block
+from deepfusion.engine.parallel.halo import domain_groups, make_block
 from diffnet.problems import PROBLEMS, get_problem
 
 torch.set_num_threads(1)

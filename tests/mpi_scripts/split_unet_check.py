@@ -1,5 +1,5 @@
 """Under mpiexec -n P: a U-Net split over a domain group (diffnet.split_layers on
-deepfusion.engine.halo's MPIBlock) against the undivided U-Net (float64). Rank 0 prints one
+deepfusion.engine.parallel.halo's MPIBlock) against the undivided U-Net (float64). Rank 0 prints one
 ``OK ...`` line per case; any failure aborts the job non-zero with the traceback on stderr.
 
 Each argument is a case ``GRID:SPLIT:OPTIONS``, e.g. ``16x32:2x2:instance,avgpool,cl``:
@@ -25,9 +25,9 @@ import sys
 
 import torch
 
-from deepfusion.engine.comm import world
+from deepfusion.engine.parallel.comm import world
 from tests.mpi_scripts.cases import report_ok, run_cases
-from deepfusion.engine.halo import MPIBlock, domain_groups, make_block
+from deepfusion.engine.parallel.halo import MPIBlock, domain_groups, make_block
 from diffnet.generators import Prolonged, build_generator
 from diffnet.split_layers import check_generator_split, split_generator
 

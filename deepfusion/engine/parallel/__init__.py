@@ -1,0 +1,1 @@
+"""Parallelism: the communicator, threads per rank, the sample pool's split over ranks, memory formats and the allocator, gradient buckets, halo exchange, and :func:`parallelize`, the one function that makes a built model parallel."""

@@ -1,0 +1,1 @@
+"""Prediction: the one pipeline every command and API predicts through, held-out evaluation, refinement by the reference solver, and figures of fields."""

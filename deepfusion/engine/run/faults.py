@@ -1,0 +1,83 @@
+"""Test-only fault injection, kept out of the user-facing configuration.
+
+``DEEPFUSION_FAULT`` holds comma-separated faults ``KIND@STEP[:RANK]`` (RANK defaults to 0),
+each fired at most once per process during global step STEP, numbered as the log and
+``metrics.jsonl`` number the steps (from 1):
+
+* ``raise@13:1``  rank 1 raises :class:`InjectedFailure` during step 13 (an exception on one
+  rank only; steps 1 to 12 are logged);
+* ``nan@5``       rank 0's loss of step 5 is made non-finite (a transient NaN);
+* ``hang@7:1``    rank 1 blocks for good during step 7 in a C call that holds the GIL (as
+  MPI_Init waiting for peers, or a parser looping on a damaged file): no Python code of that
+  process runs again, so only the stop watchdog (:mod:`.stop`) or SIGKILL ends it.
+
+A malformed value is an input error (:func:`parse`, which ``deepfusion train`` runs on every
+rank before anything is built). Unset (the normal case) costs one dictionary lookup at start-up
+and nothing per step.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+from deepfusion.engine.errors import InjectedFailure
+
+ENV = "DEEPFUSION_FAULT"
+KINDS = ("raise", "nan", "hang")
+
+
+def parse(text: str) -> list[tuple[str, int, int]]:
+    """(kind, step, rank) of every fault in ``text``; ValueError naming a malformed item."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, _, where = item.partition("@")
+        step, _, on = where.partition(":")
+        if kind not in KINDS or not step.isdigit() or int(step) < 1 or (on and not on.isdigit()):
+            raise ValueError(f"{ENV}={text!r}: cannot read {item!r}; use KIND@STEP[:RANK] with "
+                             f"KIND one of {', '.join(KINDS)}, STEP the step as the log numbers "
+                             f"it (from 1) and RANK a rank (default 0), e.g. raise@13:1; or "
+                             f"unset {ENV}")
+        out.append((kind, int(step), int(on or 0)))
+    return out
+
+
+@dataclass
+class Faults:
+    """The faults of this process, parsed from ``DEEPFUSION_FAULT``."""
+
+    rank: int
+    planned: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def from_env(cls, rank: int) -> "Faults":
+        return cls(rank, parse(os.environ.get(ENV, "")))
+
+    def fire(self, taken: int) -> bool:
+        """Called as the loop starts a step, with ``taken`` the steps taken before it (so the
+        step is logged as ``taken + 1``): raise a planned ``raise`` fault for that step on this
+        rank; True if a ``nan`` fault is due (the caller poisons the loss). Each fault fires
+        once."""
+        step = taken + 1
+        poison = False
+        for fault in list(self.planned):
+            kind, at, on = fault
+            if at != step or on != self.rank:
+                continue
+            self.planned.remove(fault)
+            if kind == "raise":
+                raise InjectedFailure(f"injected failure at step {step} on rank {self.rank} "
+                                      f"({ENV})")
+            if kind == "hang":
+                hang_in_native_code()
+            poison = True
+        return poison
+
+
+def hang_in_native_code() -> None:
+    """Lock a fresh mutex twice from C with the GIL held (ctypes.PyDLL keeps it): the second
+    lock waits forever, and signals do not interrupt it (their C handlers run and return)."""
+    libc = ctypes.PyDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (glibc, musl)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)

@@ -1,0 +1,422 @@
+"""The data-parallel training loop. Read ``Trainer.fit`` top to bottom: it is the table of
+contents; every other method is one of its lines.
+
+Multigrid schedules (``train.levels``) are a sequence of visits (:mod:`.levels`); the loop
+enters the visit of the step it is about to take, which rebuilds the problem on the visit's
+grid, the pool split, the inputs, the loss and a fresh optimiser; the weights carry over. A
+visit that grows the network (a level with ``prolong``) has the application's ``grow`` wrap the
+network so far in a larger one, which is made parallel anew; a resume or rollback replays the
+growths of the plan up to its checkpoint's visit, so the weights load into the same network.
+
+Invariants: parameters are equal on every rank (broadcast by ``parallelize``, identical reduced
+gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps); every
+branch is decided on all-reduced or broadcast values (non-finite loss, stop signal, a checkpoint
+due by time, the checkpoint to resume or roll back to), so all ranks take it together and none
+is left waiting in a collective. The step counter is advanced here, by the loop, and only after
+a step that was taken: a failed step is never logged, checkpointed or counted.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from deepfusion.config import config_changes, config_to_dict
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.run import stop
+from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
+from deepfusion.engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
+from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
+from deepfusion.engine.run.faults import Faults
+from deepfusion.engine.train.plan import Visit, growths, plan, signature, visit_at
+from deepfusion.engine.train.optimizer import OptimizerSchedule
+from deepfusion.engine.parallel.parallelize import ParallelModel
+from deepfusion.engine.run.log import RunLog, plot_loss_curve
+from deepfusion.engine.train.step import LossAndGrad, StepResult
+
+
+class Trainer:
+    """Fits ``model`` on the problem ``problems(grid)`` of every visit of the plan of ``cfg``
+    (one visit on ``task`` without ``train.levels``)."""
+
+    def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype,
+                 problems=None, grow=None):
+        self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
+        self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
+        self.problems = problems or (lambda grid: task)
+        # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
+        # innermost first, and the visits that grew them
+        self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
+        # which parameters of each network on the stack train: growing may freeze the network
+        # it wraps (train_inner = false), and a rollback to before the growth unfreezes it
+        self.trainable = [trainable(model.module)]
+        self.run_dir = cfg.run.dir
+        self.visits = plan(cfg)
+        self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
+        self.total_steps = self.visits[-1].end
+        self.visit: Visit | None = None  # entered by the loop (enter), with everything below
+        self.task, self.pool, self.inputs, self.loss_and_grad, self.optim = task, None, None, None, None
+        self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
+        terms = tuple(task.loss_term_names)
+        self.faults = Faults.from_env(comm.rank)
+        self.step, self.lr_scale = 0, 1.0
+        # wall seconds of the trajectory so far, summed over the segments of a resumed run
+        # (a checkpoint carries it); what error-against-time curves are drawn against
+        self.elapsed_before, self.t_start = 0.0, time.perf_counter()
+        self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
+        self.last_save = time.perf_counter()
+        self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
+                          progress=cfg.run.progress, visits=self.visits, term_names=terms)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> dict:
+        if resume:
+            self.resume()
+        else:
+            self.enter(self.visits[0])
+            if self.cfg.train.on_nonfinite == "rollback":
+                self.save_checkpoint()  # a rollback needs somewhere to go from the first step on
+        self.install_signal_handlers()
+        t_epoch = None  # start of the current epoch, if it was run whole
+        while self.step < self.total_steps:
+            if self.step >= self.visit.end:
+                self.end_visit()
+                self.enter(visit_at(self.visits, self.step))
+            epoch, s = self.visit.epoch_of(self.step)
+            t_epoch = time.perf_counter() if s == 0 else t_epoch
+            res = self.train_step(epoch, s)
+            if not res.finite:
+                self.roll_back(res)  # or stop: raises NonFiniteLoss
+                t_epoch = None
+                continue
+            self.step += 1
+            self.log_step(epoch, res)
+            self.check_in_sync()
+            self.maybe_checkpoint(res)
+            if s == self.visit.steps_per_epoch - 1:
+                self.log_epoch(epoch, t_epoch)
+                self.maybe_evaluate(epoch)
+        self.save_checkpoint()
+        self.log.close()
+        if self.comm.rank == 0 and self.cfg.run.plots:
+            plot_loss_curve(os.path.join(self.run_dir, "metrics.jsonl"),
+                            os.path.join(self.run_dir, "loss.png"))
+        return {"step": self.step}
+
+    # -- levels ---------------------------------------------------------------------------------
+    def enter(self, visit: Visit, *, fresh: bool = False):
+        """Make ``visit`` current: the problem on its grid, the pool split for its batch, the
+        inputs, the loss and a fresh optimiser (its schedule runs over the visit). A no-op if
+        it is current already, unless ``fresh``."""
+        if self.visit is not None and self.visit.index == visit.index and not fresh:
+            return
+        self.visit = visit
+        self.reshape(visit.index)
+        block = self.model.block(visit.grid)  # the whole grid, unless split over ranks
+        self.task = self.problems(visit.grid).on_block(block)
+        c = self.cfg
+        self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.model.data_rank,
+                                self.model.data_size, seed=c.data.seed, shuffle=True)
+        self.inputs = InputCache(self.task, c.data.seed, self.dtype, block=block)
+        self.loss_and_grad = LossAndGrad(self.model, self.task, global_batch=visit.global_batch,
+                                         term_names=tuple(self.task.loss_term_names),
+                                         micro_batch=visit.micro_batch,
+                                         channels_last=c.model.channels_last,
+                                         precision=c.train.precision)
+        self.optim = OptimizerSchedule(self.model.parameters(), visit.optim, self.loss_and_grad)
+        self.schedule_steps = visit.steps
+        if len(self.visits) > 1:  # (step records carry level and grid: the plots read those)
+            self.log.info(f"entering {visit.describe()}")
+
+    def reshape(self, index: int):
+        """Make the network the one of visit ``index``: grown at every growing visit up to it
+        (unwrapped to a prefix first if a rollback went back before a growth; regrowing is
+        deterministic, so the trajectory is the same)."""
+        want = growths(self.visits, index)
+        if want == self.grown:
+            return
+        assert self.grow is not None, "a plan that grows the network needs a grow function"
+        while self.grown and self.grown != want[:len(self.grown)]:
+            self.grown.pop()
+            self.stack.pop()
+            self.trainable.pop()
+        set_trainable(self.stack[-1][0], self.trainable[-1])
+        for i in want[len(self.grown):]:
+            self.stack.append(self.grow(self.stack[-1][0], self.visits[i]))
+            self.trainable.append(trainable(self.stack[-1][0]))
+            self.grown.append(i)
+        module, spec = self.stack[-1]
+        self.model = self.model.rewrap(module, self.visits[index].grid)
+        self.specs = {**self.specs, "model": spec}
+
+    def end_visit(self):
+        """The validation error on the grid of the visit just finished (marks the level
+        change in the error curve). Collective."""
+        self.evaluate_now(self.visit.epoch_of(self.step - 1)[0])
+
+    def progress(self) -> float:
+        """The training progress a loss with a schedule (e.g. an annealed smoothing) reads:
+        through the whole run, or through this visit (``train.levels[i].progress``). A function
+        of the step, so every rank and a resumed run see the same loss."""
+        v = self.visit
+        if v.progress == "level":
+            return (self.step - v.start) / self.schedule_steps
+        return self.step / (self.total_steps - v.steps + self.schedule_steps)
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self, epoch: int, s: int) -> StepResult:
+        t0 = time.perf_counter()
+        v = self.visit
+        self.loss_and_grad.poison_next = self.faults.fire(self.step)
+        stepper = self.optim.at(epoch - v.epoch_base)
+        self.task.set_progress(self.progress())
+        t = self.cfg.train
+        self.loss_and_grad.flags["checkpoint"] = float(self.passed(self.last_save,
+                                                                   t.checkpoint_minutes))
+        self.loss_and_grad.flags["stop"] = float(stop.requested())
+        # this segment's training time (t_start: this process's start, or its resume)
+        self.loss_and_grad.flags["time_limit"] = float(self.passed(self.t_start,
+                                                                   t.time_limit_minutes))
+        batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
+        res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
+                           lr_scale=self.lr_scale)
+        res.times["step"] = time.perf_counter() - t0
+        return res
+
+    def roll_back(self, res: StepResult):
+        """Reload the newest checkpoint with a lower learning rate, or stop. Rollbacks to the
+        same checkpoint in a row lower it further (factor^k), until the floor."""
+        what = ", ".join(res.nonfinite_terms) if res.nonfinite_terms else "the gradient (grad_norm)"
+        where = f"non-finite loss at step {self.step + 1}: term(s) {what}"
+        fix = ("Lower optim.lr, set optim.grad_clip, or set train.on_nonfinite = \"rollback\" "
+               "to restart from the last checkpoint.")
+        t = self.cfg.train
+        if t.on_nonfinite != "rollback":
+            raise NonFiniteLoss(f"{where}. {fix}")
+        try:
+            path, state = self.load_newest()
+        except ckpt.CheckpointError as exc:
+            raise NonFiniteLoss(f"{where}, and no checkpoint to roll back to: {exc}") from None
+        n = self.rolled_back[1] + 1 if self.rolled_back[0] == path else 1
+        scale = float(state["meta"].get("lr_scale", 1.0)) * t.rollback_lr_factor ** n
+        name = os.path.basename(path)
+        if scale < t.rollback_min_lr_scale:
+            raise NonFiniteLoss(
+                f"{where}; still failing after {n - 1} rollback(s) to {name} (learning-rate "
+                f"scale {scale / t.rollback_lr_factor:g}, floor train.rollback_min_lr_scale = "
+                f"{t.rollback_min_lr_scale:g}). Lower optim.lr or set optim.grad_clip.")
+        failed_at = self.step + 1
+        self.apply(state)
+        self.lr_scale, self.rolled_back = scale, (path, n)
+        self.log.truncate_after(self.step)  # metrics.jsonl keeps one trajectory
+        self.log.record({"kind": "rollback", "step": self.step, "failed_at": failed_at,
+                         "lr_scale": scale, "rollbacks": n})
+        self.log.warn(f"{where}; rolled back to {name} (step {self.step}) with the learning "
+                      f"rate scaled by {scale:g}")
+
+    def log_step(self, epoch: int, res: StepResult):
+        segment = time.perf_counter() - self.t_start  # (one reading: elapsed = before + it)
+        self.log.step(self.visit, epoch, self.step, res, elapsed=self.elapsed_before + segment,
+                      segment=segment)
+
+    def log_epoch(self, epoch: int, t_epoch):
+        if t_epoch is None:  # resumed or rolled back mid-epoch: no whole-epoch time to report
+            return
+        dt = time.perf_counter() - t_epoch
+        n = self.pool.steps_per_epoch * self.visit.global_batch
+        self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
+                         "samples_per_s": n / dt})
+
+    def maybe_evaluate(self, epoch: int):
+        """Validation error every ``train.eval_every_epochs`` epochs of a visit (a metrics
+        record), so users see how the error falls with training time. Collective."""
+        every = self.cfg.train.eval_every_epochs
+        if every <= 0 or (epoch - self.visit.epoch_base + 1) % every or self.step >= self.visit.end:
+            return
+        self.evaluate_now(epoch)
+
+    def evaluate_now(self, epoch: int):
+        n = self.cfg.data.eval_samples
+        if n <= 0:
+            return
+        s = evaluate(self.model.module, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
+                     dtype=self.dtype, channels_last=self.cfg.model.channels_last,
+                     domain=self.model.domain)
+        if s is not None:
+            v = self.visit
+            self.log.record({"kind": "eval", "epoch": epoch, "step": self.step, "level": v.level,
+                             "grid": list(v.grid), "elapsed_s": self.elapsed(),
+                             **eval_record(s)})
+            grid = "x".join(map(str, v.grid))
+            self.log.info(f"eval at step {self.step} ({grid}): validation "
+                          f"{quantity(s, short=True)} {summary_text(s)}")
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t_start
+
+    def check_in_sync(self):
+        every = self.cfg.train.checksum_every
+        if every <= 0 or self.step % every:
+            return
+        hi, lo = self.model.checksum()
+        if hi != lo:
+            raise ParametersDiverged(f"parameters differ across ranks at step {self.step} "
+                                     f"(checksums {lo!r} .. {hi!r}); this is a bug, please report it")
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def passed(self, since: float, minutes: float) -> bool:
+        """Rank 0's clock: ``minutes`` (0 = never) since ``since`` (``time.perf_counter``). The
+        answer travels in the step's fused allreduce, so every rank acts at the same step."""
+        return (self.comm.rank == 0 and minutes > 0
+                and time.perf_counter() - since >= 60.0 * minutes)
+
+    def stop_reason(self, res: StepResult) -> str:
+        """Why every rank stops after this step (a stop signal, the time limit), or ""."""
+        if res.flags["stop"] > 0:
+            return "stop signal received"
+        if res.flags["time_limit"] > 0:
+            return f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
+        return ""
+
+    def maybe_checkpoint(self, res: StepResult):
+        why = self.stop_reason(res)
+        if why:
+            self.save_checkpoint()
+            raise Preempted(f"{why}: checkpoint written at step {self.step}; "
+                            f"resume with --resume {self.run_dir}")
+        every = self.cfg.train.checkpoint_every
+        due = (every > 0 and self.step % every == 0) or res.flags["checkpoint"] > 0
+        if due and self.step < self.total_steps:
+            self.save_checkpoint()
+
+    def save_checkpoint(self):
+        if self.comm.rank == 0:
+            path = ckpt.checkpoint_path(self.run_dir, self.step)
+            ckpt.save_checkpoint(path, model_state=self.model.module.state_dict(),
+                                 optim_state=self.optim.current.state_dict(),
+                                 rng_state=ckpt.capture_rng_state(), meta=self.meta())
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
+        self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
+        self.last_save = time.perf_counter()
+
+    def meta(self) -> dict:
+        v = self.visit
+        return {"step": self.step, "lr_scale": self.lr_scale, "world_size": self.comm.size,
+                "schedule_steps": self.schedule_steps, "optimizer": self.optim.current.name,
+                "visit": v.index, "level": v.level, "grid": list(v.grid),
+                "elapsed_s": self.elapsed(),
+                "plan": self.plan_signature,
+                "config": config_to_dict(self.cfg), **self.specs}
+
+    def load_newest(self) -> tuple[str, dict]:
+        """The newest loadable checkpoint, found and read by rank 0 only and broadcast, so every
+        rank restores the same state and a file system decision is taken once."""
+        found = error = None
+        if self.comm.rank == 0:
+            try:
+                notes = []
+                path, state, skipped = ckpt.load_latest(self.run_dir, notes)
+                for why in skipped:
+                    self.log.warn(f"skipped checkpoint {why}; using {os.path.basename(path)}")
+                for note in notes:  # a checkpoint of an earlier DeepFusion, without a seal
+                    self.log.warn(note)
+                found = (path, state)
+            except ckpt.CheckpointError as exc:
+                error = str(exc)
+        found, error = self.comm.bcast_obj((found, error))
+        if error is not None:
+            raise ckpt.CheckpointError(error)
+        return found
+
+    def apply(self, state: dict):
+        """Restore weights, step, the visit of the step, its optimiser (the stepper that wrote
+        it; a fresh one if the checkpoint closed the previous visit), RNG and rate scale."""
+        meta = state["meta"]
+        self.reshape(int(meta.get("visit", 0)))
+        self.model.module.load_state_dict(state["model_state"])
+        self.step = int(meta["step"])
+        visit = visit_at(self.visits, self.step)
+        if int(meta.get("visit", 0)) == visit.index:
+            self.enter(visit)
+            epoch = visit.epoch_of(self.step)[0] - visit.epoch_base
+            self.optim.restore(meta.get("optimizer") or self.optim.name_at(epoch),
+                               state["optim_state"])
+        else:  # written at the end of the previous visit: this one starts with a fresh optimiser
+            self.enter(visit, fresh=True)
+        ckpt.restore_rng_state(state["rng_state"])
+        self.lr_scale = float(meta.get("lr_scale", 1.0))
+
+    def resume(self):
+        try:
+            path, state = self.load_newest()
+        except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
+            raise InputError(f"--resume {self.run_dir}: {exc}; start over in it with "
+                             f"--overwrite (without --resume), or in another directory with "
+                             f"--set run.dir=PATH") from None
+        meta = state["meta"]
+        self.check_plan(meta)
+        self.apply(state)
+        # the trajectory's time: the segments before this one, up to the checkpoint (a rollback
+        # keeps counting instead: its lost steps took time in this segment)
+        self.elapsed_before, self.t_start = float(meta.get("elapsed_s", 0.0)), time.perf_counter()
+        old = meta.get("world_size")
+        if old is not None and old != self.comm.size:
+            self.log.info(f"elastic resume: checkpoint written on P = {old} ranks, continuing on "
+                          f"P = {self.comm.size}; the data order and the global batch are "
+                          f"unchanged, so the run continues the same trajectory")
+        planned = int(meta.get("schedule_steps", self.schedule_steps))
+        if int(meta.get("visit", 0)) == self.visit.index and planned != self.schedule_steps:
+            self.log.info(f"note: train.epochs / train.max_steps now end the run at step "
+                          f"{self.total_steps}; the learning-rate schedule keeps the original "
+                          f"run's length of {planned} steps")
+            self.schedule_steps = planned
+        self.log.truncate_after(self.step)
+        self.log.info(f"resumed from {path} at step {self.step}")
+        self.report_changes(meta.get("config"))
+
+    def report_changes(self, theirs: dict | None):
+        """Name every config key the resume changed (a --set, another config file): the
+        settings of a visit not yet trained leave the run so far as it was; anything else
+        changes the trajectory from this step. Logged and kept in metrics.jsonl."""
+        changes = config_changes(theirs, config_to_dict(self.cfg)) if theirs else []
+        if changes:
+            self.log.info(f"the config differs from the checkpoint's in {len(changes)} key(s): "
+                          f"{'; '.join(changes)}")
+            self.log.record({"kind": "resume", "step": self.step, "config_changes": changes})
+
+    def check_plan(self, meta: dict):
+        """A multigrid run resumes only under the plan it was written with, or under that plan
+        extended by further visits after its last (a finished run trained on: the visits so
+        far are unchanged, so is the trajectory). train.max_steps may change: it cuts the
+        plan, it does not change it."""
+        if not self.cfg.train.levels or "plan" not in meta:
+            return
+        ours, theirs = self.plan_signature, meta["plan"]
+        if ours[:len(theirs)] != theirs:
+            raise InputError(f"--resume {self.run_dir}: the checkpoint was written under another "
+                             f"level plan ([level, grid, first step, steps, batch] per visit: "
+                             f"{theirs}, now {ours}); resume with the run's own "
+                             f"train.levels and train.cycle (further levels may follow its "
+                             f"last), or start a new run with model.init_from")
+        if len(ours) > len(theirs):
+            self.log.info(f"the plan extends the checkpoint's: {len(ours) - len(theirs)} more "
+                          f"visit(s) after its {len(theirs)}, from step {ours[len(theirs)][2]}")
+
+    # -- signals --------------------------------------------------------------------------------
+    def install_signal_handlers(self):
+        """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
+        current step; the request travels in the fused allreduce so all ranks stop together.
+        (``deepfusion train`` installs them at start-up already: :mod:`.stop`.)"""
+        stop.install()
+
+
+def trainable(module: torch.nn.Module) -> list[bool]:
+    """Which of ``module``'s parameters train (``requires_grad``), in order."""
+    return [p.requires_grad for p in module.parameters()]
+
+
+def set_trainable(module: torch.nn.Module, flags: list[bool]) -> None:
+    """Make ``module``'s parameters train as ``flags`` (from :func:`trainable`) say."""
+    for p, flag in zip(module.parameters(), flags):
+        p.requires_grad_(flag)

@@ -1,0 +1,1 @@
+"""The contract a PDE family implements (a Problem of three parts: Family, Loss, answer head), the split-exact helpers its loss is written with, the answer residual, and the registry that finds a problem by name."""

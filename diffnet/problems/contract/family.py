@@ -1,0 +1,282 @@
+"""The family part of a problem: the domain, the parameters of a draw, its input fields, and
+optionally a reference solver (:class:`Family`, one of the three parts of
+:class:`diffnet.problems.Problem`; docs/your-own-pde.md).
+
+A problem is a *parametric family* of PDEs on a fixed rectangular node grid. Grid convention:
+a field is a tensor (B, 1, H, W) (3-D: (B, 1, D, H, W)). Rows run along ``axes[0]`` and
+columns along ``axes[1]`` (Burgers: ("t", "x"), so row 0 is t=0; Poisson: ("y", "x")). Nodes
+include the boundary: axis a has ``n`` nodes on ``[lo, hi]`` with spacing
+``(hi - lo) / (n - 1)``.
+
+A draw is a parameter vector (``sample_params``, deterministic in (seed, index)); the network
+sees its input fields (``build_input``). Inputs given as fields (``inputs_from_fields``) and
+the reference solution of given fields (``solve_from_inputs``) are part of the contract too,
+so the application can run a network or a reference solver on a user's fields without knowing
+which PDE (or which channel) it handles.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from diffnet.domain import Block
+from diffnet.validation import (check_array, check_choice, check_grid, check_node_grid, check_number,
+                          grid_axes)
+from diffnet.problems.contract.answer_check import flags
+from diffnet.problems.contract.blocks import cut
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis: its name and the closed interval its nodes cover."""
+
+    name: str
+    lo: float
+    hi: float
+
+
+class Family(abc.ABC):
+    """What a draw of the family is: geometry, parameters, input fields, reference solver.
+
+    Class attributes a family sets:
+        param_names: names of the k entries of a parameter vector, e.g. ("c",).
+        input_channels: names of the C channels ``build_input`` returns, e.g. ("u0",) or ("nu",).
+        dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
+        reference_methods: the ``method`` values ``reference_solution`` and
+            ``solve_from_inputs`` accept; "auto" (the solver's own choice) always comes first.
+            Empty: the family has no reference solver (it trains and infers; the application
+            refuses solve and compare, and evaluation reports the loss instead of an error).
+        solves_from_inputs: whether ``solve_from_inputs`` is available (False: the reference
+            solver needs parameter vectors).
+        refines: whether ``refine`` is available (the reference solver is iterative and
+            takes an initial guess: an approximate answer is refined to a tolerance).
+        fields_hint: optional text for the message of missing channels in
+            ``inputs_from_fields``, e.g. which channels are derived from which.
+        residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
+            be trusted; None (default): the family has no answer residual.
+        option_presets: {option: the options its value presets}, e.g. Darcy's {"family":
+            ("tau", ...)}: an option given anew over stored ones (``--set`` on a checkpoint)
+            drops the stored values of those it presets (``replace_options``); default none.
+    """
+
+    name: str = ""
+    param_names: tuple[str, ...] = ()
+    input_channels: tuple[str, ...] = ()
+    dims: int = 2
+    reference_methods: tuple[str, ...] = ("auto",)
+    solves_from_inputs: bool = False
+    refines: bool = False
+    fields_hint: str = ""
+    residual_threshold: float | None = None
+    option_presets: dict[str, tuple[str, ...]] = {}
+
+    def __init__(self, *, grid=(64, 64)):
+        # check_grid words the 2-D case as (H, W); the same check for any number of axes
+        self.grid = check_grid(grid) if self.dims == 2 else check_node_grid(grid, self.dims)
+
+    def config(self) -> dict:
+        """Constructor keyword arguments that rebuild this instance (stored in checkpoints)."""
+        return {"grid": list(self.grid)}
+
+    # -- geometry ---------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def axes(self) -> tuple[Axis, Axis]:
+        """(row axis, column axis) of the output field."""
+
+    @property
+    def spacing(self) -> tuple[float, float]:
+        """Node spacing (h_row, h_col)."""
+        return tuple((a.hi - a.lo) / (n - 1) for a, n in zip(self.axes, self.grid))
+
+    def coords(self) -> dict[str, np.ndarray]:
+        """One float64 1-D coordinate array per axis name."""
+        return {a.name: np.linspace(a.lo, a.hi, n) for a, n in zip(self.axes, self.grid)}
+
+    # -- parameters -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def param_bounds(self) -> np.ndarray:
+        """(k, 2) float64 array of the [lo, hi] range each parameter is sampled from."""
+
+    def sample_params(self, seed: int, indices) -> np.ndarray:
+        """(n, k) float64 parameter vectors; row j depends only on (seed, indices[j]).
+
+        Each index gets its own generator seeded by (seed, index), so the pool is the same
+        whichever subset of indices a rank asks for.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and idx.min() < 0:
+            raise ValueError(f"sample indices must be >= 0, got min {idx.min()}")
+        bounds = self.param_bounds()
+        out = np.empty((idx.size, len(self.param_names)), dtype=np.float64)
+        for j, i in enumerate(idx):
+            rng = np.random.default_rng([int(seed), int(i)])
+            out[j] = bounds[:, 0] + (bounds[:, 1] - bounds[:, 0]) * rng.random(len(self.param_names))
+        return out
+
+    def check_params(self, params: np.ndarray) -> np.ndarray:
+        """``params`` as a float64 (n, k) array; ValueError naming the expected shape otherwise
+        (one vector (k,) is refused: ``np.atleast_2d`` it)."""
+        params = np.asarray(params, dtype=np.float64)
+        if params.ndim != 2 or params.shape[1] != len(self.param_names):
+            raise ValueError(
+                f"{self.name}: parameters must have shape (n, {len(self.param_names)}) "
+                f"for {self.param_names}, got {params.shape}")
+        return params
+
+    # -- input fields -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def build_input(self, params: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+        """(n, C, H, W) network input for parameter vectors ``params`` (n, k)."""
+
+    def build_block_input(self, params: np.ndarray, block: Block,
+                          dtype=torch.float32) -> torch.Tensor:
+        """(n, C, *block.shape) network input of ``params`` on the nodes of ``block`` (a block
+        of this grid) only: bit for bit ``cut(block, build_input(params, dtype))``, what a rank
+        of a domain split needs. This default builds the whole grid and cuts it (right for
+        any problem, no saving); a problem whose inputs are pointwise functions of the node
+        coordinates overrides it to evaluate the block's nodes alone."""
+        x = cut(block, self.build_input(params, dtype=dtype))
+        return x if block.whole else x.clone(memory_format=torch.contiguous_format)
+
+    def inputs_from_fields(self, fields: Mapping) -> np.ndarray:
+        """(N, C, H, W) float64 network input from given fields keyed by channel name.
+
+        ``fields`` maps channel names to (N, H, W) arrays on this problem's grid. This default
+        takes every channel of ``input_channels``, no more and no fewer, in that order; a
+        problem that can derive a channel from another (a logarithm, a coordinate) overrides
+        it. ValueError naming the channels given and the ones needed, or the bad field.
+        """
+        return self.stack_fields(self.check_fields(fields))
+
+    def check_fields(self, fields: Mapping) -> dict[str, np.ndarray]:
+        """The fields as finite float64 (N, *grid) arrays on this grid, all with the same N."""
+        form = f"(N, {grid_axes(len(self.grid))})"
+        if not isinstance(fields, Mapping) or not fields:
+            raise ValueError(f"fields must be a non-empty dict of channel name -> {form} "
+                             f"array; problem {self.name!r} needs {list(self.input_channels)}")
+        out = {str(k): check_array(f"field {k!r}", v, ndim=1 + len(self.grid), form=form)
+               for k, v in fields.items()}
+        for k, a in out.items():
+            if a.shape[1:] != self.grid:
+                raise ValueError(f"field {k!r} is on a {'x'.join(map(str, a.shape[1:]))} grid, "
+                                 f"but problem {self.name!r} is on "
+                                 f"{'x'.join(map(str, self.grid))}: build the problem on the "
+                                 f"fields' grid")
+        counts = {k: a.shape[0] for k, a in out.items()}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"the fields must hold the same number of samples, got {counts}")
+        return out
+
+    def stack_fields(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        """(N, C, H, W): exactly the ``input_channels`` of checked ``fields``, in order."""
+        need = list(self.input_channels)
+        missing = [c for c in need if c not in fields]
+        unknown = [c for c in fields if c not in need]
+        if missing or unknown:
+            raise ValueError(f"problem {self.name!r} needs {need}{self.fields_hint}, got "
+                             f"channels {list(fields)} (missing {missing}, unknown {unknown})")
+        return np.stack([fields[c] for c in need], axis=1)
+
+    def check_sample(self, inputs) -> np.ndarray:
+        """One sample's input fields as a finite float64 array (C, *grid) on this grid."""
+        want = (len(self.input_channels), *self.grid)
+        form = f"(C, {grid_axes(len(self.grid))}) = {want}"
+        x = check_array("inputs", inputs, ndim=len(want), form=form)
+        if x.shape != want:
+            raise ValueError(f"inputs of problem {self.name!r} must have shape {form} "
+                             f"(channels {list(self.input_channels)}), got {x.shape}")
+        return x
+
+    # -- reference solutions ----------------------------------------------------------------
+    def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
+        """(H, W) float64 solution of one parameter vector (k,) by the classical solver.
+
+        ``method`` is one of ``reference_methods`` (ValueError listing them otherwise). A family
+        without a classical solver sets ``reference_methods = ()`` and need not define this:
+        it trains and infers, and this default says it has no reference solver.
+        """
+        self.check_method(method)
+        raise NotImplementedError(f"{type(self).__name__} lists reference methods "
+                                  f"{self.reference_methods} but does not implement "
+                                  f"reference_solution")
+
+    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
+        """(H, W) float64 reference solution of one sample's input fields (C, H, W).
+
+        ``inputs`` is a row of ``build_input`` / ``inputs_from_fields`` (numpy or torch), so a
+        user's fields are solved without parameter vectors. Problems whose solver can do that
+        set ``solves_from_inputs = True`` and override this; the default raises the ValueError
+        of ``check_method(method, from_inputs=True)``.
+        """
+        self.check_method(method, from_inputs=True)
+        raise NotImplementedError(f"{type(self).__name__} sets solves_from_inputs but does not "
+                                  f"implement solve_from_inputs")
+
+    def check_method(self, method, *, from_inputs: bool = False) -> str:
+        """``method`` if it is one of ``reference_methods`` and, with ``from_inputs``, if this
+        problem solves from given fields; ValueError saying what is allowed otherwise.
+
+        Called before any solve, so a bad choice is refused up front, not on the first sample.
+        """
+        if not self.reference_methods:
+            raise ValueError(f"problem {self.name!r} has no reference solver (its "
+                             f"reference_methods is empty)")
+        if from_inputs and not self.solves_from_inputs:
+            raise ValueError(
+                f"solving from given input fields is not available for problem {self.name!r}: "
+                f"its reference solver needs parameter vectors {self.param_names}; give "
+                f"parameter vectors instead")
+        return check_choice(f"the reference method of problem {self.name!r}", method,
+                            self.reference_methods)
+
+    def refine(self, inputs, u0, tol: float = 1e-8):
+        """(u, info): the answer ``u0`` (*grid) to the sample of input fields ``inputs``
+        (C, *grid) refined by the iterative reference solver until its relative residual is at
+        most ``tol``; ``u0=None`` is the cold start (zero initial guess) of the same solver.
+        info holds at least ``iterations``, ``residual``, ``initial_residual``, ``converged``
+        and the seconds ``solve_time``, ``setup_time``, ``assemble_time``. Problems whose
+        solver can do that set ``refines = True`` and override this; the default raises the
+        ValueError of ``check_refine``."""
+        self.check_refine(tol)
+        raise NotImplementedError(f"{type(self).__name__} sets refines but does not implement "
+                                  f"refine")
+
+    def check_refine(self, tol) -> float:
+        """``tol`` as a float in (0, 1) if this problem refines answers (``refines``);
+        ValueError naming the problem otherwise. Called before any work, so a request the
+        problem cannot serve is refused up front."""
+        if not self.refines:
+            why = ("it has no reference solver" if not self.reference_methods else
+                   "its reference solver is not an iterative solver that starts from a guess")
+            raise ValueError(f"problem {self.name!r} cannot refine an answer: {why}; run "
+                             f"without refinement")
+        return check_number("the refinement tolerance", tol, lo=0.0, hi=1.0, lo_open=True,
+                            hi_open=True, what="a relative residual in (0, 1), e.g. 1e-8")
+
+    def answer_residual(self, u, inputs) -> np.ndarray:
+        """(B,) float64 discrete residual of answers u (B, 1, *grid) to inputs (B, C, *grid)
+        on the whole grid (numpy or torch), normalised so that a boundary lift (the field
+        holding only the boundary values) reads 1 and the discrete solution 0
+        (``answer_check``).
+
+        Optional: a family that has it sets ``residual_threshold``; this default (threshold
+        None) raises NotImplementedError saying the family has none.
+        """
+        raise NotImplementedError(f"problem {self.name!r} has no answer residual (its "
+                                  f"residual_threshold is None)")
+
+    def check_answers(self, u, inputs) -> dict:
+        """{"residual": (B,) float64, "flagged": (B,) bool} of answers ``u`` to ``inputs`` (as
+        ``answer_residual`` takes them): flagged where the residual is above
+        ``residual_threshold`` or not finite. ValueError when the family has no residual."""
+        if self.residual_threshold is None:
+            raise ValueError(f"problem {self.name!r} has no answer residual to check its "
+                             f"answers with (its residual_threshold is None); run without "
+                             f"the check")
+        r = self.answer_residual(u, inputs)
+        return {"residual": r, "flagged": flags(r, self.residual_threshold)}
