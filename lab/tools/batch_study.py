@@ -4,6 +4,7 @@ validation target, the final test error and the critical batch.
 
     python -m lab.tools.batch_study run PLAN [--ranks 2] [--minutes 150] [--only ARM ...]
     python -m lab.tools.batch_study report PLAN [--target FAMILY=ERR ...] [--out FILE.json]
+                                                [--raw FILE.json]
     python -m lab.tools.batch_study arms PLAN          # the arms and their overrides
 
 PLAN (lab/configs/batch_study.toml) names the batches, the rules and, per family, a base
@@ -35,6 +36,11 @@ checkpoint of finished arms on ``test_draws`` draws of the test seed (cached in 
 directory as ``test_eval.json``; an earlier report at ``--out`` keeps the rows of finished arms
 whose run directories are gone), and names per family the critical batch: the largest batch
 whose steps to the target are still at most half those of the batch four times smaller.
+
+``--out`` gets the table's figures (each arm's steps to target and its test error's mean,
+median and worst: small enough to keep in git); ``--raw`` the same report with every test
+draw's error and parameters (several MB: keep it out of git; each arm's run directory caches
+its own as ``test_eval.json``, so ``report --raw`` writes it again while the runs are there).
 """
 from __future__ import annotations
 
@@ -299,6 +305,16 @@ def earlier_rows(path: str | None) -> dict:
         return {r["name"]: r for r in json.load(f)["arms"] if r.get("state") == "done"}
 
 
+PER_DRAW = ("rel_l2", "params", "_examples")   # the raw figures: only in --raw
+
+
+def summary(doc: dict) -> dict:
+    """The report without the per-draw figures of each arm's test evaluation."""
+    arms_ = [{**r, "test": {k: v for k, v in r["test"].items() if k not in PER_DRAW}}
+             if isinstance(r.get("test"), dict) else r for r in doc["arms"]]
+    return {**doc, "arms": arms_}
+
+
 def report(plan: dict, targets: dict, earlier: dict | None = None) -> dict:
     rows = []
     for arm in arms(plan):
@@ -334,7 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=150.0, help="wall budget of this call")
     p.add_argument("--only", nargs="*", default=None, help="arm names to run")
     p.add_argument("--target", nargs="*", default=[], metavar="FAMILY=ERR")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the report's figures (JSON)")
+    p.add_argument("--raw", default=None, help="the report with every test draw's figures")
     args = p.parse_args(argv)
     plan = load_plan(args.plan)
     if args.action == "arms":
@@ -346,7 +363,9 @@ def main(argv=None) -> int:
     targets = {k: float(v) for k, v in (t.split("=", 1) for t in args.target)}
     doc = report(plan, targets, earlier_rows(args.out))
     print(table(doc))
-    emit_json(doc, args.out)
+    emit_json(summary(doc), args.out)
+    if args.raw:
+        emit_json(doc, args.raw)
     return 0
 
 
