@@ -107,11 +107,64 @@ def test_an_unreadable_lock_is_refused_while_fresh_and_taken_over_when_old(tmp_p
     (tmp_path / LOCK_NAME).write_bytes(b"")  # a lock being written
     with pytest.raises(RunDirInUse, match="being claimed by another job"):
         acquire(str(tmp_path), ranks=1, command="c")
-    old = time.time() - runlock.STALE_S - 60
+    old = time.time() - runlock.DAMAGED_S - 5
     os.utime(tmp_path / LOCK_NAME, (old, old))
     lock = acquire(str(tmp_path), ranks=1, command="c")
-    assert "an unreadable lock" in lock.note
+    assert "a damaged lock file" in lock.note
     lock.release()
+
+
+DAMAGED = [b"garbage\x00\xff", b"", b"[1, 2, 3]", b'{"host": "h"}', b"null",
+           json.dumps({**json.loads(Holder.here(ranks=1, command="c").encode()), "pid": "12"}).encode(),
+           json.dumps({**json.loads(Holder.here(ranks=1, command="c").encode()), "ranks": True}).encode()]
+
+
+@pytest.mark.parametrize("raw", DAMAGED, ids=["garbage", "empty", "list", "missing", "null",
+                                              "pid-as-text", "ranks-as-bool"])
+def test_a_damaged_lock_is_a_clear_refusal_then_a_prompt_takeover(tmp_path, raw):
+    path = tmp_path / LOCK_NAME
+    path.write_bytes(raw)
+    past = time.time() - 2 * runlock.WRITING_S   # no longer a lock being created
+    os.utime(path, (past, past))
+    with pytest.raises(RunDirInUse, match=r"lock.json is damaged: it holds no lock record") as e:
+        acquire(str(tmp_path), ranks=1, command="c")
+    assert "being claimed" not in str(e.value) and "delete the file" in str(e.value)
+    assert path.read_bytes() == raw                 # a refusal changes nothing
+    old = time.time() - runlock.DAMAGED_S - 1       # well before STALE_S
+    os.utime(path, (old, old))
+    lock = acquire(str(tmp_path), ranks=1, command="c")
+    assert "a damaged lock file" in lock.note and runlock.DAMAGED_S < runlock.STALE_S
+    lock.release()
+    assert not path.exists()
+
+
+def test_a_live_holder_repairs_a_damaged_lock(tmp_path):
+    lock = acquire(str(tmp_path), ranks=1, command="c")
+    (tmp_path / LOCK_NAME).write_bytes(b"[]")
+    assert lock.beat() == ""                        # not lost: repaired
+    assert Holder.parse((tmp_path / LOCK_NAME).read_bytes()).token == lock.holder.token
+    lock.release()
+
+
+def test_status_of_a_damaged_lock_says_so_and_not_running(tmp_path):
+    from deepfusion.app.status import lock_state, run_state
+    (tmp_path / LOCK_NAME).write_bytes(b"{broken")
+    past = time.time() - 2 * runlock.WRITING_S
+    os.utime(tmp_path / LOCK_NAME, (past, past))
+    state = {"lock": lock_state(str(tmp_path)), "step": 0, "total_steps": None,
+             "checkpoint": None, "run_dir": str(tmp_path)}
+    kind, text = run_state(state)
+    assert kind == "damaged lock" and "lock.json is damaged" in text
+
+
+def test_a_refused_heartbeat_setting_leaves_no_lock(tmp_path, monkeypatch):
+    from deepfusion.engine.parallel.comm import SerialComm
+    monkeypatch.setenv("DEEPFUSION_LOCK_HEARTBEAT", "0")
+    lock = acquire(str(tmp_path / "run"), ranks=1, command="c")
+    with pytest.raises(runlock.InputError, match="DEEPFUSION_LOCK_HEARTBEAT"):
+        with runlock.held(lock, SerialComm(), lambda why: None):
+            pass
+    assert not (tmp_path / "run").exists()          # neither the lock nor the directory it made
 
 
 def test_the_heartbeat_renews_the_lock_and_notices_another_job_in_it(tmp_path):

@@ -166,11 +166,18 @@ def holder_text(lock: dict) -> str:
 
 
 def run_state(s: dict) -> tuple[str, str]:
-    """(running | finished | stopped | stale lock | not started, the sentence status prints)."""
+    """(running | damaged lock | finished | stopped | stale lock | not started, the sentence
+    status prints)."""
     lock, step, total, ckpt = s["lock"], s["step"], s["total_steps"], s["checkpoint"]
     if lock is not None and not lock["stale"]:
-        who = holder_text(lock) if lock["readable"] else "its lock.json is being written"
-        return "running", f"running ({who})"
+        if not lock["readable"] and lock["changed_s_ago"] < runlock.WRITING_S:
+            return "running", "running (its lock.json is being written)"
+        if not lock["readable"]:
+            return "damaged lock", (f"unknown: lock.json is damaged (no lock record, changed "
+                                    f"{lock['changed_s_ago']:.0f} s ago); a live job repairs "
+                                    f"it within {runlock.DAMAGED_S:.0f} s, else the next "
+                                    f"start takes it over")
+        return "running", f"running ({holder_text(lock)})"
     saved = ckpt["step"] if ckpt else None
     if total is not None and step >= total and saved is not None and saved >= total:
         state, text = "finished", f"finished: step {step} of {total}"
@@ -187,7 +194,7 @@ def run_state(s: dict) -> tuple[str, str]:
                 text += f" (it continues from step {saved}, the newest complete checkpoint)"
         state = "stopped"
     if lock is not None:  # stale: the next start takes it over
-        who = holder_text(lock) if lock["readable"] else "an unreadable lock.json"
+        who = holder_text(lock) if lock["readable"] else "a damaged lock.json"
         return "stale lock", f"stale lock ({who}: {lock['stale']}): not running, {text}"
     return state, f"not running ({text})"
 

@@ -24,6 +24,12 @@ its lock behind; the next start takes it over once it is stale:
 * anywhere else: ``STALE_S`` seconds after the last heartbeat (the hosts' clocks must agree to
   well within that, as NTP keeps them on a cluster).
 
+A lock file that holds no lock record (garbage, empty, a list, fields of the wrong type: a
+damaged file, since every write of a record is a ``rename``) cannot name its holder. A live
+holder repairs it at its next heartbeat, so one unchanged for ``DAMAGED_S`` seconds has no live
+holder and is taken over; before that a start is refused at once, naming the file and the wait.
+Only a file younger than ``WRITING_S`` is taken for a lock being created (``O_EXCL`` then write).
+
 A takeover is atomic: the starter first creates ``lock.json.takeover`` with ``O_EXCL`` (one
 starter at a time), checks that the lock still holds the very bytes it judged stale (a heartbeat
 or another takeover since would change them), then renames its own record over it.
@@ -46,6 +52,8 @@ LOCK_NAME = "lock.json"
 HEARTBEAT_S = 15.0    # rank 0 rewrites the lock this often (DEEPFUSION_LOCK_HEARTBEAT overrides)
 STALE_S = 120.0       # a lock whose heartbeat is older than this was left by a dead job
 CLAIM_STALE_S = 30.0  # a takeover claim this old was left by a starter that died taking over
+DAMAGED_S = 2 * HEARTBEAT_S  # a damaged lock this old has no live holder (it would repair it)
+WRITING_S = 1.0       # an unreadable lock younger than this may be one being created
 ATTEMPTS = 5          # rounds of create / judge / take over before giving up on a busy lock
 # Decisions every rank takes together: rank 0 releases the lock itself on its way out
 AGREED = (InputError, Preempted, NonFiniteLoss, ParametersDiverged)
@@ -83,12 +91,19 @@ class Holder:
 
     @classmethod
     def parse(cls, raw: bytes) -> "Holder | None":
-        """The record in ``raw``, or None if it is not one (a lock being written, a stray file)."""
+        """The record in ``raw``, or None if it is not one (a lock being written, a damaged
+        file: not JSON, not an object, a field missing or of another type)."""
         try:
             rec = json.loads(raw.decode())
-            return cls(**{f.name: rec[f.name] for f in fields(cls)})
+            values = {f.name: rec[f.name] for f in fields(cls)}
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+        kinds = {"str": (str,), "int": (int,), "float": (int, float)}
+        for f in fields(cls):
+            v = values[f.name]
+            if isinstance(v, bool) or not isinstance(v, kinds[f.type]):
+                return None
+        return cls(**values)
 
     def encode(self) -> bytes:
         return (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode()
@@ -146,7 +161,8 @@ def stale_reason(holder: Holder | None, mtime: float, me: Holder, now: float) ->
     job that is gone; "" while it may be alive."""
     if holder is None:
         age = now - mtime
-        return f"an unreadable lock file, unchanged for {age:.0f} s" if age > STALE_S else ""
+        return (f"a damaged lock file (no lock record), unchanged for {age:.0f} s: a live job "
+                f"repairs its lock within {DAMAGED_S:.0f} s") if age > DAMAGED_S else ""
     if holder.machine == me.machine:
         if holder.pid == me.pid and holder.token not in _HELD:
             return "left by an earlier run in this process"
@@ -207,6 +223,14 @@ def refusal(run_dir: str, holder: Holder, now: float) -> str:
             f"lock over: {', '.join(gone)}")
 
 
+def damaged(path: str, age: float) -> str:
+    return (f"{path} is damaged: it holds no lock record, so it cannot say which job holds "
+            f"the run directory. A live job rewrites its lock at its next heartbeat; this one "
+            f"is taken over by the first start once unchanged for {DAMAGED_S:.0f} s (in "
+            f"{max(1.0, DAMAGED_S - age):.0f} s). Start again then, or delete the file if no "
+            f"job uses this directory")
+
+
 def make_dirs(run_dir: str) -> list[str]:
     """Create ``run_dir`` and its missing parents; the ones created, deepest first."""
     made, d = [], os.path.abspath(run_dir)
@@ -253,7 +277,9 @@ def attempt_once(run_dir: str, me: Holder, made: list[str]) -> "RunLock | None":
     why = stale_reason(holder, mtime, me, now)
     if not why:
         if holder is None:
-            return None  # being written: its record follows at once
+            if now - mtime < WRITING_S:
+                return None  # being created: its record follows at once
+            raise RunDirInUse(damaged(path, now - mtime))
         raise RunDirInUse(refusal(run_dir, holder, now))
     if not take_over(path, raw, me):
         return None
@@ -336,6 +362,9 @@ class RunLock:
                     return ""
                 raw, _ = read_lock(self.path)
             holder = Holder.parse(raw or b"")
+            if holder is None and self.still_unreadable():
+                replace(self.path, self.holder.encode())  # damaged from outside: ours again
+                return ""
             if holder is None or holder.token != self.holder.token:
                 who = holder.describe(time.time()) if holder else "an unreadable record"
                 return f"{self.path} now names another job: {who}"
@@ -344,6 +373,13 @@ class RunLock:
         except OSError:
             pass  # a file-system hiccup: the next beat tries again
         return ""
+
+    def still_unreadable(self) -> bool:
+        """Whether the lock still holds no record a moment later (damaged, not a record being
+        created by a start that found it removed)."""
+        time.sleep(WRITING_S)
+        raw, _ = read_lock(self.path)
+        return raw is not None and Holder.parse(raw) is None
 
     def start_heartbeat(self, on_lost, every: float = HEARTBEAT_S) -> None:
         """Beat every ``every`` seconds from a daemon thread; ``on_lost(reason)`` if lost."""
@@ -387,11 +423,12 @@ def held(lock: RunLock | None, comm, on_lost):
     the way out however the block ends; ``on_lost(reason)`` (from the heartbeat thread) if
     another job took the lock. A rank that fails alone is about to call MPI_Abort, which kills
     rank 0 with SIGKILL (no cleanup there), so that rank removes the lock first."""
-    every = heartbeat_seconds()  # on every rank, so a bad value ends them all alike
-    ref = comm.bcast_obj((lock.path, lock.holder.token) if lock is not None else None)
-    if lock is not None:
-        lock.start_heartbeat(on_lost, every)
+    ref = None
     try:
+        every = heartbeat_seconds()  # on every rank, so a bad value ends them all alike
+        ref = comm.bcast_obj((lock.path, lock.holder.token) if lock is not None else None)
+        if lock is not None:
+            lock.start_heartbeat(on_lost, every)
         yield
     except AGREED:
         raise
