@@ -1,5 +1,6 @@
-"""Stop requests: SIGTERM and SIGUSR1 (Slurm's time-limit warning, ``--signal=B:USR1@N``), and
-the watchdog that ends a rank Python cannot stop.
+"""Stop requests: SIGTERM and SIGUSR1 (Slurm's time-limit warning, ``--signal=B:USR1@N``),
+SIGINT (Ctrl-C at the terminal, which ``mpiexec`` forwards to every rank) and SIGHUP (the
+terminal or ssh session closed), and the watchdog that ends a rank Python cannot stop.
 
 The first signal only records the request; the trainer puts it in the next step's fused
 allreduce, so every rank stops after the same step, writes a checkpoint and exits 99. The
@@ -9,8 +10,8 @@ the first step instead of killing the rank with the default action.
 
 A rank stuck in native code never reaches that step, so each rank also has a watchdog process
 (:mod:`.watchdog`) that hears every signal through the wakeup pipe, even while the rank's
-Python is stuck: a second SIGTERM (more than a few seconds after the first), or
-``DEEPFUSION_STOP_DEADLINE`` seconds (default 60; 0: never) after the first SIGTERM, ends the
+Python is stuck: a second SIGTERM, SIGINT or SIGHUP (more than a few seconds after the first),
+or ``DEEPFUSION_STOP_DEADLINE`` seconds (default 60; 0: never) after the first of them, ends the
 rank with its Python stack printed. It also bounds the wait at start-up (``MPI_Init`` and the
 first exchange) for peers that never come (:func:`starting`, ``DEEPFUSION_START_TIMEOUT``,
 default 300 s; 0: never).
@@ -25,7 +26,10 @@ import sys
 from contextlib import contextmanager
 
 from deepfusion.engine.run import watchdog
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+# all of them stop the run with a checkpoint: losing the steps since the last one to a Ctrl-C
+# or a dropped ssh session would cost as much as a time limit
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 DEADLINE_ENV, DEADLINE_S = "DEEPFUSION_STOP_DEADLINE", 60.0
 START_ENV, START_S = "DEEPFUSION_START_TIMEOUT", 300.0
 _requested = False

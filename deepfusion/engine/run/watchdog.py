@@ -8,8 +8,9 @@ runs Python's C-level handler, which writes the signal's number to the wakeup pi
 two control bytes of its own: START before ``MPI_Init`` (and before the first exchange of the
 ranks) and STARTED after it.
 
-The rules (:class:`Watch`): the first SIGTERM or SIGUSR1 only asks for a checkpoint (the rank's
-Python handler does that); a SIGTERM that comes more than ``DUP_S`` seconds after the first
+The rules (:class:`Watch`): the first stop signal only asks for a checkpoint (the rank's
+Python handler does that); SIGINT (Ctrl-C) and SIGHUP (a closed terminal) count as SIGTERM. A
+SIGTERM that comes more than ``DUP_S`` seconds after the first
 stop signal, or ``deadline`` seconds after the first SIGTERM with the rank still running, or
 ``start`` seconds at start-up (``MPI_Init`` and the first exchange), ends the rank: a message,
 its Python stack (SIGUSR2, which the rank's faulthandler answers from C), then SIGKILL.
@@ -31,6 +32,7 @@ import time
 START, STARTED = 0xF0, 0xF1  # control bytes; signal numbers are below 65
 DUP_S = 5.0
 POLL_S = 1.0  # how often the rank's existence is checked when nothing arrives
+ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # each asks the rank to end
 
 
 class Watch:
@@ -48,8 +50,8 @@ class Watch:
             self.start_by = now + self.start
         elif byte == STARTED:
             self.start_by = None
-        elif byte in (signal.SIGTERM, signal.SIGUSR1):
-            term = byte == signal.SIGTERM
+        elif byte in ENDING or byte == signal.SIGUSR1:
+            term = byte in ENDING
             if self.first is not None and term and now - self.first > DUP_S:
                 return (f"a second SIGTERM, {now - self.first:.0f} s after the first stop "
                         f"signal: ending it now, without a checkpoint")
