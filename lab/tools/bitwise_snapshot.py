@@ -70,6 +70,10 @@ CASES = {
 
 def digest(a) -> str:
     a = np.ascontiguousarray(np.asarray(a))
+    if a.dtype.kind in "OSU":   # strings: their values (an object array's bytes are pointers)
+        data = json.dumps([v.decode() if isinstance(v, bytes) else str(v)
+                           for v in a.ravel().tolist()]).encode()
+        return f"str{list(a.shape)}:" + hashlib.sha256(data).hexdigest()[:20]
     return f"{a.dtype}{list(a.shape)}:" + hashlib.sha256(a.tobytes()).hexdigest()[:20]
 
 
