@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from deepfusion.engine.run import files as runlock_files
 from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.lock import LOCK_NAME, Holder, RunDirInUse, acquire
 from tests.in_process import deepfusion_here
@@ -189,9 +190,28 @@ def test_overwrite_clears_all_but_the_lock(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "step_00000002.h5").write_bytes(b"x")
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    runlock.clear_run_dir(str(tmp_path))
+    runlock_files.clear_run_dir(str(tmp_path))
     assert os.listdir(tmp_path) == [LOCK_NAME]
     lock.release()
+
+
+def test_overwrite_refuses_a_directory_with_files_no_run_writes(tmp_path, cli):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.replace("epochs = 5", "epochs = 1"))
+    run = tmp_path / "run"
+    assert cli(["train", str(cfg), "--set", f"run.dir={run}"])[0] == 0
+    (run / "thesis.txt").write_text("months of work")
+    (run / "sub").mkdir()
+    (run / "sub" / "notes.md").write_text("notes")
+    before = sorted(os.listdir(run))
+    rc, _, err = cli(["train", str(cfg), "--set", f"run.dir={run}", "--overwrite"])
+    assert rc == 2 and "files no run writes: sub, thesis.txt" in err, err
+    assert sorted(os.listdir(run)) == before and (run / "thesis.txt").read_text() == "months of work"
+    (run / "thesis.txt").unlink()
+    (run / "sub" / "notes.md").unlink()
+    (run / "sub").rmdir()
+    rc, _, err = cli(["train", str(cfg), "--set", f"run.dir={run}", "--overwrite"])
+    assert rc == 0, err
 
 
 RACER = """

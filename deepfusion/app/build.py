@@ -23,7 +23,7 @@ from deepfusion.config import dump_toml
 from deepfusion.engine.checkpoint.store import load_checkpoint
 from deepfusion.engine.train.plan import plan
 from deepfusion.engine.parallel.memformat import convert_model
-from deepfusion.engine.run.lock import clear_run_dir
+from deepfusion.engine.run.files import clear_run_dir
 from deepfusion.app.preflight import holds_run
 from deepfusion.app.problems import check_registry_options
 

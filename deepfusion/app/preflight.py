@@ -18,6 +18,7 @@ from deepfusion.engine.run import faults
 from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.data import check_divisible, group_count
 from deepfusion.engine.parallel.layout import check_precision
+from deepfusion.engine.run.files import check_overwrite
 from deepfusion.engine.train.plan import plan
 
 
@@ -57,6 +58,8 @@ def check_run_dir(d: str, resume: bool, overwrite: bool) -> None:
     if holds_run(d) and not resume and not overwrite:
         raise ValueError(f"run directory {d!r} already holds a run. Continue it with --resume {d}, "
                          f"start over with --overwrite, or choose another with --set run.dir=PATH")
+    if holds_run(d) and overwrite and not resume:
+        check_overwrite(d)
 
 
 def check_lock(run_dir: str, ranks: int) -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -330,18 +329,6 @@ def release_if_holder(path: str, token: str) -> None:
             os.unlink(path)
     except OSError:
         pass
-
-
-def clear_run_dir(run_dir: str) -> None:
-    """Remove everything in ``run_dir`` but its lock (``--overwrite``, under the lock)."""
-    for name in os.listdir(run_dir):
-        if name == LOCK_NAME or name.startswith(LOCK_NAME + "."):
-            continue
-        p = os.path.join(run_dir, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        else:
-            os.unlink(p)
 
 
 class RunLock:

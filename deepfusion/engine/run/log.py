@@ -17,6 +17,18 @@ from deepfusion.engine.checkpoint.atomic import atomic_path
 from deepfusion.engine.run.eta import StepClock, eta_text, format_duration
 
 
+REJECTED = "metrics.rejected.jsonl"   # lines of metrics.jsonl that are no record, set aside
+
+
+def parse_record(line: str) -> dict | None:
+    """The record on one line of metrics.jsonl, None if the line is not one."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and "kind" in rec else None
+
+
 class RunLog:
     """Rank-0 writer of metrics.jsonl and the console; a no-op elsewhere."""
 
@@ -37,19 +49,26 @@ class RunLog:
         self._header_done = False
 
     def truncate_after(self, step: int):
-        """On resume: drop records past the checkpoint, so the file reads as one run."""
+        """On resume: drop records past the checkpoint, so the file reads as one run. A line
+        that is no record (damaged, or cut by the kill that interrupted the run) is moved to
+        ``metrics.rejected.jsonl`` with its line number, and said: never a reason to drop the
+        good records after it."""
         if self.rank != 0 or not os.path.exists(self.path):
             return
-        keep = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a line cut by the kill that interrupted the run
-                if rec.get("step", 0) > step:  # step, epoch and eval records all carry the step
-                    break
-                keep.append(line if line.endswith("\n") else line + "\n")
+        keep, bad = [], []
+        with open(self.path, errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                rec = parse_record(line)
+                if rec is None:
+                    if line.strip():
+                        bad.append(json.dumps({"line": n, "text": line.rstrip("\n")}) + "\n")
+                elif rec.get("step", 0) <= step:  # step, epoch and eval records carry the step
+                    keep.append(line if line.endswith("\n") else line + "\n")
+        if bad:
+            with open(os.path.join(self.run_dir, REJECTED), "a") as f:
+                f.writelines(bad)
+            self.warn(f"{self.path}: {len(bad)} line(s) that are no record (damaged, or cut by "
+                      f"a kill) moved to {REJECTED}; the other records are kept")
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             f.writelines(keep)
 
@@ -119,16 +138,8 @@ class RunLog:
 def read_metrics(path: str) -> list[dict]:
     """The records of a metrics.jsonl as it is now: a line being written (a job still running,
     or killed mid-write) or otherwise not a JSON object is skipped."""
-    recs = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "kind" in rec:
-                recs.append(rec)
-    return recs
+    with open(path, errors="replace") as f:
+        return [rec for rec in map(parse_record, f) if rec is not None]
 
 
 def loss_curves(recs: list[dict]) -> tuple[dict, list, list]:
