@@ -13,6 +13,7 @@ import sys
 import h5py
 import pytest
 
+from deepfusion.engine.checkpoint import contained
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.checkpoint.sealed import ChildFailed, run_contained
 from tests.faults.bitflip import BAD, PREVIOUS, STEP, fingerprint
@@ -165,7 +166,7 @@ def test_the_contained_check_ends_hangs_and_crashes(run, tmp_path, monkeypatch):
     d = copy_run(run, tmp_path)
     make_unsealed(newest(d))
     monkeypatch.setattr(ckpt, "_PASSED", set())  # these bytes may have passed a check before
-    monkeypatch.setattr(ckpt, "CHECK_SECONDS", 1.0)
+    monkeypatch.setattr(contained, "SECONDS", 1.0)
     monkeypatch.setattr(ckpt, "run_contained",  # a reader stuck in a loop on this file
                         lambda args, timeout: run_contained(["-c", "while True: pass"], timeout))
     with pytest.raises(ckpt.CheckpointError, match=rf"corrupt checkpoint .*{STEP}: reading it "

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seal-bits", action="store_true",
                     help="also flip every bit of the seal, one at a time")
     ap.add_argument("--check-seconds", type=float, default=60.0,
-                    help="hang guard of a contained check (checkpoint.CHECK_SECONDS)")
+                    help="hang guard of a contained check (deepfusion.engine.checkpoint.contained.SECONDS)")
     ap.add_argument("--out", help="write the report (JSON) here")
     args = ap.parse_args(argv)
     report = sweep(args)

@@ -51,13 +51,14 @@ def worker() -> int:
     """Read a job (JSON on stdin), print one JSON line per flip."""
     import h5py
 
+    from deepfusion.engine.checkpoint import contained
     from deepfusion.engine.checkpoint import store as ckpt
     job = json.load(sys.stdin)
     original = open(job["checkpoint"], "rb").read()
     # the undamaged file's own check keeps the product's guard: a short --check-seconds is for
     # the flipped copies, and a child slow to start on a busy machine is no finding
     baseline = fingerprint(ckpt.load_checkpoint(job["checkpoint"]))
-    ckpt.CHECK_SECONDS = job["check_seconds"]
+    contained.SECONDS = job["check_seconds"]
     seen = {"parsed": False, "contained": False}
     h5_file, contained = h5py.File, ckpt.run_contained
 
@@ -73,7 +74,7 @@ def worker() -> int:
         seen["contained"] = True
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            ckpt.contained_main(args[2:])
+            contained.main(args[2:])
         return out.getvalue().strip()
 
     h5py.File = counting_file

@@ -18,10 +18,9 @@ nothing damaged is ever parsed, so no damage can make the loader loop or crash. 
 (hashed from the arrays in memory as they were written) are still checked as datasets decode.
 
 Unsealed files: versions 1 (no digests) and 2 (per-dataset digests), an earlier DeepFusion's,
-still load, with a note: a child process reads them first (``python -m
-deepfusion.engine.checkpoint.store FILE`` prints ``{"sha256": ...}`` or ``{"error": ...}``; a hang
-ends at :data:`CHECK_SECONDS`, a crash ends only the child) and only the bytes it checked are
-parsed here. A version 3 file without its seal (cut short, changed) is refused.
+still load, with a note: a child process reads every object of them first with h5py
+(:mod:`.contained`, no torch: a hang ends within seconds, a crash ends only the child) and only
+the bytes it read are parsed here. A version 3 file without its seal (cut short, changed) is refused.
 
 :func:`verify_checkpoint` checks a file without loading it, :func:`find_checkpoint` and
 :func:`latest_checkpoint` return the newest that passes, :func:`load_latest` the newest that
@@ -45,6 +44,7 @@ from contextlib import contextmanager
 import h5py
 import torch
 
+from deepfusion.engine.checkpoint import contained
 from deepfusion.engine.checkpoint.atomic import atomic_path, remove_stale_temps
 from deepfusion.engine.checkpoint.h5state import (DIGEST_ALGORITHM, CheckpointError, attr_str, digest, json_dumps, read_item,
                       write_dict)
@@ -57,7 +57,6 @@ FORMAT_VERSION = 3  # 3: sealed; 2: per-dataset digests; 1: neither. All three a
 _STEP_FILE = re.compile(r"^step_(\d+)\.h5$")
 _META = "@meta"  # the digest key of the meta attribute (dataset names start with "/")
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-CHECK_SECONDS = 300.0  # hang guard of the contained check of an unsealed file (it imports torch)
 _PASSED: set[str] = set()  # sha256 of unsealed bytes whose check passed: find, then load, once
 
 
@@ -137,17 +136,22 @@ def _require_hdf5(path, head: bytes) -> None:
 
 
 def _contained_check(path: str, sha: str | None = None) -> None:
-    """Read the unsealed file ``path`` in a child process; CheckpointError unless it loads
-    there (and, with ``sha``, unless the child read those very bytes)."""
+    """Read the unsealed file ``path`` in a child process (:mod:`.contained`); CheckpointError
+    unless HDF5 reads it there (and, with ``sha``, unless the child read those very bytes)."""
+    print(f"deepfusion: checking {path} in a separate process first (it has no whole-file "
+          f"digest: an earlier DeepFusion wrote it)", file=sys.stderr, flush=True)
+    guard = contained.SECONDS + os.path.getsize(path) * contained.PER_BYTE
     try:
-        answer = json.loads(run_contained(["-m", __name__, path],
-                                          CHECK_SECONDS + os.path.getsize(path) / 20e6))
+        answer = json.loads(run_contained(["-m", contained.__name__, path], guard))
         if not isinstance(answer, dict):
             raise ValueError(f"unexpected answer {answer!r}")
     except (ChildFailed, ValueError) as exc:
         raise _corrupt(path, exc) from None
+    if "error" in answer and not answer.get("opened"):
+        raise CheckpointError(f"cannot read checkpoint {path}: not a valid HDF5 file (truncated "
+                              f"or corrupt?): {answer['error']}; {_alternative(path)}")
     if "error" in answer:
-        raise CheckpointError(str(answer["error"]))
+        raise _corrupt(path, answer["error"])
     if sha is not None and answer.get("sha256") != sha:
         raise CheckpointError(f"checkpoint {path} changed while it was being checked: try again")
     _PASSED.add(str(answer.get("sha256")))
@@ -162,8 +166,10 @@ def verify_checkpoint(path) -> bool:
         if check_sealed(path):
             return True
         with open(path, "rb") as fh:
-            _require_hdf5(path, fh.read(8))
-    _contained_check(path)
+            data = fh.read()
+        _require_hdf5(path, data[:8])
+    _contained_check(path, sha256_hex(data))
+    _parse(path, data, sealed=False)   # what the state means: safe to parse once HDF5 read it
     return False
 
 
@@ -389,26 +395,8 @@ def load_checkpoint(path, notes: list | None = None) -> dict:
     return _parse(path, data, sealed)
 
 
-def contained_main(argv) -> int:
-    """``python -m deepfusion.engine.checkpoint.store FILE``: read FILE as :func:`load_checkpoint`
-    reads an unsealed file, in this (child) process; print the verdict as one JSON line."""
-    path = os.fspath(argv[0])
-    with open(path, "rb") as fh:
-        data = fh.read()
-    try:
-        _parse(path, data, sealed=False)
-        answer = {"sha256": sha256_hex(data)}
-    except CheckpointError as exc:
-        answer = {"error": str(exc)}
-    print(json.dumps(answer), flush=True)
-    return 0
-
-
 __all__ = [
     "CheckpointError", "capture_rng_state", "checkpoint_path", "find_checkpoint",
     "latest_checkpoint", "load_latest", "load_checkpoint", "prune_checkpoints",
     "restore_rng_state", "save_checkpoint", "seal_status", "unsealed_note", "verify_checkpoint",
 ]
-
-if __name__ == "__main__":
-    sys.exit(contained_main(sys.argv[1:]))
