@@ -9,9 +9,13 @@ that need the problem and the network follow in ``build``; nothing is written un
 """
 from __future__ import annotations
 
+import glob
 import math
 import os
+import shutil
+import tempfile
 import time
+
 
 from deepfusion.engine.run import faults
 
@@ -60,6 +64,40 @@ def check_run_dir(d: str, resume: bool, overwrite: bool) -> None:
                          f"start over with --overwrite, or choose another with --set run.dir=PATH")
     if holds_run(d) and overwrite and not resume:
         check_overwrite(d)
+    check_writable(d)
+
+
+MIN_FREE = 64 << 20   # bytes a run directory needs free at least, whatever its checkpoints
+
+
+def check_writable(d: str) -> None:
+    """ValueError unless the run directory (where it exists) and its checkpoints/ accept a new
+    file and have room for a few checkpoints: a read-only or full directory is refused at the
+    start, not at the first checkpoint after hours of training."""
+    for where in (d, os.path.join(d, "checkpoints")):
+        if not os.path.isdir(where):
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=where)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise ValueError(f"cannot write in {where}: {e.strerror or e}. The run needs to write "
+                             f"its metrics and checkpoints there: make it writable (chmod u+w "
+                             f"{where}) or choose another directory with --set run.dir=PATH") from None
+    if os.path.isdir(d):
+        need = max(MIN_FREE, 3 * newest_checkpoint_size(d))
+        free = shutil.disk_usage(d).free
+        if free < need:
+            raise ValueError(f"{d} has {free / 2**20:.0f} MB free, less than the {need / 2**20:.0f} "
+                             f"MB its checkpoints need (three times the newest one, at least "
+                             f"{MIN_FREE >> 20} MB): free some space or choose another directory "
+                             f"with --set run.dir=PATH")
+
+
+def newest_checkpoint_size(d: str) -> int:
+    ckpts = glob.glob(os.path.join(d, "checkpoints", "step_*.h5"))
+    return max((os.path.getsize(p) for p in ckpts), default=0)
 
 
 def check_lock(run_dir: str, ranks: int) -> str:
@@ -80,8 +118,20 @@ def check_lock(run_dir: str, ranks: int) -> str:
 
 def apply_resume(args) -> None:
     """``--resume RUN_DIR``: the run directory's own config unless one is given (a requeued
-    job), and ``run.dir`` set to RUN_DIR."""
+    job), and ``run.dir`` set to RUN_DIR. ValueError for options that contradict it."""
+    if args.resume and getattr(args, "overwrite", False):
+        raise ValueError(f"--resume {args.resume} continues the run there and --overwrite "
+                         f"starts it over: give one of them")
     if args.resume:
+        for item in args.set or []:
+            key, _, value = str(item).partition("=")
+            other = value.strip().strip("'\"")
+            if key.strip() == "run.dir" and os.path.abspath(other) != os.path.abspath(args.resume):
+                raise ValueError(f"--resume {args.resume} continues the run in {args.resume}, "
+                                 f"but --set {item} names another directory. To continue it "
+                                 f"there, drop --set run.dir; to start a new run from its "
+                                 f"weights, use --set model.init_from=CHECKPOINT with "
+                                 f"--set run.dir={other}")
         if args.config is None:
             args.config = os.path.join(args.resume, "config.toml")
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]

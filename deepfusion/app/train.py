@@ -24,7 +24,7 @@ from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warni
 
 
 def cmd_train(args, comm) -> int:
-    apply_resume(args)  # requeued jobs: the run directory holds its resolved config
+    collective_check(comm, apply_resume, args)  # requeued jobs: the run dir holds its config
     cfg = collective_check(comm, load_config, args.config, args.set or [])
     check_same_config(comm, cfg)  # an MPMD launch or a file that differs between nodes
     # One live job per run directory: rank 0 holds its lock from before the directory is
