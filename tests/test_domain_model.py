@@ -7,7 +7,7 @@ from argparse import Namespace
 import pytest
 
 from deepfusion.jobs import domain_model as D
-from deepfusion.jobs.model import NODES
+from deepfusion.jobs.costs import NODES
 from deepfusion.jobs.render import get_profile, load_profiles
 
 PROFILES = load_profiles()

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from deepfusion.jobs import model
+from deepfusion.jobs import costs
 
 from deepfusion.jobs import project
 STUDY = {"arms": [
@@ -47,9 +47,9 @@ def test_more_nodes_take_a_larger_batch_and_finish_sooner(tmp_path):
 
 
 def test_the_overlapped_all_reduce_waits_only_past_the_backward_pass(tmp_path):
-    assert model.gradient_wait(0.5, 3.0, overlap=False) == 0.5
-    assert model.gradient_wait(0.5, 3.0, overlap=True) == 0.0        # hidden by 2 s of backward
-    assert abs(model.gradient_wait(2.5, 3.0, overlap=True) - 0.5) < 1e-12
+    assert costs.gradient_wait(0.5, 3.0, overlap=False) == 0.5
+    assert costs.gradient_wait(0.5, 3.0, overlap=True) == 0.0        # hidden by 2 s of backward
+    assert abs(costs.gradient_wait(2.5, 3.0, overlap=True) - 0.5) < 1e-12
     rc, plain = run(tmp_path / "a")
     rc2, over = run(tmp_path / "b", "--overlap")
     assert rc == rc2 == 0
@@ -143,7 +143,7 @@ def test_an_lbfgs_recipe_counts_its_loss_evaluations(tmp_path):
 
 
 def test_the_gathers_of_a_split_prolonged_level_are_two_allgathers_and_an_allreduce():
-    from deepfusion.jobs.model import allreduce_time
+    from deepfusion.jobs.costs import allreduce_time
     from deepfusion.jobs.project_recipe import gather_time
 
     lv = {"chain": [[[64, 64], [32, 32], True]], "channels": [2, 1]}

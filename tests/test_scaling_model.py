@@ -1,4 +1,5 @@
-"""deepfusion/jobs/model.py: alpha-beta allreduce, epoch model and the validation against the talk."""
+"""deepfusion/jobs/model.py and costs.py: alpha-beta allreduce, epoch model and the validation against
+the talk."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,7 @@ import math
 
 import pytest
 
+from deepfusion.jobs import costs as C
 from deepfusion.jobs import model as M
 from deepfusion.jobs.render import get_profile, load_profiles
 
@@ -14,16 +16,16 @@ PROFILES = load_profiles()
 
 def test_allreduce_limits():
     n, a, b = 8e6, 1e-6, 12.5e9
-    for f in (M.allreduce_ring, M.allreduce_recursive_doubling):
+    for f in (C.allreduce_ring, C.allreduce_recursive_doubling):
         assert f(1, n, a, b) == 0.0
-    assert M.allreduce_time(1, n, a, b) == (0.0, "none")
-    assert M.allreduce_ring(2, n, a, b) == pytest.approx(2 * a + n / b)
-    assert M.allreduce_recursive_doubling(4, n, a, b) == pytest.approx(2 * (a + n / b))
+    assert C.allreduce_time(1, n, a, b) == (0.0, "none")
+    assert C.allreduce_ring(2, n, a, b) == pytest.approx(2 * a + n / b)
+    assert C.allreduce_recursive_doubling(4, n, a, b) == pytest.approx(2 * (a + n / b))
     # big messages: ring (bandwidth term -> 2 n / beta); tiny messages: recursive doubling (log p latency)
-    assert M.allreduce_time(64, n, a, b)[1] == "ring"
-    assert M.allreduce_ring(10**6, n, a, b) > 2 * n / b
-    assert M.allreduce_time(64, 64, a, b)[1] == "recursive_doubling"
-    ts = [M.allreduce_time(p, n, a, b)[0] for p in (2, 4, 8, 16, 64, 256, 1024)]
+    assert C.allreduce_time(64, n, a, b)[1] == "ring"
+    assert C.allreduce_ring(10**6, n, a, b) > 2 * n / b
+    assert C.allreduce_time(64, 64, a, b)[1] == "recursive_doubling"
+    ts = [C.allreduce_time(p, n, a, b)[0] for p in (2, 4, 8, 16, 64, 256, 1024)]
     assert ts == sorted(ts)
 
 
@@ -48,10 +50,10 @@ def test_p1_has_no_comm_and_efficiency_is_monotone():
 
 
 def test_amdahl():
-    assert M.amdahl(1.0, 1, 1, 0.1) == pytest.approx(1.0)
-    assert M.amdahl(1.0, 1, 8, 0.0) == pytest.approx(1 / 8)
-    assert M.amdahl(0.5, 2, 2, 0.3) == pytest.approx(0.5)
-    assert M.amdahl(1.0, 1, 10**6, 0.1) == pytest.approx(0.1, rel=1e-3)
+    assert C.amdahl(1.0, 1, 1, 0.1) == pytest.approx(1.0)
+    assert C.amdahl(1.0, 1, 8, 0.0) == pytest.approx(1 / 8)
+    assert C.amdahl(0.5, 2, 2, 0.3) == pytest.approx(0.5)
+    assert C.amdahl(1.0, 1, 10**6, 0.1) == pytest.approx(0.1, rel=1e-3)
 
 
 def test_validation_table_returns_published_numbers():

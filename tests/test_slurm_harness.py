@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from deepfusion.jobs import sweep as S
+from deepfusion.jobs import slurm as SL
 from tests.slurm_local import client as C
 from tests.slurm_local import cluster as K
 from tests.mpi_util import ROOT
@@ -67,13 +68,13 @@ def test_slurm_conf_has_what_the_tests_rely_on(tmp_path, monkeypatch):
 def test_job_info_parses_scontrol_one_line(monkeypatch):
     line = ("JobId=7 JobName=x UserId=root(0) JobState=PENDING Reason=BeginTime Dependency=(null) "
             "Requeue=1 Restarts=1 BatchFlag=1 ExitCode=0:0 StdOut=/w/slurm-7.out\n")
-    monkeypatch.setattr(C, "run_client", lambda argv, env=None: line)
-    info = C.job_info(7)
+    monkeypatch.setattr(SL, "run_client", lambda argv, env=None: line)
+    info = SL.job_info(7)
     assert (info["JobState"], info["Restarts"], info["ExitCode"], info["StdOut"]) == \
         ("PENDING", "1", "0:0", "/w/slurm-7.out")
-    monkeypatch.setattr(C, "run_client", lambda argv, env=None: "slurm_load_jobs error: Invalid job id\n")
-    with pytest.raises(C.SlurmError, match="does not know job 7"):
-        C.job_info(7)
+    monkeypatch.setattr(SL, "run_client", lambda argv, env=None: "slurm_load_jobs error: Invalid job id\n")
+    with pytest.raises(SL.SlurmError, match="does not know job 7"):
+        SL.job_info(7)
 
 
 def test_wait_job_times_out_with_the_state_not_a_hang(monkeypatch):
@@ -84,8 +85,8 @@ def test_wait_job_times_out_with_the_state_not_a_hang(monkeypatch):
 
 
 def test_missing_client_is_a_clear_error():
-    with pytest.raises(C.SlurmError, match="not installed"):
-        C.run_client(["definitely-not-sbatch-xyz"])
+    with pytest.raises(SL.SlurmError, match="not installed"):
+        SL.run_client(["definitely-not-sbatch-xyz"])
 
 
 def test_sweep_sbatch_needs_a_cluster(tmp_path, capsys):

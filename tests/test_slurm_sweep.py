@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_local.client import cluster_up, sbatch, wait_job
+from deepfusion.jobs.slurm import sbatch
+from tests.slurm_local.client import cluster_up, wait_job
 from tests.test_slurm_jobs import HANG_GUARD, ROOT, slurm  # noqa: F401 (slurm: a fixture)
 
 pytestmark = [pytest.mark.slurm,

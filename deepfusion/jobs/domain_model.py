@@ -17,8 +17,9 @@ P = nodes x ranks_per_node ranks, T threads per rank; the sample's grid is cut i
 
 The outer 2 of t_halo: backward sends the ghosts' gradients back, the same volume. Per axis, the
 halo is two Sendrecv shifts (up, then down), each one message time whether a block has one or two
-neighbours along that axis. allreduce() is deepfusion.jobs.model.allreduce_time (faster of ring / recursive
-doubling, so the norms' small sums cost ceil(log2 P) latencies) on deepfusion.jobs.model.link_params.
+neighbours along that axis. allreduce() is deepfusion.jobs.costs.allreduce_time (faster of ring /
+recursive doubling, so the norms' small sums cost ceil(log2 P) latencies) on
+deepfusion.jobs.costs.link_params.
 
 Layers (the default U-Net, conv downsampling, bilinear/trilinear upsampling): each 3x3 conv of a
 ConvBlock, each stride-2 conv, each upsampling exchanges one ghost layer of its input (C_l
@@ -41,8 +42,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deepfusion.jobs.model import NODES, allreduce_time, amdahl, link_params, plot_efficiency
-from deepfusion.jobs.render import get_profile, load_profiles
+from deepfusion.jobs.costs import NODES, allreduce_time, amdahl, link_params, plot_efficiency
+from deepfusion.jobs.profiles import get_profile, load_profiles
 
 FP32 = 4  # bytes per value
 

@@ -30,7 +30,9 @@ import os
 import sys
 from pathlib import Path
 
-from deepfusion.jobs.render import get_profile, load_profiles
+from deepfusion.jobs import domain_model
+from deepfusion.jobs.costs import NODES, allreduce_time, amdahl, link_params, plot_efficiency
+from deepfusion.jobs.profiles import get_profile, load_profiles, profile_names
 
 # The talk (Botelho et al., DeepFusion): per-epoch wall-clock seconds, batch 1024,
 # 4 processes per node x 8 threads per process.  (resolution, nodes) -> seconds.
@@ -45,64 +47,10 @@ TALK_BATCH = 1024
 TALK_SAMPLES = 4096  # the talk's scaling runs: "Batch size 1024 (4096 training examples)"
 DEFAULT_PARAMS = 2_000_000
 DEFAULT_SERIAL_FRACTION = 0.05
-NODES = [1, 2, 4, 8, 16, 32, 64, 128]
 MODEL_CLUSTERS = ["stampede2", "azure-hc44", "aws-c5n", "generic-slurm"]
 
 
-# ----------------------------------------------------------------------------- allreduce
-def allreduce_ring(p: int, nbytes: float, alpha: float, beta: float) -> float:
-    """Ring allreduce (reduce-scatter + allgather); alpha in s, beta in bytes/s."""
-    if p <= 1:
-        return 0.0
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
-
-
-def allreduce_recursive_doubling(p: int, nbytes: float, alpha: float, beta: float) -> float:
-    """Recursive doubling: ceil(log2 P) rounds, each sends the whole vector."""
-    if p <= 1:
-        return 0.0
-    return math.ceil(math.log2(p)) * (alpha + nbytes / beta)
-
-
-def allreduce_time(p: int, nbytes: float, alpha: float, beta: float) -> tuple[float, str]:
-    """(seconds, algorithm): the faster of ring and recursive doubling."""
-    if p <= 1:
-        return 0.0, "none"
-    ring = allreduce_ring(p, nbytes, alpha, beta)
-    rd = allreduce_recursive_doubling(p, nbytes, alpha, beta)
-    return (ring, "ring") if ring <= rd else (rd, "recursive_doubling")
-
-
-# The backward pass costs about twice the forward (two products per weight instead of one).
-BACKWARD_SHARE = 2.0 / 3.0
-
-
-def gradient_wait(t_allreduce: float, t_compute: float, overlap: bool) -> float:
-    """Seconds a step waits for its gradient all-reduce after ``t_compute`` of forward and
-    backward: all of it, or with ``parallel.overlap`` (buckets all-reduced as the backward pass
-    fills them) only what outlasts the backward pass. The overlapped figure is a bound: it
-    assumes the network moves the messages while every core computes (an RDMA interconnect),
-    which a rank on a core of its own does not give (docs/performance.md)."""
-    if not overlap:
-        return t_allreduce
-    return max(0.0, t_allreduce - BACKWARD_SHARE * t_compute)
-
-
-def link_params(prof: dict, nodes: int) -> tuple[float, float]:
-    """(alpha seconds, beta bytes/s): shared memory inside one node, the network otherwise."""
-    if nodes <= 1:
-        return prof["shm_latency_us"] * 1e-6, prof["shm_bandwidth_GBps"] * 1e9
-    return prof["link_latency_us"] * 1e-6, prof["link_bandwidth_GBps"] * 1e9
-
-
-# ----------------------------------------------------------------------------- compute
-def amdahl(t_sample: float, t_ref_threads: int, threads: int, serial_fraction: float) -> float:
-    """Per-sample time of one rank at ``threads`` given it was ``t_sample`` at ``t_ref_threads``."""
-    s = serial_fraction
-    t1 = t_sample / (s + (1 - s) / t_ref_threads)
-    return t1 * (s + (1 - s) / threads)
-
-
+# ----------------------------------------------------------------------------- epochs
 def epoch_time(nodes: int, ranks_per_node: int, t_rank: float, prof: dict, params: int = DEFAULT_PARAMS,
                n_samples: int = TALK_SAMPLES, global_batch: int = TALK_BATCH) -> dict | None:
     """Predicted epoch for one layout; None when P ranks cannot split the global batch."""
@@ -221,31 +169,7 @@ def t_sample_from_sweep(path: str | os.PathLike) -> dict:
     return dict(t_sample=t_sample, t_ref_threads=t_ref_threads, serial_fraction=s, points=pts)
 
 
-# ----------------------------------------------------------------------------- outputs
-def plot_efficiency(results: dict, path: str | os.PathLike, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, rows in results.items():
-        if rows:
-            ax.plot([r["nodes"] for r in rows], [r["efficiency"] for r in rows], marker="o",
-                    label=f"{name} ({rows[0]['ranks_per_node']}x{rows[0]['threads_per_rank']}/node)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("nodes")
-    ax.set_ylabel("predicted parallel efficiency (strong scaling)")
-    ax.set_ylim(0, 1.05)
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def build_parser(prog: str = "deepfusion jobs model") -> argparse.ArgumentParser:
-    from deepfusion.jobs.render import profile_names
-
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--t-sample", type=float, help="measured compute seconds per sample on one rank")
@@ -268,8 +192,7 @@ def build_parser(prog: str = "deepfusion jobs model") -> argparse.ArgumentParser
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the profile's)")
     p.add_argument("--threads-per-rank", type=int, default=None, help="threads per rank (default: the profile's)")
     p.add_argument("--out", required=True, help="output directory (model.json, model.png; domain.json, domain.png)")
-    from deepfusion.jobs.domain_model import add_arguments  # lazily: deepfusion.jobs.domain_model imports this module
-    add_arguments(p)
+    domain_model.add_arguments(p)
     return p
 
 
@@ -294,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t_sample, t_ref, s = compute_inputs(args)
         if args.domain_grid:
-            from deepfusion.jobs.domain_model import run
-            return run(args, t_sample, t_ref, s)
+            return domain_model.run(args, t_sample, t_ref, s)
         if args.t_sample_grid or args.domain_split:
             raise ValueError("--t-sample-grid and --domain-split need --domain-grid")
         args.params = DEFAULT_PARAMS if args.params is None else args.params

@@ -3,7 +3,7 @@ site settings a rendered script carries.
 
 * :func:`check_job`: the job's ``deepfusion train`` start-up, checked here for its ranks
   (nodes x ranks per node) with ``deepfusion check``'s in-process checks
-  (:func:`deepfusion.app.check.check_launch`, no probe): a missing config, an unknown key,
+  (:func:`deepfusion.app.checks.check_launch`, no probe): a missing config, an unknown key,
   a grid the network refuses or a batch the ranks do not divide is refused with the message
   ``train`` would print after the queue wait. What depends on the compute nodes (their CPU)
   is left to the job; a literal run directory is judged as the script will start on it.
@@ -17,6 +17,9 @@ import os
 import re
 import shlex
 import sys
+
+from deepfusion.app import checks
+from deepfusion.engine.errors import InputError
 
 PLACEHOLDER = re.compile(r"\bYOUR_[A-Z0-9_]+\b")
 FIXES = {
@@ -78,20 +81,16 @@ def check_job(config: str, sets, nodes: int, ranks_per_node: int, threads_per_ra
     warnings to show (a level at its data-parallel limit, a live job on the run directory).
     ``sets`` are the job's ``--set`` items; ``run_dir`` its RUN_DIR (None: one the caller
     prepares itself, not looked at; one with a shell variable is known only in the job)."""
-    from deepfusion.app.check import check_launch
-    from deepfusion.app.preflight import check_lock, check_run_dir
-    from deepfusion.engine.errors import InputError
-
     size = nodes * ranks_per_node
     literal = run_dir is not None and "$" not in run_dir
     sets = [f"parallel.threads_per_rank={threads_per_rank}",  # in the script's order
             *([f"run.dir={run_dir}"] if literal else []), *sets]
     where = f"deepfusion train on {size} rank(s) ({nodes} node(s) x {ranks_per_node})"
     try:
-        done = check_launch(config, sets, size, here=False)
+        done = checks.check_launch(config, sets, size)
         if literal:  # the script adds --resume when RUN_DIR/checkpoints exists
             resumes = os.path.isdir(os.path.join(run_dir, "checkpoints"))
-            check_run_dir(run_dir, resumes, False)
+            checks.check_run_dir(run_dir, resumes)
     except (InputError, ValueError) as e:
         raise ValueError(f"{where} would refuse this job: {e}") from None
     warns = list(done.warnings)
@@ -99,7 +98,7 @@ def check_job(config: str, sets, nodes: int, ranks_per_node: int, threads_per_ra
         if resumes:
             warns.append(f"run directory {run_dir} holds checkpoints: the job resumes that run")
         try:
-            check_lock(run_dir, size)
+            checks.check_lock(run_dir, size)
         except ValueError as e:  # the job may start after that one ended
             warns.append(f"{e} (the job is refused at its start if that job still runs then)")
     return warns

@@ -1,11 +1,13 @@
 """Cluster profiles: the fields of a profile (``deepfusion/jobs/clusters.toml`` and a user's ``--profiles
 FILE`` merged over it), their checks, and "auto" fields read from this machine.
 
-Public API (re-exported by deepfusion.jobs.render, used by deepfusion.jobs.sweep, deepfusion.jobs.model and deepfusion.jobs.precheck):
+Public API (the tools of deepfusion.jobs read profiles here; deepfusion.jobs.render re-exports the
+first two):
     load_profiles(extra=None) -> {name: profile}
     get_profile(name, profiles=None) -> profile
     validate_profile(name, prof, source="") -> profile with defaults filled in
     profile_names() -> the names in deepfusion/jobs/clusters.toml
+    node_layouts(profile) -> [(ranks per node, threads per rank)] that fill a node's cores
 """
 from __future__ import annotations
 
@@ -189,3 +191,9 @@ def profile_names() -> list[str]:
         return sorted(_read_toml(DEFAULT_PROFILES))
     except (OSError, ValueError):
         return []
+
+
+def node_layouts(prof: dict) -> list[tuple[int, int]]:
+    """(ranks per node, threads per rank) that fill the node's cores."""
+    cores = int(prof["cores_per_node"])
+    return [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]

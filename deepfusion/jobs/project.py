@@ -1,7 +1,7 @@
 """Projected time to accuracy on a cluster: steps to a target against the global batch (measured,
 ``lab/tools/batch_study.py``) times the modelled step time of the best layout for each node count.
 
-    deepfusion jobs project --study STUDY.json --family burgers --t-sample S --grid 64x64 \
+    deepfusion jobs project --study STUDY.json --family FAMILY --t-sample S --grid 64x64 \
         [--t-sample-threads 1] [--nodes 1,4,16,64] [--clusters stampede2,azure-hc44,aws-c5n] \
         [--domain] --out DIR
 
@@ -38,10 +38,12 @@ import sys
 from pathlib import Path
 
 from deepfusion.engine.errors import InputError
+from deepfusion.jobs import project_recipe as pr
+from deepfusion.jobs.costs import allreduce_time, amdahl, gradient_wait, link_params
 from deepfusion.jobs.domain_model import Net, choose_split, domain_step, parse_grid
-from deepfusion.jobs.model import (DEFAULT_SERIAL_FRACTION, allreduce_time, amdahl, gradient_wait,
-                        link_params)
-from deepfusion.jobs.profiles import get_profile, load_profiles
+from deepfusion.jobs.model import DEFAULT_SERIAL_FRACTION
+from deepfusion.jobs.profiles import get_profile, load_profiles, node_layouts
+from deepfusion.jobs.project_summary import combine
 
 DEFAULT_CLUSTERS = "stampede2,azure-hc44,aws-c5n"
 
@@ -65,12 +67,6 @@ def steps_to_target(study: dict, family: str) -> dict[int, dict]:
     return best
 
 
-def layouts(prof: dict) -> list[tuple[int, int]]:
-    """(ranks per node, threads per rank) that fill the node's cores."""
-    cores = int(prof["cores_per_node"])
-    return [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
-
-
 def sample_time(net: Net, grid, k: int, r: int, t_rank: float, prof: dict, depth: int):
     """(seconds of one sample on k ranks, split or None); None when no valid split exists."""
     if k == 1:
@@ -86,7 +82,7 @@ def sample_time(net: Net, grid, k: int, r: int, t_rank: float, prof: dict, depth
 
 def best_plan(prof: dict, nodes: int, steps: dict, args, net: Net) -> dict | None:
     best = None
-    for r, threads in layouts(prof):
+    for r, threads in node_layouts(prof):
         p = nodes * r
         t_rank = amdahl(args.t_sample, args.t_sample_threads, threads, args.serial_fraction)
         alpha, beta = link_params(prof, nodes)
@@ -132,7 +128,6 @@ def project(args) -> dict:
 
 
 def project_recipe(args) -> dict:
-    from deepfusion.jobs import project_recipe as pr
     cfg, levels = pr.recipe_levels(args.config, args.set)
     if args.t_sample:
         t_samples = [float(v) for v in args.t_sample.split(",")]
@@ -263,8 +258,6 @@ def check_args(args) -> None:
 
 
 def combine_main(args) -> int:
-    from deepfusion.jobs.project_summary import combine
-
     try:
         text = combine(args.combine, Path(args.out))
     except (ValueError, OSError, KeyError) as exc:

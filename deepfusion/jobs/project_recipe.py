@@ -2,7 +2,7 @@
 levels' grids, global batches and steps: the run that measured its test error) times the
 modelled step time of the best layout for each node count.
 
-    deepfusion jobs project --config configs/recipes/burgers_512_c16_basin.toml --out DIR
+    deepfusion jobs project --config configs/recipes/RECIPE.toml --out DIR
 
 The batch is the recipe's, so the error reached is the recipe's measured test error, not a
 projection; what more nodes buy is more ranks per step. Data parallelism stops at the global
@@ -21,8 +21,8 @@ G = P / k groups, G dividing every level's batch, and
 
 e_l: loss evaluations per step (1; under L-BFGS :func:`evaluations_per_step`),
 
-wait = deepfusion.jobs.model.gradient_wait: the whole all-reduce, or with ``--overlap`` what outlasts the
-backward pass.
+wait = deepfusion.jobs.costs.gradient_wait: the whole all-reduce, or with ``--overlap`` what outlasts
+the backward pass.
 
 Measured: t_sample_l, by ``deepfusion check``'s probe on this host (or ``--t-sample``, one per
 level); modelled: the rest, as in ``deepfusion.jobs.project``.
@@ -30,27 +30,27 @@ level); modelled: the rest, as in ``deepfusion.jobs.project``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from deepfusion.app import checks
+from deepfusion.engine.errors import InputError
+from deepfusion.jobs.costs import allreduce_time, amdahl, gradient_wait, link_params
 from deepfusion.jobs.domain_model import Net, choose_split, domain_step, param_count, valid_split
-from deepfusion.jobs.model import allreduce_time, amdahl, gradient_wait, link_params
+from deepfusion.jobs.profiles import node_layouts
 
 
 def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
     """(the checked config, [{level, grid, batch, steps, evals, chain, channels}] per visit of
     its plan)."""
-    from deepfusion.app.build import build_problem
-    from deepfusion.app.check import check_launch
-    from deepfusion.engine.train.plan import plan
-
-    cfg = check_launch(config, sets, 1, here=False).cfg
-    visits = plan(cfg)
+    cfg = checks.check_launch(config, sets, 1).cfg
+    visits = checks.level_plan(cfg)
     levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
                "steps": v.steps, "evals": evaluations_per_step(v.optim)} for v in visits]
-    task = build_problem(cfg, levels[0]["grid"])
+    channels = list(checks.problem_channels(cfg, levels[0]["grid"]))
     chains = prolonged_chains(visits)
     for lv in levels:  # [(fine grid, inner grid, inner trains)] of the network on the level's grid
         lv["chain"] = [[list(f), list(c), t] for f, c, t in chains.get(tuple(lv["grid"]), [])]
-        lv["channels"] = [len(task.input_channels), task.output_channels]
+        lv["channels"] = list(channels)
     return cfg, levels
 
 
@@ -78,8 +78,8 @@ def gather_time(lv: dict, split, alpha: float, beta: float) -> float:
     """Seconds per sample of a split prolonged network's collectives (diffnet.split_layers
     .split_prolonged): per stage, the input fields gathered whole on the fine grid and the
     inner answer gathered whole on the inner grid, one line of blocks per axis (ring
-    allgathers, each block receiving the whole field; links as ``deepfusion.jobs.model.link_params`` for
-    the nodes one sample spans), and in backward, where the inner
+    allgathers, each block receiving the whole field; links as ``deepfusion.jobs.costs.link_params``
+    for the nodes one sample spans), and in backward, where the inner
     network trains, the inner answer's gradient all-reduced along each line. The resampling
     itself (pointwise work on whole fields) is not modelled."""
     c_in, c_out = lv["channels"]
@@ -103,15 +103,11 @@ def recipe_net(cfg, dims: int) -> Net:
 
 def probe_t_samples(cfg, levels: list[dict], threads: int) -> list[float]:
     """Seconds per sample of each visit, from ``deepfusion check``'s probe on one rank."""
-    from dataclasses import replace
-
-    from deepfusion.app.probe import run_probe
-
     # one loss evaluation per probed step (Adam's): an L-BFGS plan counts its evaluations itself
     one = replace(cfg, parallel=replace(cfg.parallel, domain=[], threads_per_rank=threads),
                   optim=replace(cfg.optim, name="adam", switch_to_lbfgs_epoch=-1))
     measured = {lv["level"]: lv["median_step_s"] / lv["local_batch"]
-                for lv in run_probe(one, 1, threads)["levels"]}
+                for lv in checks.probe(one, 1, threads)["levels"]}
     return [measured[lv["level"]] for lv in levels]
 
 
@@ -133,12 +129,9 @@ class Splits:
         if split is None or not all(valid_split(lv["grid"], split, self.depth)
                                     for lv in self.levels):
             return None
-        from deepfusion.app.check import check_launch
-        from deepfusion.engine.errors import InputError
-
         domain = "[" + ", ".join(map(str, split)) + "]"
         try:
-            check_launch(self.config, [*self.sets, f"parallel.domain={domain}"], k, here=False)
+            checks.check_launch(self.config, [*self.sets, f"parallel.domain={domain}"], k)
         except (InputError, ValueError):  # train's refusal: the recipe cannot run on this split
             return None
         return split
@@ -178,10 +171,8 @@ def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
 
 def best_recipe_plan(prof: dict, nodes: int, levels, t_samples, args, net, splits) -> dict | None:
     """The fastest layout of the recipe on ``nodes`` nodes of ``prof``."""
-    from deepfusion.jobs.project import layouts
-
     best = None
-    for r, threads in layouts(prof):
+    for r, threads in node_layouts(prof):
         p = nodes * r
         for k in (d for d in range(1, p + 1) if p % d == 0):
             split = splits(k)

@@ -2,7 +2,7 @@
 
     deepfusion jobs render --cluster stampede2 --nodes 4 [--ranks-per-node 8] [--threads-per-rank 6]
                            [--layout-from runs/sweep/sweep.json]     # the fastest measured layout
-                           [--time 02:00:00] [--config configs/burgers.toml] [--out job.sh]
+                           [--time 02:00:00] [--config configs/demo.toml] [--out job.sh]
                            [--profiles my_clusters.toml] [--allow-smt]
 
 Cluster profiles live in deepfusion/jobs/clusters.toml (see the comments there; their fields and checks:
@@ -12,7 +12,7 @@ is in deepfusion/jobs/templates/<launcher>.sh.in (string.Template with the delim
 placeholders left in the profile, and the start-up of ``deepfusion train`` on the job's ranks);
 ``render`` itself only writes the text.
 
-Public API (also used by deepfusion.jobs.sweep and deepfusion.jobs.model):
+Public API (also used by deepfusion.jobs.sweep and deepfusion.jobs.sweep_sbatch):
     load_profiles(extra=None) -> {name: profile}
     get_profile(name, profiles=None) -> profile
     check_layout(profile, nodes, ranks_per_node, threads_per_rank, allow_smt=False)
@@ -37,6 +37,7 @@ __all__ = ["check_layout", "get_profile", "launch_argv", "load_profiles", "main"
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
+DEFAULT_CONFIG = "configs/demo.toml"  # what `deepfusion demo` trains
 
 # ------------------------------------------------------------------------------------ layout
 def check_layout(prof: dict, nodes: int, ranks_per_node: int, threads_per_rank: int,
@@ -123,7 +124,7 @@ _TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
 
 
 def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_per_rank: int | None = None,
-           time: str = "02:00:00", config: str = "configs/burgers.toml", run_dir: str | None = None,
+           time: str = "02:00:00", config: str = DEFAULT_CONFIG, run_dir: str | None = None,
            job_name: str = "deepfusion", profiles: str | os.PathLike | dict | None = None,
            allow_smt: bool = False, deepfusion: str = "deepfusion", extra_sets: tuple[str, ...] = ()) -> str:
     """Return the job script text for ``cluster``. Raises ValueError for a bad cluster/layout/profile."""
@@ -196,7 +197,9 @@ def build_parser(prog: str = "deepfusion jobs render") -> argparse.ArgumentParse
                    help="ranks and threads per node from the fastest one-node layout of a "
                         "strong-scaling sweep (deepfusion jobs sweep) measured on such a node")
     p.add_argument("--time", default="02:00:00", help="time limit HH:MM:SS (default 02:00:00)")
-    p.add_argument("--config", default="configs/burgers.toml", help="training config passed to deepfusion train")
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help=f"training config passed to deepfusion train (default {DEFAULT_CONFIG}, "
+                        f"the one 'deepfusion demo' trains)")
     p.add_argument("--run-dir", default=None, help="default runs/JOBNAME-$SLURM_JOB_ID (stable across requeues)")
     p.add_argument("--job-name", default="deepfusion",
                    help="the batch job's name (default deepfusion)")

@@ -42,6 +42,11 @@ import sys
 import time
 from pathlib import Path
 
+from deepfusion.jobs.precheck import check_job
+from deepfusion.jobs.profiles import get_profile, load_profiles
+from deepfusion.jobs.render import check_layout, cluster_help, launch_argv
+from deepfusion.jobs.sweep_sbatch import site_profiles, submit_layouts
+
 TIME = "00:30:00"  # --sbatch: each layout's time limit unless --time says otherwise
 CSV_FIELDS = ["nodes", "ranks", "threads", "cores", "global_batch", "local_batch", "steps_measured",
               "median_time_step", "time_epoch_est", "time_epoch_measured", "samples_per_s", "speedup",
@@ -218,7 +223,6 @@ def build_command(r: int, t: int, nodes: int, config: str, run_dir: Path, global
     """argv for one layout. With ``profile`` uses deepfusion.jobs.render.launch_argv (cluster binding);
     otherwise ``launcher`` (default: the venv's mpiexec) with MPICH Hydra core binding."""
     if profile is not None:
-        from deepfusion.jobs.render import launch_argv
         pre = launch_argv(profile, nodes, r, t)
     else:
         pre = shlex.split(launcher) if launcher else [str(Path(sys.executable).parent / "mpiexec")]
@@ -236,7 +240,6 @@ def run_sweep(args) -> list[dict]:
     layouts = parse_layouts(args.layouts)
     profile = None
     if args.cluster:
-        from deepfusion.jobs.render import check_layout, get_profile, load_profiles
         profile = get_profile(args.cluster, load_profiles(args.profiles))
         for r, t in layouts:
             check_layout(profile, args.nodes, r, t)
@@ -255,8 +258,7 @@ def run_sweep(args) -> list[dict]:
         (rd / "metrics.jsonl").unlink(missing_ok=True)
         shutil.rmtree(rd / "checkpoints", ignore_errors=True)  # else train finds a run there
     if args.sbatch:
-        from deepfusion.jobs.sweep_sbatch import submit_layouts
-        return submit_layouts(args, plan)
+        return submit_layouts(args, plan, [layout_sets(args, gb) for _, _, gb, _ in plan])
     runs = []
     for r, t, gb, rd in plan:
         cmd = build_command(r, t, args.nodes, args.config, rd, gb, args.steps, args.launcher, profile,
@@ -283,9 +285,7 @@ def layout_sets(args, global_batch: int) -> list[str]:
 def check_plan(args, plan) -> None:
     """The start-up of every layout's ``deepfusion train`` (deepfusion.jobs.precheck.check_job), and with
     --sbatch the profile's placeholders: ValueError before the first layout runs."""
-    from deepfusion.jobs.precheck import check_job
     if args.sbatch:
-        from deepfusion.jobs.sweep_sbatch import site_profiles
         site_profiles(args)
     for r, t, gb, _ in plan:
         for w in check_job(args.config, layout_sets(args, gb), args.nodes, r, t, None):
@@ -305,8 +305,6 @@ def discover_runs(out: Path, mode: str, global_batch: int, local_batch: int) -> 
 
 
 def build_parser(prog: str = "deepfusion jobs sweep") -> argparse.ArgumentParser:
-    from deepfusion.jobs.render import cluster_help
-
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="training config (TOML)")
     p.add_argument("--layouts", default="1x1,1x2,2x1", help="comma-separated RxT (ranks x threads)")

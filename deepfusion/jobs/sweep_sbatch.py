@@ -13,8 +13,7 @@ from pathlib import Path
 from deepfusion.jobs.precheck import refuse_placeholders, with_site
 from deepfusion.jobs.profiles import get_profile, load_profiles
 from deepfusion.jobs.render import render
-from tests.slurm_local.client import FINAL_STATES, SlurmError, job_info, sbatch
-from deepfusion.jobs.sweep import layout_sets
+from deepfusion.jobs.slurm import FINAL_STATES, SlurmError, job_info, sbatch
 
 
 def site_profiles(args) -> dict:
@@ -39,11 +38,12 @@ def passes(tokens: list[str], short: str, long: str) -> bool:
     return any(a == long or a.startswith(long + "=") or a.startswith(short) for a in tokens)
 
 
-def submit_layouts(args, plan) -> list[dict]:
-    """--sbatch: one batch job per layout, rendered exactly as `jobs render` would for the cluster
-    (its #SBATCH layout, binding and launcher), all submitted first, then polled together (a job
-    that finished early is read before Slurm forgets it, MinJobAge); they run concurrently where
-    the partition has room. Status "ok" means Slurm's COMPLETED; --timeout is per layout."""
+def submit_layouts(args, plan, sets) -> list[dict]:
+    """--sbatch: one batch job per layout of ``plan`` (its ``--set`` items in ``sets``, in the
+    same order), rendered exactly as `jobs render` would for the cluster (its #SBATCH layout,
+    binding and launcher), all submitted first, then polled together (a job that finished early
+    is read before Slurm forgets it, MinJobAge); they run concurrently where the partition has
+    room. Status "ok" means Slurm's COMPLETED; --timeout is per layout."""
     train = args.deepfusion or f"{shlex.quote(sys.executable)} -m deepfusion"
     config = str(Path(args.config).resolve())
     jobs, status, profiles = [], {}, site_profiles(args)
@@ -54,13 +54,12 @@ def submit_layouts(args, plan) -> list[dict]:
             print(f"[sweep] cancelled job {jid} ({reason})", flush=True)
 
     try:
-        for r, t, gb, rd in plan:
+        for (r, t, gb, rd), extra in zip(plan, sets):
             (rd / "stdout.log").unlink(missing_ok=True)  # the script's --open-mode=append would mix runs
-            sets = tuple(layout_sets(args, gb))
             script = rd / "job.sh"
             script.write_text(render(args.cluster, args.nodes, r, t, time=args.time, config=config,
                                      run_dir=str(rd.resolve()), job_name=f"sweep-{args.nodes}n{r}x{t}",
-                                     profiles=profiles, deepfusion=train, extra_sets=sets))
+                                     profiles=profiles, deepfusion=train, extra_sets=tuple(extra)))
             jid = sbatch(script, "-o", str((rd / "stdout.log").resolve()), *shlex.split(args.sbatch_args), cwd=rd)
             print(f"[sweep] {r}x{t} global_batch={gb}: submitted job {jid} ({script})", flush=True)
             jobs.append((r, t, gb, rd, jid))

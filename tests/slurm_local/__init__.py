@@ -6,7 +6,8 @@
 * :mod:`.cluster` owns the lifecycle: decide whether the machine allows it, install Slurm and
   munge from the OS packages, write slurm.conf into a temporary directory, start munged,
   slurmctld and slurmd, wait for the node, and stop every daemon it started, by PID.
-* :mod:`.client` owns talking to a running cluster from tests: sbatch, job states from
-  ``scontrol show job``, waiting with a timeout that fails with a clear message.
+* :mod:`.client` owns waiting for a running cluster's jobs from tests, with a timeout that
+  fails with a clear message (sbatch and job states are the product's
+  :mod:`deepfusion.jobs.slurm`).
 * :mod:`.__main__` is the command line above.
 """

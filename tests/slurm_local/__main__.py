@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.slurm_local.client import SlurmError
+from deepfusion.jobs.slurm import SlurmError
 from tests.slurm_local.cluster import ClusterUnavailable, LocalCluster, existing_cluster, install_packages, probe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,32 +1,24 @@
-"""Talking to a running Slurm from tests and tools: sbatch, job states, waiting with a timeout.
-
-Job states come from ``scontrol show job`` (the local cluster keeps finished jobs for an hour,
-MinJobAge=3600) because sacct needs slurmdbd, which the local cluster does not run. Every call
-has a timeout; a wait that runs out fails with the job's last state and the tail of its output,
-never hangs.
+"""Waiting for a running Slurm's jobs from tests, with a timeout: a wait that runs out fails
+with the job's last state and the tail of its output, never hangs. Submitting and reading a
+job's state is the product's (:mod:`deepfusion.jobs.slurm`, which ``jobs sweep --sbatch`` uses);
+the local cluster keeps finished jobs for an hour (MinJobAge=3600), so ``scontrol`` still knows
+them when a test looks.
 """
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CLIENT_TIMEOUT = 30      # seconds for one sbatch/scontrol/sinfo call
+from deepfusion.jobs.slurm import FINAL_STATES, SlurmError, job_info
+
 JOB_TIMEOUT = 600        # seconds a test waits for a job by default (tiny jobs: a hang guard only)
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 # the environment variables `tests.slurm_local run` sets for the tests it starts
 ENV_READY = "DEEPFUSION_SLURM"             # "1": a cluster is up for the slurm tests
 ENV_PARTITION = "DEEPFUSION_SLURM_PARTITION"
 ENV_WORKDIR = "DEEPFUSION_SLURM_WORKDIR"   # where jobs write (must be visible to the nodes)
 ENV_LOCAL = "DEEPFUSION_SLURM_LOCAL"       # "1": our throw-away one-node cluster
-
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed or a job did not reach the expected state in time."""
 
 
 @dataclass
@@ -46,38 +38,6 @@ class ClusterInfo:
 
 def cluster_up() -> bool:
     return os.environ.get(ENV_READY) == "1"
-
-
-def run_client(argv: list[str], env=None, timeout: float = CLIENT_TIMEOUT, cwd=None) -> str:
-    """stdout of a Slurm client command; SlurmError (with stderr) on failure or timeout."""
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{' '.join(argv)}` did not answer in {timeout:.0f} s") from None
-    except FileNotFoundError:
-        raise SlurmError(f"`{argv[0]}` is not installed (no Slurm client on PATH)") from None
-    if res.returncode != 0:
-        raise SlurmError(f"`{' '.join(argv)}` failed (exit {res.returncode}): {res.stderr.strip()}")
-    return res.stdout
-
-
-def sbatch(script: str | os.PathLike, *options: str, cwd: str | os.PathLike | None = None, env=None) -> int:
-    """Submit ``script`` (options go before it, overriding its #SBATCH lines) from ``cwd`` (the
-    job's working directory); returns the job id."""
-    out = run_client(["sbatch", "--parsable", *options, str(script)], env=env, cwd=cwd).strip()
-    m = re.match(r"^(\d+)", out)
-    if not m:
-        raise SlurmError(f"sbatch printed no job id: {out!r}")
-    return int(m.group(1))
-
-
-def job_info(job_id: int, env=None) -> dict[str, str]:
-    """``scontrol show job -o`` as a dict (JobState, ExitCode, Restarts, Reason, StdOut, ...)."""
-    out = run_client(["scontrol", "show", "job", "-o", str(job_id)], env=env)
-    info = dict(re.findall(r"(\S+?)=(\S*)", out))
-    if "JobState" not in info:
-        raise SlurmError(f"scontrol does not know job {job_id}: {out.strip()!r}")
-    return info
 
 
 def tail(path: str | os.PathLike | None, n: int = 40) -> str:

@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.slurm_local.client import CLIENT_TIMEOUT, ClusterInfo, SlurmError, run_client
+from deepfusion.jobs.slurm import CLIENT_TIMEOUT, SlurmError, run_client
+from tests.slurm_local.client import ClusterInfo
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
