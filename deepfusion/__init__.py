@@ -4,7 +4,7 @@
 (docs/python-api.md). ``import deepfusion`` stays light: torch is imported by ``load``, so a
 command can set the thread layout first.
 """
-__version__ = "0.1.0"
+from deepfusion.version import __version__
 
 __all__ = ["load", "Solver", "__version__"]
 

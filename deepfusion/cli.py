@@ -1,29 +1,27 @@
 """``deepfusion``: train, demo, evaluate, infer, solve, compare, export, config, problems,
-check-problem, status, plot, jobs.
+check-problem, check, status, plot, jobs.
 
-The parser is built here from every subcommand's own ``register``; each command module is
-imported when its command runs, because torch must be imported only after the thread layout is
-set (OpenMP reads OMP_NUM_THREADS once). Exit codes and the error policy: :mod:`.policy`.
+The top of the package: the parser is built here from every subcommand's own ``register``, the
+application's (:mod:`deepfusion.app`) and the job tools' (:mod:`deepfusion.jobs.cli`); no module
+of the package imports this one (``deepfusion/__main__.py`` and the console script run it).
+Each command module is imported when its command runs, because torch must be imported only
+after the thread layout is set (OpenMP reads OMP_NUM_THREADS once). Exit codes and the error
+policy: :mod:`deepfusion.app.policy`.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from deepfusion.jobs.cli import register as register_jobs
-
-from deepfusion.app import export_cli, inference_cli
-
 from deepfusion.app import check as check_cli
-
 from deepfusion.app import check_problem as check_problem_cli
-
+from deepfusion.app import export_cli, inference_cli
 from deepfusion.app import problems as problems_cli
-
 from deepfusion.app import status as status_cli
 from deepfusion.app.options import ANSWER_SET_HELP, add_set, add_threads
 from deepfusion.app.policy import ExitCode, run_distributed, run_local
-from deepfusion import __version__
+from deepfusion.jobs.cli import register as register_jobs
+from deepfusion.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

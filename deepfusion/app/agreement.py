@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from deepfusion import __version__
 from deepfusion.config import config_changes, config_to_dict
 from deepfusion.engine.errors import InputError
+from deepfusion.version import __version__
 
 # Options compared through what they resolve to (train's config, below), and options exempt.
 RESOLVED = {"train": ("config", "set", "resume")}

@@ -28,7 +28,7 @@ import re
 import warnings
 
 from deepfusion.app.inference import checkpoint_file, grid_note, load_model, training_grid
-from deepfusion import __version__
+from deepfusion.version import __version__
 
 FORMATS = ("torchscript", "onnx")
 DTYPES = ("float32", "float64")

@@ -325,7 +325,7 @@ def build_parser(prog: str = "deepfusion jobs sweep") -> argparse.ArgumentParser
                    help=cluster_help("use this profile's launcher and binding (inside an allocation)"))
     p.add_argument("--nodes", type=int, default=1, help="nodes per layout (default 1)")
     p.add_argument("--profiles", default=None, help="extra TOML profile file merged over deepfusion/jobs/clusters.toml")
-    p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion.cli")')
+    p.add_argument("--deepfusion", default=None, help='training command (default: "python -m deepfusion")')
     p.add_argument("--set", dest="extra_sets", action="append", default=[], metavar="KEY=VALUE",
                    help="extra --set passed to deepfusion train (repeatable)")
     p.add_argument("--timeout", type=float, default=3600.0,
