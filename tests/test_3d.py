@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from deepfusion.app.fields_file import read_fields, write_input_fields
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from tests.mpi_util import REAL_MPI, deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.tiny_configs import TINY, variant
@@ -82,7 +82,7 @@ def test_resume_after_a_failure_continues_the_same_trajectory(run3d, tmp_path):
     run's losses bit for bit (the inputs the resumed run rebuilds are the same bits)."""
     config, full = run3d
     cut = str(tmp_path / "cut")
-    p = train(2, config, cut, "data.eval_samples=0", env={**REAL_MPI, FAULT: "raise@6:1"})
+    p = train(2, config, cut, "data.eval_samples=0", env={**REAL_MPI, **fault_env("raise@6:1")})
     assert p.returncode != 0 and "injected failure at step 6 on rank 1" in p.stderr
     p = deepfusion(2, ["train", "--resume", cut], env=REAL_MPI)
     assert p.returncode == 0, p.stderr

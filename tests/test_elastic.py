@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from deepfusion.engine.checkpoint import store as ckpt
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from tests.mpi_util import deepfusion
 from tests.test_engine_mpi import losses, tiny, train  # noqa: F401 (tiny: a fixture)
 from tests.test_lbfgs import SWITCH
@@ -23,7 +23,7 @@ def _cut(config, run_dir, every, fail_at, *sets):
     """A P=2 run killed by an exception on rank 1 at step ``fail_at`` (checkpoints every
     ``every`` steps)."""
     p = train(2, config, run_dir, f"train.checkpoint_every={every}", *sets,
-              env={FAULT: f"raise@{fail_at}:1"})
+              env=fault_env(f"raise@{fail_at}:1"))
     assert p.returncode != 0 and f"injected failure at step {fail_at} on rank 1" in p.stderr
 
 
@@ -79,7 +79,7 @@ def test_adam_then_lbfgs_resumes_across_the_switch_on_p2_and_elsewhere(tmp_path)
     assert all(r["func_evals"] >= 1 and r["lr"] == 1.0 for r in steps[4:])
     assert steps[-1]["loss"] < steps[4]["loss"] < steps[0]["loss"]
     _cut(str(cfg), cut, 3, 6)
-    p = deepfusion(2, ["train", "--resume", cut], env={FAULT: "raise@9:1"})
+    p = deepfusion(2, ["train", "--resume", cut], env=fault_env("raise@9:1"))
     assert p.returncode != 0 and "step_00000003" in p.stdout
     st = ckpt.load_checkpoint(os.path.join(cut, "checkpoints", "step_00000006.h5"))
     assert st["meta"]["optimizer"] == "lbfgs" and st["optim_state"]["state"][0]["old_dirs"]

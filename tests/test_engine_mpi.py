@@ -5,7 +5,7 @@ import os
 import pytest
 
 from deepfusion.engine.checkpoint import store as ckpt
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion, run_mpi
 from tests.tiny_configs import TINY, variant
@@ -98,7 +98,7 @@ def test_lamb_same_losses_on_1_and_2_ranks_and_a_resume_continues_bit_for_bit(tm
 
 
 def test_failing_rank_ends_the_whole_job(tiny, tmp_path):
-    p = train(2, tiny, str(tmp_path / "r"), env={FAULT: "raise@4:1"}, timeout=120)
+    p = train(2, tiny, str(tmp_path / "r"), env=fault_env("raise@4:1"), timeout=120)
     assert p.returncode != 0
     assert "error on rank 1" in p.stderr and "InjectedFailure" in p.stderr
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec, run_mpi
 from deepfusion.engine.checkpoint.store import latest_checkpoint
@@ -60,7 +60,7 @@ def test_transient_nan_rolls_back_once_and_finishes(tiny, tmp_path, tmp_path_fac
     the run finishes; the steps before the checkpoint are those of the uninterrupted run."""
     full, d = trained(tmp_path_factory, TINY, 2), str(tmp_path / "r")
     p = train(2, tiny, d, "train.on_nonfinite=\"rollback\"", "train.checkpoint_every=4",
-              env={FAULT: "nan@7"})
+              env=fault_env("nan@7"))
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("rolled back to step_00000004.h5") == 1
     steps = records(d, "step")

@@ -14,7 +14,7 @@ import pytest
 from deepfusion.app.inference import load_model
 from deepfusion.config import ConfigError, load_config
 from deepfusion.engine.checkpoint.store import latest_checkpoint
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from deepfusion.engine.train.plan import plan, visit_at, visit_order
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.test_engine_mpi import losses, train
@@ -149,7 +149,7 @@ def test_kill_mid_level_resumes_in_the_same_level_on_the_same_trajectory(
     a rank dies later (during step ``fail_at``); --resume gives the
     uninterrupted run's losses bit for bit."""
     cut = str(tmp_path / "cut")
-    p = train(2, mg, cut, f"train.checkpoint_every={every}", env={FAULT: f"raise@{fail_at}:1"})
+    p = train(2, mg, cut, f"train.checkpoint_every={every}", env=fault_env(f"raise@{fail_at}:1"))
     assert p.returncode != 0 and f"injected failure at step {fail_at}" in p.stderr
     # a checkpoint written mid-schedule answers, by default, on the grid it was training on
     newest = latest_checkpoint(cut)
@@ -193,7 +193,7 @@ def test_sigusr1_mid_level_checkpoints_and_the_resume_finishes_the_cycle(mg, tmp
 @pytest.mark.mpi
 def test_a_changed_plan_is_refused_on_resume(mg, tmp_path):
     d = str(tmp_path / "r")
-    p = train(2, mg, d, "train.checkpoint_every=3", env={FAULT: "raise@5:1"})
+    p = train(2, mg, d, "train.checkpoint_every=3", env=fault_env("raise@5:1"))
     assert p.returncode != 0
     p = deepfusion(2, ["train", "--resume", d, "--set", "train.levels[0].steps=6"])
     assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr

@@ -12,7 +12,7 @@ import torch
 from deepfusion.app.inference import load_model
 from deepfusion.config import ConfigError, load_config
 from deepfusion.engine.checkpoint.store import latest_checkpoint
-from deepfusion.engine.run.faults import ENV as FAULT
+from tests.faults.steps import fault_env
 from deepfusion.engine.train.plan import plan, signature
 from diffnet.generators import Prolonged, build_generator
 from diffnet.resample import resample_nodes
@@ -223,7 +223,7 @@ def test_a_split_grown_network_need_not_suit_the_finest_grid_with_its_first_netw
     for name, extra in (("whole", []), ("split", ["parallel.domain=[1, 2]"])):
         runs[name] = str(tmp_path / name)
         p = train(2, str(cfg), runs[name], *extra, "train.checkpoint_every=3",
-                  'train.on_nonfinite="rollback"', env={FAULT: "nan@6"})
+                  'train.on_nonfinite="rollback"', env=fault_env("nan@6"))
         assert p.returncode == 0, p.stderr[-3000:]
         assert "rolled back to step_00000003.h5" in p.stderr
     assert losses(runs["split"]) == pytest.approx(losses(runs["whole"]), rel=1e-9, abs=0)
@@ -235,7 +235,7 @@ def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path,
     """Resumed from inside the grown 32x32 visit (step 6: the grown network's weights), and from
     the 16x16 -> 32x32 boundary (step 5: the growth is replayed on entering)."""
     cut = str(tmp_path / "cut")
-    p = train(2, mgp, cut, f"train.checkpoint_every={every}", env={FAULT: f"raise@{fail_at}:1"})
+    p = train(2, mgp, cut, f"train.checkpoint_every={every}", env=fault_env(f"raise@{fail_at}:1"))
     assert p.returncode != 0 and f"injected failure at step {fail_at}" in p.stderr
     p = deepfusion(2, ["train", "--resume", cut])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -284,7 +284,7 @@ def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mg
     the run is the one configured that way from the start (``frozen``: same losses, same
     network), and the resume names the keys it changed in the log and in metrics.jsonl."""
     whole, cut = frozen[0], str(tmp_path / "cut")
-    p = train(2, mgp, cut, "train.checkpoint_every=7", env={FAULT: "raise@9:1"})
+    p = train(2, mgp, cut, "train.checkpoint_every=7", env=fault_env("raise@9:1"))
     assert p.returncode != 0
     p = deepfusion(2, ["train", "--resume", cut] + [a for s in LEVEL for a in ("--set", s)])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -321,7 +321,7 @@ def test_a_rollback_into_the_level_a_frozen_growth_wraps_trains_that_network_aga
     entering 32x32 rolls back into the 16x16 level (step 3), whose network trains again."""
     d = str(tmp_path / "nan")
     p = train(2, mgp, d, "train.levels[1].train_inner=false", "train.checkpoint_every=3",
-              'train.on_nonfinite="rollback"', *split, env={FAULT: "nan@6"})
+              'train.on_nonfinite="rollback"', *split, env=fault_env("nan@6"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rolled back to step_00000003.h5" in p.stderr
     assert len(losses(d)) == 11
@@ -332,7 +332,7 @@ def test_a_rollback_to_before_a_growth_regrows_the_same_network(mgp, tmp_path):
     (the 16x16 network): the network is unwrapped, reloaded, and grown again."""
     d = str(tmp_path / "nan")
     p = train(2, mgp, d, "train.checkpoint_every=5", 'train.on_nonfinite="rollback"',
-              env={FAULT: "nan@6"})
+              env=fault_env("nan@6"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rolled back to step_00000005.h5" in p.stderr
     assert len(losses(d)) == 11

@@ -16,6 +16,7 @@ import pytest
 from deepfusion.engine.run import files as runlock_files
 from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.lock import LOCK_NAME, Holder, RunDirInUse, acquire
+from tests.faults.steps import fault_env
 from tests.in_process import deepfusion_here
 from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
 from tests.tiny_configs import TINY
@@ -354,7 +355,7 @@ def test_a_job_killed_with_9_leaves_a_lock_the_next_start_takes_over(tiny, tmp_p
 def test_an_exception_on_one_rank_leaves_no_lock(tiny, tmp_path):
     """MPI_Abort kills rank 0 with SIGKILL; the failing rank removed the lock before it."""
     d = str(tmp_path / "abort")
-    job = start(2, tiny, d, env={"DEEPFUSION_FAULT": "raise@3:1"})
+    job = start(2, tiny, d, env=fault_env("raise@3:1"))
     _, err = job.communicate(timeout=HANG_GUARD)
     assert job.returncode == 1 and "error on rank 1" in err, err
     assert os.path.isdir(d) and not os.path.exists(os.path.join(d, LOCK_NAME))

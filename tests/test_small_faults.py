@@ -11,9 +11,9 @@ import pytest
 from deepfusion.app.agreement import check_same_config, launch_disagreement
 from deepfusion.app.fields_file import write_input_fields
 from deepfusion.config import load_config
-from deepfusion.engine.errors import InjectedFailure, InputError
-from deepfusion.engine.run.faults import ENV as FAULT
-from deepfusion.engine.run.faults import Faults, parse
+from deepfusion.engine.errors import InputError
+from tests.faults.steps import ENV as FAULT
+from tests.faults.steps import Faults, InjectedFailure, fault_env, parse
 from deepfusion.engine.parallel.layout import RankLayout, report
 from tests.mpi_util import run_mpi
 from tests.test_inference import ckpt  # noqa: F401 (a fixture: an untrained Poisson checkpoint)
@@ -301,9 +301,15 @@ def tiny_run(tmp_path):
     return str(cfg), str(tmp_path / "run")
 
 
+def inject(monkeypatch, faults: str) -> None:
+    """This process's ``deepfusion train`` with ``faults`` (the in-process ``cli``)."""
+    for key, value in fault_env(faults).items():
+        monkeypatch.setenv(key, value)
+
+
 def test_nan_fault_stops_at_the_step_it_names(tiny_run, cli, monkeypatch):
     cfg, d = tiny_run
-    monkeypatch.setenv(FAULT, "nan@3")
+    inject(monkeypatch, "nan@3")
     rc, _, err = cli(["train", cfg, "--set", f"run.dir={d}"])
     assert rc == 3 and "non-finite loss at step 3:" in err, err
 
@@ -312,7 +318,7 @@ def test_raise_fault_lets_the_steps_before_it_be_logged(tiny_run, cli, monkeypat
     import json
 
     cfg, d = tiny_run
-    monkeypatch.setenv(FAULT, "raise@3")
+    inject(monkeypatch, "raise@3")
     rc, _, err = cli(["train", cfg, "--set", f"run.dir={d}"])
     assert rc == 1 and "injected failure at step 3 on rank 0" in err
     with open(os.path.join(d, "metrics.jsonl")) as f:
@@ -322,7 +328,7 @@ def test_raise_fault_lets_the_steps_before_it_be_logged(tiny_run, cli, monkeypat
 @pytest.mark.parametrize("value", ["nan", "nan@x", "boom@3", "nan@0", "raise@2:r"])
 def test_malformed_fault_exits_2_before_anything_is_made(tiny_run, cli, monkeypatch, value):
     cfg, d = tiny_run
-    monkeypatch.setenv(FAULT, value)
+    inject(monkeypatch, value)
     rc, _, err = cli(["train", cfg, "--set", f"run.dir={d}"])
     assert rc == 2 and "Traceback" not in err, err
     assert f"{FAULT}={value!r}: cannot read" in err and "KIND@STEP[:RANK]" in err

@@ -13,6 +13,7 @@ import pytest
 
 from deepfusion.engine.run import watchdog
 from deepfusion.engine.run.watchdog import DUP_S, START, STARTED, Watch
+from tests.faults.steps import fault_env
 from tests.mpi_util import HANG_GUARD, ROOT, mpiexec
 from tests.test_runlock import start, steps, tiny, wait_for_steps  # noqa: F401 (tiny: fixture)
 
@@ -72,7 +73,7 @@ def test_a_term_and_its_copies_still_checkpoint_and_exit_99(tiny, tmp_path):
 @pytest.mark.mpi
 def test_a_second_term_ends_a_rank_stuck_in_native_code(tiny, tmp_path):
     d = str(tmp_path / "stuck")
-    job = start(0, tiny, d, "train.epochs=100000", env={"DEEPFUSION_FAULT": "hang@3"})
+    job = start(0, tiny, d, "train.epochs=100000", env=fault_env("hang@3"))
     wait_for_steps(d, job, n=2)
     job.send_signal(signal.SIGTERM)
     time.sleep(DUP_S + 1.0)  # a later signal, not a copy of the first
@@ -91,7 +92,7 @@ def test_the_deadline_ends_every_rank_when_one_is_stuck(tiny, tmp_path):
     launcher (timeout's, Slurm's) ends the whole job at the deadline."""
     d = str(tmp_path / "deadline")
     job = start(2, tiny, d, "train.epochs=100000",
-                env={"DEEPFUSION_FAULT": "hang@3:1", "DEEPFUSION_STOP_DEADLINE": "2"})
+                env={**fault_env("hang@3:1"), "DEEPFUSION_STOP_DEADLINE": "2"})
     wait_for_steps(d, job, n=2)
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=HANG_GUARD)

@@ -16,12 +16,10 @@ import shutil
 import tempfile
 import time
 
-
-from deepfusion.engine.run import faults
-
-from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.data import check_divisible, group_count
 from deepfusion.engine.parallel.layout import check_precision
+from deepfusion.engine.run import hook
+from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.files import check_overwrite
 from deepfusion.engine.train.plan import plan
 
@@ -33,8 +31,8 @@ def holds_run(d: str) -> bool:
 
 def check_run(cfg, size: int, resume: bool, overwrite: bool) -> None:
     """Everything about this launch that is not the model: ranks, CPU, run directory, and the
-    test-only fault variable (a malformed one is refused here, not at the first step)."""
-    faults.parse(os.environ.get(faults.ENV, ""))
+    test-only hook (a malformed one is refused here, not at the first step)."""
+    hook.load(0)
     check_batches(cfg, size)
     check_precision(cfg.train.precision)
     check_run_dir(cfg.run.dir, resume, overwrite)

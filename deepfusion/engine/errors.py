@@ -1,8 +1,8 @@
 """The failures the engine raises on purpose. The application maps each to an exit code
 (:mod:`deepfusion.app.policy`); the engine never exits by itself.
 
-Every class except :class:`InjectedFailure` is raised on all ranks together (the decision was
-taken on all-reduced or broadcast values), so no rank is left waiting in a collective.
+Every class is raised on all ranks together (the decision was taken on all-reduced or broadcast
+values), so no rank is left waiting in a collective.
 """
 from __future__ import annotations
 
@@ -22,7 +22,3 @@ class ParametersDiverged(RuntimeError):
 class Preempted(Exception):
     """A stop signal arrived or train.time_limit_minutes passed; a checkpoint was written:
     requeue the job with --resume."""
-
-
-class InjectedFailure(RuntimeError):
-    """A test-only failure on one rank (see :mod:`deepfusion.engine.run.faults`)."""

@@ -1,1 +1,2 @@
-"""Run operations: the run directory's lock, its log (metrics.jsonl), the ETA, stop signals and their watchdog."""
+"""Run operations: the run directory's lock, its log (metrics.jsonl), the ETA, stop signals and their
+watchdog, and the one test-only hook into the training loop."""

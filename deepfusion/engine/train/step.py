@@ -62,7 +62,6 @@ class LossAndGrad:
         self.micro_batch, self.channels_last = micro_batch, channels_last
         self.precision = precision
         self.flags = {k: 0.0 for k in FLAGS}
-        self.poison_next = False  # test-only fault injection: make the next loss non-finite
         # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
         self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
 
@@ -102,8 +101,6 @@ class LossAndGrad:
             sums += local.detach().double()
             t_fwd, t_bwd = t_fwd + (t1 - t0), t_bwd + (t2 - t1)
         self.gs.accumulate_only(False)
-        if self.poison_next:
-            sums[0], self.poison_next = float("nan"), False
         self.gs.reduce()
         t_ar = self.gs.seconds
         t3 = time.perf_counter()

@@ -1,19 +1,21 @@
-"""Test-only fault injection, kept out of the user-facing configuration.
+"""Faults in the training loop, injected through the product's one test hook
+(:mod:`deepfusion.engine.run.hook`: ``DEEPFUSION_TEST_HOOK`` names this module).
 
 ``DEEPFUSION_FAULT`` holds comma-separated faults ``KIND@STEP[:RANK]`` (RANK defaults to 0),
-each fired at most once per process during global step STEP, numbered as the log and
+each fired at most once per process as global step STEP starts, numbered as the log and
 ``metrics.jsonl`` number the steps (from 1):
 
 * ``raise@13:1``  rank 1 raises :class:`InjectedFailure` during step 13 (an exception on one
   rank only; steps 1 to 12 are logged);
-* ``nan@5``       rank 0's loss of step 5 is made non-finite (a transient NaN);
+* ``nan@5``       rank 0's loss of step 5 is made non-finite (a transient NaN; its gradient
+  stays finite);
 * ``hang@7:1``    rank 1 blocks for good during step 7 in a C call that holds the GIL (as
   MPI_Init waiting for peers, or a parser looping on a damaged file): no Python code of that
-  process runs again, so only the stop watchdog (:mod:`.stop`) or SIGKILL ends it.
+  process runs again, so only the stop watchdog (``deepfusion.engine.run.stop``) or SIGKILL
+  ends it.
 
-A malformed value is an input error (:func:`parse`, which ``deepfusion train`` runs on every
-rank before anything is built). Unset (the normal case) costs one dictionary lookup at start-up
-and nothing per step.
+A launch gets both variables from :func:`fault_env`. A malformed value is refused as bad input
+by ``deepfusion train`` on every rank before anything is built (the hook is loaded there).
 """
 from __future__ import annotations
 
@@ -21,10 +23,19 @@ import ctypes
 import os
 from dataclasses import dataclass, field
 
-from deepfusion.engine.errors import InjectedFailure
+from deepfusion.engine.run.hook import ENV as HOOK
 
 ENV = "DEEPFUSION_FAULT"
 KINDS = ("raise", "nan", "hang")
+
+
+class InjectedFailure(RuntimeError):
+    """A failure on one rank only (the other ranks wait for it in a collective)."""
+
+
+def fault_env(faults: str) -> dict:
+    """The environment of a launch with ``faults`` (``KIND@STEP[:RANK],...``) injected."""
+    return {HOOK: __name__, ENV: faults}
 
 
 def parse(text: str) -> list[tuple[str, int, int]]:
@@ -49,10 +60,6 @@ class Faults:
     rank: int
     planned: list[tuple[str, int, int]] = field(default_factory=list)
 
-    @classmethod
-    def from_env(cls, rank: int) -> "Faults":
-        return cls(rank, parse(os.environ.get(ENV, "")))
-
     def fire(self, taken: int) -> bool:
         """Called as the loop starts a step, with ``taken`` the steps taken before it (so the
         step is logged as ``taken + 1``): raise a planned ``raise`` fault for that step on this
@@ -72,6 +79,32 @@ class Faults:
                 hang_in_native_code()
             poison = True
         return poison
+
+
+def step_hook(rank: int):
+    """The hook's entry (:func:`deepfusion.engine.run.hook.load`): the faults of ``rank`` fired
+    as each step starts, or None when ``DEEPFUSION_FAULT`` plans none."""
+    faults = Faults(rank, parse(os.environ.get(ENV, "")))
+    if not faults.planned:
+        return None
+
+    def at_step(trainer) -> None:
+        if faults.fire(trainer.step):
+            poison_next_loss(trainer.loss_and_grad)
+    return at_step
+
+
+def poison_next_loss(loss_and_grad) -> None:
+    """Make the first loss term of the next evaluation non-finite on this rank, its value only:
+    the NaN is added to the term, so the backward pass (the derivative of a sum) and the
+    gradient stay as they were, and every rank sees the NaN in the step's reduced loss."""
+    def once(x):
+        del loss_and_grad.forward_terms  # the class's own method again from the next call on
+        terms = type(loss_and_grad).forward_terms(loss_and_grad, x)
+        first = loss_and_grad.term_names[0]
+        terms[first] = terms[first] + float("nan")
+        return terms
+    loss_and_grad.forward_terms = once
 
 
 def hang_in_native_code() -> None:
