@@ -2,9 +2,10 @@
 
 ``get_problem(name, **options)`` builds a problem from a registered name, a
 ``"package.module:ClassName"`` importable from the PYTHONPATH, or a plugin's entry point
-(group ``diffnet.problems``): see :mod:`.registry`. The contract a problem implements:
-:mod:`.base`, the three parts :class:`Family`, :class:`Loss` and an answer head
-(:mod:`.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`).
+(group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
+implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
+head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The families
+are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations
 
