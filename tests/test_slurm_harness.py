@@ -48,6 +48,12 @@ def test_bad_usage_exits_2():
     assert res.returncode == 2 and "expected check, test" in res.stderr
 
 
+def test_help_exits_0_with_the_usage():
+    res = subprocess.run([sys.executable, "-m", "tests.slurm_local", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and "python -m tests.slurm_local test [PYTEST_ARGS]" in res.stdout
+
+
 def test_slurm_conf_has_what_the_tests_rely_on(tmp_path, monkeypatch):
     monkeypatch.setattr(K, "node_line", lambda: "NodeName=h1 CPUs=2 Boards=1 SocketsPerBoard=1 "
                                                 "CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000")

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from deepfusion.jobs.slurm import FINAL_STATES, run_client, sbatch
-from tests.slurm_local.client import ENV_LOCAL, ENV_PARTITION, ENV_WORKDIR, cluster_up, wait_for_file, wait_job
+from tests.slurm_local.client import (ENV_LOCAL, ENV_PARTITION, ENV_WORKDIR, cluster_up, wait_for_file,
+                                     wait_job)
 from tests.tiny_configs import TINY, variant
 
 pytestmark = [pytest.mark.slurm,

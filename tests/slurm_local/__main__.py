@@ -6,6 +6,7 @@
     python -m tests.slurm_local exec CMD [ARGS]     the same cluster around any command (SLURM_CONF
                                                    and the DEEPFUSION_SLURM_* variables set)
     --keep   keep the temporary directory (logs, job outputs) even when everything passed
+    --help   this text
 
 Exit codes: 0 passed (or skipped: the machine cannot run Slurm, the reason is printed), 1 a test
 or the cluster failed (daemon logs are printed, the directory is kept), 2 bad usage.
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     keep = "--keep" in argv
     argv = [a for a in argv if a != "--keep"]
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if not argv or argv[0] not in ("check", "test", "exec") or (argv[0] == "exec" and len(argv) < 2):
         print(f"error: expected check, test [PYTEST_ARGS] or exec CMD, got {' '.join(argv) or 'nothing'}\n\n"
               f"{__doc__}", file=sys.stderr)
