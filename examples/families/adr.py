@@ -57,8 +57,8 @@ class ADR(Problem):
     def __init__(self, *, grid=(64, 64), omega_range=(-0.5, 0.5), max_speed=4.0,
                  lift_range=(-1.0, 1.0), output_scale=0.25):
         super().__init__(grid=grid)
-        self.omega_range = _interval("omega_range", omega_range)
-        self.lift_range = _interval("lift_range", lift_range)
+        self.omega_range = gt.interval("omega_range", omega_range)
+        self.lift_range = gt.interval("lift_range", lift_range)
         self.max_speed, self.output_scale = float(max_speed), float(output_scale)
         if not (self.max_speed >= 0 and self.output_scale > 0):
             raise ValueError(f"need max_speed >= 0 and output_scale > 0, got {max_speed}, "
@@ -122,9 +122,3 @@ class ADR(Problem):
         return (gt.flux_operator(np.exp(x[0]), self.spacing) + flow
                 + REACTION * sp.identity(ny * nx)).tocsr()
 
-
-def _interval(name, value) -> tuple[float, float]:
-    lo, hi = (float(v) for v in value)
-    if not lo < hi:
-        raise ValueError(f"{name} must be (lo, hi) with lo < hi, got {value}")
-    return lo, hi
