@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, Problem
+from diffnet.problems import Axis
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
@@ -20,7 +20,7 @@ LIFT_MODES = ((0, 1), (1, 0))                # G = g_1 cos(pi x) + g_2 cos(pi y)
 SOURCE, REACTION = 1.0, 1.0
 
 
-class ADR(Problem):
+class ADR(gt.ResidualFamily):
     """-div(a grad u) + b . grad u + u = 1 on (y, x) in [0, 1]^2, u = g on the boundary.
 
     Draw (8 parameters, uniform): log a = sum_i omega_i cos(k_i pi y) cos(l_i pi x) over four
@@ -51,8 +51,6 @@ class ADR(Problem):
     param_names = (*(f"omega_{i + 1}" for i in range(len(A_MODES))), "flow_angle",
                    "flow_speed", "g_1", "g_2")
     input_channels = ("log_a", "b_y", "b_x", "phi", "lift", "bubble")
-    loss_term_names = ("pde",)
-    solves_from_inputs = True
 
     def __init__(self, *, grid=(64, 64), omega_range=(-0.5, 0.5), max_speed=4.0,
                  lift_range=(-1.0, 1.0), output_scale=0.25):
@@ -101,17 +99,11 @@ class ADR(Problem):
         advection = inputs[:, 1:2] * d[:, 0:1] + inputs[:, 2:3] * d[:, 1:2]
         return gt.flux_divergence(self.fd, self.block, u, a) + advection + REACTION * u - SOURCE
 
-    def loss_terms(self, u, inputs):
-        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+    def source(self, x: np.ndarray) -> np.ndarray:
+        return np.full(self.grid, SOURCE)
 
-    def reference_solution(self, params, method: str = "auto") -> np.ndarray:
-        x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()
-        return self.solve_from_inputs(x, method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        self.check_method(method, from_inputs=True)
-        x = self.check_sample(inputs)
-        return gt.dirichlet_solve(self.operator(x), np.full(self.grid, SOURCE), x[4])
+    def boundary(self, x: np.ndarray) -> np.ndarray:
+        return x[4]
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
         """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, Problem
+from diffnet.problems import Axis
 from diffnet.stencils import FiniteDifference
 
 F_MODES = ((0, 1), (1, 0), (1, 1), (2, 2))   # (k_y, k_x) of the source's modes cos(k_y pi y) cos(k_x pi x)
@@ -26,7 +26,7 @@ def tensor(theta, eps):
     return s * s + eps * c * c, (1 - eps) * s * c, c * c + eps * s * s
 
 
-class Anisotropic(Problem):
+class Anisotropic(gt.ResidualFamily):
     """-div(K grad u) = f on (y, x) in [0, 1]^2, u = 0 on the boundary, K constant.
 
     Draw (6 parameters, uniform): K = R(theta) diag(1, eps) R(theta)^T, theta in [0, pi) the
@@ -54,8 +54,6 @@ class Anisotropic(Problem):
     name = "anisotropic"
     param_names = ("theta", "eps", *(f"c_{i + 1}" for i in range(len(F_MODES))))
     input_channels = ("K_yy", "K_xy", "K_xx", "kq", "f", "bubble")
-    loss_term_names = ("pde",)
-    solves_from_inputs = True
 
     def __init__(self, *, grid=(64, 64), eps_range=(0.05, 1.0), source_range=(-1.0, 1.0),
                  output_scale=0.04):
@@ -100,17 +98,11 @@ class Anisotropic(Problem):
         flux = (k[:, 0:1] * d[:, 0:1] + 2 * k[:, 1:2] * d[:, 1:2] + k[:, 2:3] * d[:, 2:3])
         return -flux - inputs[:, 4:5]
 
-    def loss_terms(self, u, inputs):
-        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+    def source(self, x: np.ndarray) -> np.ndarray:
+        return x[4]
 
-    def reference_solution(self, params, method: str = "auto") -> np.ndarray:
-        x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()
-        return self.solve_from_inputs(x, method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        self.check_method(method, from_inputs=True)
-        x = self.check_sample(inputs)
-        return gt.dirichlet_solve(self.operator(x), x[4], np.zeros(self.grid))
+    def boundary(self, x: np.ndarray) -> np.ndarray:
+        return np.zeros(self.grid)
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
         """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x

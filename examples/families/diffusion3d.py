@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, Problem
+from diffnet.problems import Axis
 from diffnet.stencils import FiniteDifference
 
 # (k_z, k_y, k_x) of log a's modes cos(k_z pi z) cos(k_y pi y) cos(k_x pi x)
@@ -22,7 +22,7 @@ LIFT_MODES = ((0, 0, 1), (0, 1, 0), (1, 0, 0))   # G = g_1 cos(pi x) + g_2 cos(p
 SOURCE, REACTION = 1.0, 1.0
 
 
-class Diffusion3D(Problem):
+class Diffusion3D(gt.ResidualFamily):
     """-div(a grad u) + u = 1 on (z, y, x) in [0, 1]^3, u = g on the boundary.
 
     Draw (7 parameters, uniform): log a = sum_i omega_i times four zero-mean cosine modes,
@@ -50,8 +50,7 @@ class Diffusion3D(Problem):
     param_names = (*(f"omega_{i + 1}" for i in range(len(A_MODES))),
                    *(f"g_{i + 1}" for i in range(len(LIFT_MODES))))
     input_channels = ("log_a", "lift", "bubble")
-    loss_term_names = ("pde",)
-    solves_from_inputs = True
+    symmetric = True
 
     def __init__(self, *, grid=(32, 32, 32), omega_range=(-0.5, 0.5), lift_range=(-1.0, 1.0),
                  output_scale=0.25):
@@ -91,18 +90,11 @@ class Diffusion3D(Problem):
         a = inputs[:, :1].exp()
         return gt.flux_divergence(self.fd, self.block, u, a) + REACTION * u - SOURCE
 
-    def loss_terms(self, u, inputs):
-        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+    def source(self, x: np.ndarray) -> np.ndarray:
+        return np.full(self.grid, SOURCE)
 
-    def reference_solution(self, params, method: str = "auto") -> np.ndarray:
-        x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()
-        return self.solve_from_inputs(x, method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        self.check_method(method, from_inputs=True)
-        x = self.check_sample(inputs)
-        return gt.dirichlet_solve(self.operator(x), np.full(self.grid, SOURCE), x[1],
-                                  symmetric=True)
+    def boundary(self, x: np.ndarray) -> np.ndarray:
+        return x[1]
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
         """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x

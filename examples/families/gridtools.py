@@ -5,7 +5,9 @@
 * the residual's pieces in torch, with the split-exact stencil ``FiniteDifference(u, block)``:
   the flux form of -div(a grad u) and the Laplacian;
 * the same stencils as scipy sparse matrices on the whole node grid, and the Dirichlet solve
-  that eliminates the boundary nodes (u = g there) and solves for the interior ones.
+  that eliminates the boundary nodes (u = g there) and solves for the interior ones;
+* ``ResidualFamily``, the part of a ``Problem`` the four families have alike: the loss, the
+  squared ``residual`` on the interior nodes, and the reference solver of the same scheme.
 
 Every operator here is second order and uses only a node's 3^dims neighbours, so on the
 interior nodes the torch residual and the sparse rows are the same formula (a family's test
@@ -13,12 +15,15 @@ checks it to rounding). Axis order is the grid's: (y, x) in 2-D, (z, y, x) in 3-
 """
 from __future__ import annotations
 
+import abc
 import functools
 
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
+
+from diffnet.problems import Problem
 
 
 def interval(name: str, value) -> tuple[float, float]:
@@ -149,3 +154,46 @@ def _amg_cg(a, rhs, rtol: float = 1e-13) -> np.ndarray:
         raise RuntimeError(f"the 3-D reference solve stopped at a relative residual of "
                            f"{residuals[-1] / residuals[0]:.1e}, not {rtol:.0e}")
     return x
+
+
+# -- the loss and the reference solver the families share -----------------------------------------
+class ResidualFamily(Problem):
+    """A family trained on its squared strong-form residual, with a reference solver of the
+    same scheme. A subclass gives ``residual(u, inputs)`` (torch, split-exact: r at every node
+    of the block) and, for one sample's inputs x (C, *grid) in numpy, ``operator(x)`` (the
+    scheme without the source, (N, N) on the whole grid), ``source(x)`` and ``boundary(x)``
+    (the Dirichlet data; nodal fields, only the walls' values are read)."""
+
+    loss_term_names = ("pde",)
+    solves_from_inputs = True
+    symmetric = False          # True: the operator is symmetric positive definite (3-D: AMG-CG)
+
+    @abc.abstractmethod
+    def residual(self, u, inputs) -> torch.Tensor:
+        """(B, 1, *block) the scheme's residual at every node of the block."""
+
+    @abc.abstractmethod
+    def operator(self, x: np.ndarray) -> sp.spmatrix:
+        """(N, N) the scheme of ``residual`` without the source, on the whole grid."""
+
+    @abc.abstractmethod
+    def source(self, x: np.ndarray) -> np.ndarray:
+        """(*grid) the right-hand side at the nodes."""
+
+    @abc.abstractmethod
+    def boundary(self, x: np.ndarray) -> np.ndarray:
+        """(*grid) a field holding the Dirichlet data on the walls."""
+
+    def loss_terms(self, u, inputs):
+        # the norm of r: the mean square over the interior nodes (the walls hold g exactly)
+        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+
+    def reference_solution(self, params, method: str = "auto") -> np.ndarray:
+        x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()
+        return self.solve_from_inputs(x, method)
+
+    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
+        self.check_method(method, from_inputs=True)
+        x = self.check_sample(inputs)
+        return dirichlet_solve(self.operator(x), self.source(x), self.boundary(x),
+                               symmetric=self.symmetric)

@@ -13,14 +13,14 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, Problem
+from diffnet.problems import Axis
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
 F_MODES = ((0, 1), (1, 0), (1, 1), (2, 2))   # the source's modes, the same form
 
 
-class Helmholtz(Problem):
+class Helmholtz(gt.ResidualFamily):
     """-div(a grad u) + k u = f on (y, x) in [0, 1]^2, u = 0 on the boundary.
 
     Draw (9 parameters, uniform): log a = sum_i omega_i cos(k_i pi y) cos(l_i pi x) over four
@@ -49,8 +49,6 @@ class Helmholtz(Problem):
     param_names = (*(f"omega_{i + 1}" for i in range(len(A_MODES))), "log_k0",
                    *(f"c_{i + 1}" for i in range(len(F_MODES))))
     input_channels = ("log_a", "k", "f", "bubble")
-    loss_term_names = ("pde",)
-    solves_from_inputs = True
 
     def __init__(self, *, grid=(64, 64), omega_range=(-0.5, 0.5), k_range=(1.0, 100.0),
                  source_range=(-1.0, 1.0), output_scale=0.02):
@@ -95,17 +93,11 @@ class Helmholtz(Problem):
         a = inputs[:, :1].exp()
         return gt.flux_divergence(self.fd, self.block, u, a) + inputs[:, 1:2] * u - inputs[:, 2:3]
 
-    def loss_terms(self, u, inputs):
-        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+    def source(self, x: np.ndarray) -> np.ndarray:
+        return x[2]
 
-    def reference_solution(self, params, method: str = "auto") -> np.ndarray:
-        x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()
-        return self.solve_from_inputs(x, method)
-
-    def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
-        self.check_method(method, from_inputs=True)
-        x = self.check_sample(inputs)
-        return gt.dirichlet_solve(self.operator(x), x[2], np.zeros(self.grid))
+    def boundary(self, x: np.ndarray) -> np.ndarray:
+        return np.zeros(self.grid)
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
         """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x
