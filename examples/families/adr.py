@@ -106,8 +106,7 @@ class ADR(gt.ResidualFamily):
         return x[4]
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
-        """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x
-        (C, H, W), on the whole grid: its interior rows are the equations."""
+        """Flux-form diffusion, central advection, the reaction: ``residual``'s scheme."""
         (hy, hx), (ny, nx) = self.spacing, self.grid
         flow = (sp.diags(x[1].ravel()) @ gt.along(gt.first_difference(ny, hy), 0, self.grid)
                 + sp.diags(x[2].ravel()) @ gt.along(gt.first_difference(nx, hx), 1, self.grid))

@@ -101,12 +101,8 @@ class Anisotropic(gt.ResidualFamily):
     def source(self, x: np.ndarray) -> np.ndarray:
         return x[4]
 
-    def boundary(self, x: np.ndarray) -> np.ndarray:
-        return np.zeros(self.grid)
-
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
-        """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x
-        (C, H, W), on the whole grid: its interior rows are the equations."""
+        """-(K_yy D_yy + 2 K_xy D_y D_x + K_xx D_xx): ``residual``'s 9-point scheme."""
         (hy, hx), (ny, nx) = self.spacing, self.grid
         d_y = gt.along(gt.first_difference(ny, hy), 0, self.grid)
         d_x = gt.along(gt.first_difference(nx, hx), 1, self.grid)

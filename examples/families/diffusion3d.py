@@ -97,7 +97,6 @@ class Diffusion3D(gt.ResidualFamily):
         return x[1]
 
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
-        """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x
-        (C, D, H, W), on the whole grid: its interior rows are the equations."""
+        """Flux-form diffusion (7-point) plus the reaction: ``residual``'s scheme."""
         n = int(np.prod(self.grid))
         return (gt.flux_operator(np.exp(x[0]), self.spacing) + REACTION * sp.identity(n)).tocsr()

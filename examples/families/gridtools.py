@@ -162,7 +162,7 @@ class ResidualFamily(Problem):
     same scheme. A subclass gives ``residual(u, inputs)`` (torch, split-exact: r at every node
     of the block) and, for one sample's inputs x (C, *grid) in numpy, ``operator(x)`` (the
     scheme without the source, (N, N) on the whole grid), ``source(x)`` and ``boundary(x)``
-    (the Dirichlet data; nodal fields, only the walls' values are read)."""
+    (the Dirichlet data, default 0; nodal fields, only the walls' values are read)."""
 
     loss_term_names = ("pde",)
     solves_from_inputs = True
@@ -180,9 +180,9 @@ class ResidualFamily(Problem):
     def source(self, x: np.ndarray) -> np.ndarray:
         """(*grid) the right-hand side at the nodes."""
 
-    @abc.abstractmethod
     def boundary(self, x: np.ndarray) -> np.ndarray:
-        """(*grid) a field holding the Dirichlet data on the walls."""
+        """(*grid) a field holding the Dirichlet data on the walls: here u = 0."""
+        return np.zeros(self.grid)
 
     def loss_terms(self, u, inputs):
         # the norm of r: the mean square over the interior nodes (the walls hold g exactly)

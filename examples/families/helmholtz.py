@@ -96,10 +96,6 @@ class Helmholtz(gt.ResidualFamily):
     def source(self, x: np.ndarray) -> np.ndarray:
         return x[2]
 
-    def boundary(self, x: np.ndarray) -> np.ndarray:
-        return np.zeros(self.grid)
-
     def operator(self, x: np.ndarray) -> sp.csr_matrix:
-        """(N, N) the scheme of ``residual`` (without the source) for one sample's inputs x
-        (C, H, W), on the whole grid: its interior rows are the equations."""
+        """Flux-form diffusion plus the reaction field: ``residual``'s scheme."""
         return (gt.flux_operator(np.exp(x[0]), self.spacing) + sp.diags(x[1].ravel())).tocsr()
