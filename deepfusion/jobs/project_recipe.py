@@ -46,11 +46,11 @@ def recipe_levels(config: str, sets: list) -> tuple[object, list[dict]]:
     visits = plan(cfg)
     levels = [{"level": v.level, "grid": list(v.grid), "batch": v.global_batch,
                "steps": v.steps, "evals": evaluations_per_step(v.optim)} for v in visits]
-    task = build_problem(cfg, levels[0]["grid"])
+    problem = build_problem(cfg, levels[0]["grid"])
     chains = prolonged_chains(visits)
     for lv in levels:  # [(fine grid, inner grid, inner trains)] of the network on the level's grid
         lv["chain"] = [[list(f), list(c), t] for f, c, t in chains.get(tuple(lv["grid"]), [])]
-        lv["channels"] = [len(task.input_channels), task.output_channels]
+        lv["channels"] = [len(problem.input_channels), problem.output_channels]
     return cfg, levels
 
 

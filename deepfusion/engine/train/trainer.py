@@ -38,13 +38,13 @@ from deepfusion.engine.train.step import LossAndGrad, StepResult
 
 class Trainer:
     """Fits ``model`` on the problem ``problems(grid)`` of every visit of the plan of ``cfg``
-    (one visit on ``task`` without ``train.levels``)."""
+    (one visit on ``problem`` without ``train.levels``)."""
 
-    def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype,
+    def __init__(self, cfg, comm, problem, model: ParallelModel, *, specs: dict, dtype,
                  problems=None, grow=None):
         self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
         self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
-        self.problems = problems or (lambda grid: task)
+        self.problems = problems or (lambda grid: problem)
         # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
         # innermost first, and the visits that grew them
         self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
@@ -56,9 +56,10 @@ class Trainer:
         self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
         self.total_steps = self.visits[-1].end
         self.visit: Visit | None = None  # entered by the loop (enter), with everything below
-        self.task, self.pool, self.inputs, self.loss_and_grad, self.optim = task, None, None, None, None
+        self.problem = problem
+        self.pool, self.inputs, self.loss_and_grad, self.optim = None, None, None, None
         self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
-        terms = tuple(task.loss_term_names)
+        terms = tuple(problem.loss_term_names)
         self.faults = Faults.from_env(comm.rank)
         self.step, self.lr_scale = 0, 1.0
         # wall seconds of the trajectory so far, summed over the segments of a resumed run
@@ -114,13 +115,13 @@ class Trainer:
         self.visit = visit
         self.reshape(visit.index)
         block = self.model.block(visit.grid)  # the whole grid, unless split over ranks
-        self.task = self.problems(visit.grid).on_block(block)
+        self.problem = self.problems(visit.grid).on_block(block)
         c = self.cfg
         self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.model.data_rank,
                                 self.model.data_size, seed=c.data.seed, shuffle=True)
-        self.inputs = InputCache(self.task, c.data.seed, self.dtype, block=block)
-        self.loss_and_grad = LossAndGrad(self.model, self.task, global_batch=visit.global_batch,
-                                         term_names=tuple(self.task.loss_term_names),
+        self.inputs = InputCache(self.problem, c.data.seed, self.dtype, block=block)
+        self.loss_and_grad = LossAndGrad(self.model, self.problem, global_batch=visit.global_batch,
+                                         term_names=tuple(self.problem.loss_term_names),
                                          micro_batch=visit.micro_batch,
                                          channels_last=c.model.channels_last,
                                          precision=c.train.precision)
@@ -170,7 +171,7 @@ class Trainer:
         v = self.visit
         self.loss_and_grad.poison_next = self.faults.fire(self.step)
         stepper = self.optim.at(epoch - v.epoch_base)
-        self.task.set_progress(self.progress())
+        self.problem.set_progress(self.progress())
         t = self.cfg.train
         self.loss_and_grad.flags["checkpoint"] = float(self.passed(self.last_save,
                                                                    t.checkpoint_minutes))
@@ -240,7 +241,7 @@ class Trainer:
         n = self.cfg.data.eval_samples
         if n <= 0:
             return
-        s = evaluate(self.model.module, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
+        s = evaluate(self.model.module, self.problem, self.comm, n=n, seed=self.cfg.data.eval_seed,
                      dtype=self.dtype, channels_last=self.cfg.model.channels_last,
                      domain=self.model.domain)
         if s is not None:
