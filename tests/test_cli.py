@@ -17,7 +17,7 @@ from deepfusion.cli import build_parser, main
 from deepfusion.app.options import THREADS_HELP, set_options
 from deepfusion.config.reference import BEGIN, END, between, markdown_reference, splice
 from deepfusion.config.sections import SECTIONS
-from diffnet.problems import PROBLEMS, problem_options
+from diffnet.problems import PROBLEMS, option_names
 from deepfusion.jobs import model as jobs_model
 from deepfusion.jobs import render as jobs_render
 from deepfusion.jobs import sweep as jobs_sweep
@@ -181,7 +181,7 @@ def test_problems_lists_the_registry(cli):
 def test_one_problem_in_detail(name, cli):
     rc, out, _ = cli(["problems", name])
     assert rc == 0
-    options = [k for k in problem_options(name) if k != "grid"]
+    options = [k for k in option_names(name) if k != "grid"]
     for k in options:
         assert f"    {k} " in out, k
     assert f"{PROBLEMS[name].dims}-D" in out

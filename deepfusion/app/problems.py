@@ -240,7 +240,7 @@ def check_registry_options(cfg) -> list[str]:
     name something the registries do not have (no problem or model is built); the notes to
     print (a config without ``problem.name``)."""
     from diffnet.generators import GENERATORS
-    from diffnet.problems import available_text, problem_options, resolve
+    from diffnet.problems import available_text, option_names, resolve
     from diffnet.validation import keyword_options
 
     notes = []
@@ -252,7 +252,7 @@ def check_registry_options(cfg) -> list[str]:
             cls = resolve(cfg.problem.name)
         except ValueError as e:
             raise ValueError(f"problem.name: {e}") from None
-        valid = [k for k in problem_options(cls) if k != GRID]
+        valid = [k for k in option_names(cls) if k != GRID]
         for key in cfg.problem.options:
             _known(f"problem.options.{key}", key, valid,
                    f"options of problem {cfg.problem.name!r}", option=True)

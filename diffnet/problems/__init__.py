@@ -27,7 +27,7 @@ for _cls in (Burgers, Darcy, Poisson, Poisson3D, ReactionDiffusion):
     register(_cls)
 
 
-def problem_options(name) -> tuple[str, ...]:
+def option_names(name) -> tuple[str, ...]:
     """The keyword options the constructor of problem ``name`` (a name or a class) accepts."""
     return tuple(keyword_options(name if inspect.isclass(name) else resolve(name)))
 
@@ -36,7 +36,7 @@ def get_problem(name, **kwargs) -> Problem:
     """Instantiate problem ``name`` (see :func:`resolve`; or a Problem class itself) with its
     keyword options (e.g. ``grid=(64, 64)``)."""
     cls = name if inspect.isclass(name) else resolve(name)
-    valid = problem_options(cls)
+    valid = option_names(cls)
     bad = sorted(k for k in kwargs if k not in valid)
     if bad:
         raise ValueError(f"unknown option(s) {bad} for problem {cls.name!r}; valid options: "
@@ -55,7 +55,7 @@ def replace_options(name, stored: dict, given: dict) -> dict:
 
 
 __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "AnswerHead", "Plain",
-           "Ritz", "QuadraticEnergy", "get_problem", "problem_options",
+           "Ritz", "QuadraticEnergy", "get_problem", "option_names",
            "replace_options", "resolve", "register", "problem_spec", "has_reference",
            "check_reference", "entry_point_names", "available_text", "Burgers", "Darcy",
            "Poisson", "Poisson3D", "ReactionDiffusion"]

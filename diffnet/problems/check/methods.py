@@ -282,7 +282,7 @@ def check_gradient(s: Subject, directions: int = 3, h: float = 1e-6, rtol: float
     return f"{directions} directions agree to {worst:.1e}{left}"
 
 
-def check_reference(s: Subject) -> str:
+def check_reference_solution(s: Subject) -> str:
     return reference_check(s, "reference_solution", lambda params, x: params)
 
 
@@ -340,13 +340,13 @@ def check_round_trip(s: Subject) -> str:
     except (TypeError, ValueError) as e:
         raise Fault("config", f"{cfg!r}, which is not JSON ({e})",
                     "JSON values (a checkpoint stores config() as JSON)") from None
-    from diffnet.problems import problem_options
+    from diffnet.problems import option_names
 
-    unknown = sorted(set(cfg) - set(problem_options(s.cls)))
+    unknown = sorted(set(cfg) - set(option_names(s.cls)))
     expect(not unknown, "config", f"keys {unknown}", "only the constructor's keyword options")
     # the constructor's options too: a config() that drops an option at its default passes
     # a round trip at the defaults, and a run that sets it rebuilds with the default
-    lost = sorted((set(s.options) | set(problem_options(s.cls))) - set(cfg))
+    lost = sorted((set(s.options) | set(option_names(s.cls))) - set(cfg))
     expect(not lost, "config", f"{cfg} without the option(s) {lost} of the constructor",
            "every option, so that a checkpoint rebuilds the same problem: return "
            "{**super().config(), OPTION: value, ...}")
