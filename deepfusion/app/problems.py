@@ -58,7 +58,7 @@ def cmd_problems(args) -> int:
 
 def facts(name: str) -> dict:
     """Everything ``problems`` prints about problem ``name`` (anything ``resolve`` takes)."""
-    from diffnet.problems import problem_spec, resolve
+    from diffnet.problems import has_reference, problem_spec, resolve, solves_from_inputs
     from diffnet.validation import keyword_options
 
     cls = resolve(name)
@@ -78,8 +78,8 @@ def facts(name: str) -> dict:
         "fields_hint": cls.fields_hint.strip(),
         "output_channels": inst.output_channels,
         "params": list(inst.param_names),
-        "methods": list(cls.reference_methods),
-        "from_inputs": bool(cls.solves_from_inputs),
+        "methods": list(cls.reference_methods) if has_reference(cls) else [],
+        "from_inputs": solves_from_inputs(cls),
         "options": [(k, _default(v), option_note(doc, k)) for k, v in options if k != GRID],
     }
 
