@@ -18,7 +18,7 @@ from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
-from deepfusion.app.options import as_set_flags, deprecated_spellings, problem_options
+from deepfusion.app.options import as_set_flags, problem_options
 from deepfusion.app.policy import ExitCode, collective_check, say_note, say_once
 from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warning
 
@@ -212,8 +212,6 @@ def _evaluation_target(args):
 
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
-    for w in collective_check(comm, deprecated_spellings, args):
-        say_once(comm, w)
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
     from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text
