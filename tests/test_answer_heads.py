@@ -132,7 +132,7 @@ def test_an_impose_that_combines_fields_keeps_the_plain_head():
     x = p.build_input(p.sample_params(0, range(2)), dtype=torch.float64)
     raw = torch.rand(2, 2, 16, 16, dtype=torch.float64)
     assert torch.equal(p.answer(raw, x), p.impose(raw, x))
-    assert Heat(grid=(16, 16)).output_channels == 1      # the head's: the subclass declares it
+    assert Heat(grid=(16, 16)).output_channels == 1      # Heat's: its head's channels
     with pytest.raises(AttributeError):                   # one way to declare it: the class
         Heat(grid=(16, 16)).output_channels = 3           # attribute, not an instance's
     assert check_problem(SumsItsFields).ok
