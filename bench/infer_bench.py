@@ -49,8 +49,7 @@ import tempfile
 import time
 
 from bench.common import ROOT, emit_json, peak_rss_mb
-from deepfusion.app.options import (ANSWER_SET_HELP, add_set, deprecated_spellings,
-                                        problem_options)
+from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,8 +333,6 @@ def main(argv=None) -> int:
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
     args.solvers = [m for m in args.solvers.split(",") if m]
-    for warning in deprecated_spellings(args):  # --option: the old spelling of --set
-        print(warning, file=sys.stderr, flush=True)
     try:
         args.options = problem_options(args, "bench.infer_bench")
     except ValueError as e:

@@ -86,7 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
     check_cli.register(sub)
     status_cli.register(sub)
     register_jobs(sub)
+    spelt_whole(p)
     return p
+
+
+def spelt_whole(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``parser`` and of its subcommands is taken only as spelt: argparse would
+    otherwise read any unambiguous prefix (``--sample`` as ``--samples``), a second name for it."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                spelt_whole(sub)
 
 
 def _local(name: str):

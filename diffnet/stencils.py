@@ -53,9 +53,6 @@ On a block of a split grid (``forward(u, block)``, ``diffnet.domain.Block``), u 
 part: it is padded by ``block.halo(u, 1)`` (the neighbours' nodes) and only the sides on the
 GLOBAL boundary get the cubic ghosts (``pad_cubic_block``), so every node's derivatives are the
 undivided ones. A block on the global boundary needs at least 4 nodes along that axis.
-
-``FiniteDifference3D``, ``stencil_kernel_3d``, ``pad_cubic_3d`` and ``DERIVATIVES_3D`` are the
-3-D spellings of the same code, kept for callers that name the dimension.
 """
 from __future__ import annotations
 
@@ -89,21 +86,17 @@ def derivative_names(dims: int) -> tuple[str, ...]:
             *(a + b for a, b in itertools.combinations(letters, 2)))
 
 
-DERIVATIVES = derivative_names(2)
-DERIVATIVES_3D = derivative_names(3)
 
-
-def check_spacing(spacing, dims: int | None = None) -> tuple[float, ...]:
+def check_spacing(spacing) -> tuple[float, ...]:
     """The node spacing of each axis, finite and > 0; its length is the number of axes (1, 2
-    or 3), or must be ``dims`` when given."""
-    if dims is None:
-        try:
-            dims = len(spacing)
-        except TypeError:
-            dims = 0
-        if isinstance(spacing, (str, bytes)) or dims not in (1, 2, 3):
-            raise ValueError(f"spacing must give the node spacing of 1, 2 or 3 axes, such as "
-                             f"(h_row, h_col) or (h_depth, h_row, h_col), got {spacing!r}")
+    or 3)."""
+    try:
+        dims = len(spacing)
+    except TypeError:
+        dims = 0
+    if isinstance(spacing, (str, bytes)) or dims not in (1, 2, 3):
+        raise ValueError(f"spacing must give the node spacing of 1, 2 or 3 axes, such as "
+                         f"(h_row, h_col) or (h_depth, h_row, h_col), got {spacing!r}")
     form = "(" + ", ".join(_SPACING_NAMES[-dims:]) + ")"
     return check_positive_tuple("spacing", spacing, dims, form)
 
@@ -155,11 +148,6 @@ def stencil_kernel(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
     return torch.einsum(",".join(letters) + "->" + letters, *factors)
 
 
-def stencil_kernel_3d(name: str, spacing, kind: str = "sobel") -> torch.Tensor:
-    """``stencil_kernel`` with a spacing of exactly three axes (h_depth, h_row, h_col)."""
-    return stencil_kernel(name, check_spacing(spacing, 3), kind)
-
-
 def _ghost(p: torch.Tensor, dim: int, first: int, step: int) -> torch.Tensor:
     """The cubic ghost from the 4 layers p[first], p[first + step], ... along ``dim``."""
     a0, a1, a2, a3 = (a * p.narrow(dim, first + k * step, 1) for k, a in enumerate(_GHOST))
@@ -188,9 +176,6 @@ def pad_cubic(u: torch.Tensor) -> torch.Tensor:
         p[(*region, slice(0, 1), *inner[a + 1:])] = _ghost(src, dim, 0, 1)
         p[(*region, slice(n + 1, n + 2), *inner[a + 1:])] = _ghost(src, dim, n - 1, -1)
     return p
-
-
-pad_cubic_3d = pad_cubic
 
 
 def check_block_sizes(block) -> None:
@@ -331,14 +316,6 @@ class FiniteDifference(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"
-
-
-class FiniteDifference3D(FiniteDifference):
-    """``FiniteDifference`` with a spacing of exactly three axes (h_depth, h_row, h_col) and
-    the first derivatives ("d", "r", "c") by default."""
-
-    def __init__(self, spacing, kind: str = "sobel", derivatives=("d", "r", "c")):
-        super().__init__(check_spacing(spacing, 3), kind, derivatives)
 
 
 def gradient(u: torch.Tensor, spacing, kind: str = "sobel") -> tuple[torch.Tensor, ...]:

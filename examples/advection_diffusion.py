@@ -35,7 +35,6 @@ class AdvectionDiffusion(Problem):
     name = "advection_diffusion"
     param_names = tuple(f"a_{i + 1}" for i in range(len(MODES)))
     input_channels = ("b_y", "b_x")
-    solves_from_inputs = True          # the reference needs only the flow fields
 
     def __init__(self, *, grid=(16, 16), amplitude_range=(-0.2, 0.2), diffusivity=0.1,
                  hard_bc=True, bc_weight=10.0):

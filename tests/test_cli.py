@@ -1,6 +1,7 @@
-"""The command line speaks one language: the spellings shared by the commands, their help, the
-deprecated spellings that still work for one release, ``--version``, ``deepfusion problems``,
-``deepfusion config --markdown`` and the configuration reference it keeps in the manual."""
+"""The command line speaks one language: the spellings shared by the commands, their help, one
+spelling per flag (earlier spellings and abbreviations are refused), ``--version``,
+``deepfusion problems``, ``deepfusion config --markdown`` and the configuration reference it
+keeps in the manual."""
 import argparse
 import configparser
 import dataclasses
@@ -17,7 +18,7 @@ from deepfusion.cli import build_parser, main
 from deepfusion.app.options import THREADS_HELP, set_options
 from deepfusion.config.reference import BEGIN, END, between, markdown_reference, splice
 from deepfusion.config.sections import SECTIONS
-from diffnet.problems import PROBLEMS, problem_options
+from diffnet.problems import PROBLEMS, option_names
 from deepfusion.jobs import model as jobs_model
 from deepfusion.jobs import render as jobs_render
 from deepfusion.jobs import sweep as jobs_sweep
@@ -62,14 +63,12 @@ def test_the_shared_flags_are_spelt_and_explained_alike():
         assert threads.default == 0 and threads.help == THREADS_HELP, name
         (s,) = actions(p, "--set")
         assert "problem.options.KEY=VALUE" in s.help and s.metavar == "problem.options.KEY=VALUE"
-        (old,) = actions(p, "--option")
-        assert old.help == argparse.SUPPRESS, name  # deprecated: works, hidden
+        assert not actions(p, "--option"), name
         assert "--samples" in p.format_help() and "--option" not in p.format_help()
     assert "--threads 1" in THREADS_HELP and "identical" in THREADS_HELP
     for name in ("infer", "solve"):
         p = command(name)
-        (old,) = actions(p, "--sample")
-        assert old.help == argparse.SUPPRESS
+        assert not actions(p, "--sample")
         assert "inputs (exactly one of --samples / --params / --inputs)" in p.format_help()
         assert "--sample " not in p.format_help()
 
@@ -104,16 +103,15 @@ def test_cluster_help_lists_the_profiles():
         jobs_render.get_profile("nope")
 
 
-def test_sweep_time_and_its_old_spelling(tmp_path, capsys):
+def test_sweep_time_and_its_old_spelling_refused(tmp_path, capsys):
     p = jobs_sweep.build_parser()
     assert p.parse_args(["--out", "x", "--time", "01:00:00"]).time == "01:00:00"
-    assert (actions(p, "--time-limit")[0].help == argparse.SUPPRESS
-            and "--time-limit" not in p.format_help())
+    assert not actions(p, "--time-limit") and "--time-limit" not in p.format_help()
     args = ["--aggregate-only", "--out", str(tmp_path)]
-    jobs_sweep.main(args + ["--time-limit", "00:10:00"])
-    err = capsys.readouterr().err
-    assert err.count("--time-limit is deprecated") == 1 and "use --time 00:10:00" in err
-    assert jobs_sweep.main(args + ["--time-limit", "1", "--time", "2"]) == 2
+    with pytest.raises(SystemExit) as e:
+        jobs_sweep.main(args + ["--time-limit", "00:10:00"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --time-limit 00:10:00" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,22 +137,25 @@ def solve(cli, tmp_path, name, *flags):
     return rc, err, out
 
 
-def test_old_spellings_still_work_with_one_warning_each(tmp_path, cli):
-    """--sample N and --option KEY=VALUE (JSON) give what --samples N and --set
-    problem.options.KEY=VALUE (TOML) give, with one warning naming the new spelling."""
+def test_old_spellings_are_refused(tmp_path, cli, capsys):
+    """--samples N and --set problem.options.KEY=VALUE (TOML) are the spellings; the earlier
+    --sample N and --option KEY=VALUE (JSON) are unrecognized arguments (exit 2), as is an
+    abbreviation of a flag."""
     rc, err, new = solve(cli, tmp_path, "new", "--samples", "2", "--set",
                          "problem.options.omega_range=[-1, 1]")
-    assert rc == 0 and "deprecated" not in err, err
-    rc, err, old = solve(cli, tmp_path, "old", "--sample", "2", "--option", "omega_range=[-1,1]")
     assert rc == 0, err
-    assert err.count("--sample is deprecated") == 1 and "use --samples 2" in err
-    assert err.count("--option KEY=VALUE is deprecated") == 1
-    assert "--set problem.options.omega_range=[-1, 1]" in err
-    with h5py.File(new) as a, h5py.File(old) as b:
-        assert np.array_equal(a["u"][...], b["u"][...])
-        assert a.attrs["problem_kwargs"] == b.attrs["problem_kwargs"]
-    rc, err, _ = solve(cli, tmp_path, "both", "--samples", "2", "--sample", "2")
-    assert rc == 2 and "give --samples N once" in err
+    with h5py.File(new) as a:
+        assert a["u"].shape[0] == 2
+    out = str(tmp_path / "old.h5")
+    solve_old = ["solve", "--problem", "poisson", "--grid", "9x9", "--out", out]
+    for old in (solve_old + ["--sample", "2"], solve_old + ["--samp", "2"],
+                solve_old + ["--samples", "2", "--option", "omega_range=[-1,1]"],
+                ["evaluate", str(tmp_path), "--option", "omega_range=[-1,1]"]):
+        with pytest.raises(SystemExit) as e:
+            main(old)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "unrecognized arguments: " + " ".join(old[-2:]) in err, err
+    assert not pathlib.Path(out).exists()
 
 
 def test_set_outside_problem_options_is_refused_with_the_accepted_keys(tmp_path, cli):
@@ -181,7 +182,7 @@ def test_problems_lists_the_registry(cli):
 def test_one_problem_in_detail(name, cli):
     rc, out, _ = cli(["problems", name])
     assert rc == 0
-    options = [k for k in problem_options(name) if k != "grid"]
+    options = [k for k in option_names(name) if k != "grid"]
     for k in options:
         assert f"    {k} " in out, k
     assert f"{PROBLEMS[name].dims}-D" in out

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from diffnet.problems import PROBLEMS, problem_options
+from diffnet.problems import PROBLEMS, option_names
 from deepfusion.config import files as config_files
 from deepfusion.config import (
     Config,
@@ -280,7 +280,7 @@ def test_example_configs_load(path):
     cfg = load_config(path)
     assert dump_toml(cfg)
     assert cfg.problem.name in PROBLEMS
-    bad = set(cfg.problem.options) - set(problem_options(cfg.problem.name))
+    bad = set(cfg.problem.options) - set(option_names(cfg.problem.name))
     assert not bad, f"{path}: options {bad} unknown to problem {cfg.problem.name!r}"
 
 

@@ -85,12 +85,20 @@ def test_a_bit_flip_in_json_text_is_detected(tmp_path, text, what):
         load_checkpoint(path)
 
 
+# What a file of an earlier version means by the meta keys it lacks (docs/run-directory.md)
+EARLIER = {"optimizer": None, "schedule_steps": None, "visit": 0, "level": 0, "elapsed_s": 0.0,
+           "plan": None, "grid": None}
+
+
 def test_files_without_digests(tmp_path):
     """Unsealed files: version 2 loads with a note, version 1 (written before digests) loads
-    unverified; a version 2 file that lost its digests is refused (each read in a child first)."""
+    unverified, each with the meta keys it lacks filled; a version 2 file that lost its
+    digests is refused (each read in a child first)."""
     path = tmp_path / "old.h5"
     _full_checkpoint(path)
     expected = load_checkpoint(path)
+    assert expected["meta"] == {"step": 1}  # the current version: as written
+    expected["meta"].update(EARLIER)
     make_unsealed(path, version=2)
     notes = []
     _assert_same(expected, load_checkpoint(path, notes), "version 2")
@@ -102,3 +110,17 @@ def test_files_without_digests(tmp_path):
     with h5py.File(path, "a") as f:
         f.attrs["format_version"] = 1
     _assert_same(expected, load_checkpoint(path), "version 1")
+
+
+def test_an_earlier_versions_meta_is_upgraded_on_load(tmp_path):
+    """The one upgrade step: a run's checkpoint of an earlier version, without the keys of
+    later trainers, loads with the values their absence meant (the grid trained on: the
+    problem's); the keys it has are kept."""
+    path = tmp_path / "old.h5"
+    meta = {"step": 7, "lr_scale": 0.5, "world_size": 2, "config": {"train": {}},
+            "model": {"name": "unet", "kwargs": {}},
+            "problem": {"name": "poisson", "kwargs": {"grid": [16, 16]}}, "visit": 1}
+    _full_checkpoint(path, meta=meta)
+    make_unsealed(path, version=2)
+    got = load_checkpoint(path)["meta"]
+    assert got == {**meta, **EARLIER, "visit": 1, "grid": [16, 16]}

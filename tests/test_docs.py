@@ -203,9 +203,9 @@ def test_the_readme_is_a_front_page():
 
 
 def test_the_problems_page_names_every_option_of_every_registered_problem():
-    from diffnet.problems import PROBLEMS, problem_options
+    from diffnet.problems import PROBLEMS, option_names
 
     page = (ROOT / "docs" / "problems.md").read_text()
-    missing = [(name, opt) for name in PROBLEMS for opt in problem_options(name)
+    missing = [(name, opt) for name in PROBLEMS for opt in option_names(name)
                if f"`{opt}`" not in page]
     assert not missing, f"docs/problems.md does not describe these options: {missing}"

@@ -42,7 +42,7 @@ def test_a_module_path_finds_the_class_and_its_spec_finds_it_again():
     assert problems.resolve(HEAT) is Heat
     assert problems.resolve(problems.problem_spec(Heat)) is Heat
     p = problems.get_problem(HEAT, grid=(9, 9), amplitude_range=(1, 2))
-    assert type(p) is Heat and p.grid == (9, 9) and "amplitude_range" in problems.problem_options(HEAT)
+    assert type(p) is Heat and p.grid == (9, 9) and "amplitude_range" in problems.option_names(HEAT)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['nope'\] for problem 'heat'"):
         problems.get_problem(HEAT, nope=1)
     assert HEAT not in problems.PROBLEMS and "heat" not in problems.PROBLEMS  # found, not registered

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffnet.problems import PROBLEMS, get_problem, problem_options
+from diffnet.problems import PROBLEMS, get_problem, option_names
 from diffnet.problems.families.diffusion import kl_modes, log_nu_bound
 from diffnet.reference import assemble_diffusion
 from diffnet.stencils import KINDS
@@ -40,7 +40,7 @@ def test_registry_defaults_and_config_round_trip():
     q = make(n_terms=6, omega_range=(-2, 1), loss="residual", stencil="central", bc_weight=3,
              bc_mode="lift", quadrature="nodes")
     cfg = json.loads(json.dumps(q.config()))           # what a checkpoint stores
-    assert set(cfg) == set(problem_options("poisson3d"))
+    assert set(cfg) == set(option_names("poisson3d"))
     assert get_problem("poisson3d", **cfg).config() == q.config()
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffnet.problems import PROBLEMS, Problem, get_problem, has_reference, problem_spec, resolve
+from diffnet.problems import (PROBLEMS, Problem, get_problem, has_reference, problem_spec, resolve,
+                              solves_from_inputs)
 from diffnet.reference.elliptic import METHODS
 
 # Parametrised over whatever is registered (never a fixed list of names): a problem added to the
@@ -17,9 +18,9 @@ from diffnet.reference.elliptic import METHODS
 GRID = (16, 16)
 NAMES = sorted(n for n in PROBLEMS if PROBLEMS[n].dims == 2)  # 3-D: tests/test_poisson3d.py
 # the diffusion families: solved from their diffusivity field nu (log nu derived from it)
-DIFFUSION = [n for n in NAMES if PROBLEMS[n].solves_from_inputs
+DIFFUSION = [n for n in NAMES if solves_from_inputs(PROBLEMS[n])
              and "nu" in PROBLEMS[n].input_channels]
-PARAMS_ONLY = [n for n in NAMES if has_reference(PROBLEMS[n]) and not PROBLEMS[n].solves_from_inputs]
+PARAMS_ONLY = [n for n in NAMES if has_reference(PROBLEMS[n]) and not solves_from_inputs(PROBLEMS[n])]
 
 
 def make(name, **kw):
@@ -41,7 +42,7 @@ def test_every_registered_name_is_found_again_by_its_spec(name):
 def test_every_problem_states_the_whole_contract(name):
     cls = PROBLEMS[name]
     assert issubclass(cls, Problem)
-    assert not cls.reference_methods or cls.reference_methods[0] == "auto"
+    assert not has_reference(cls) or cls.reference_methods[0] == "auto"
     for method in ("reference_solution", "solve_from_inputs"):
         sig = inspect.signature(getattr(cls, method))
         assert sig.parameters["method"].default == "auto", (name, method)
@@ -188,7 +189,7 @@ def test_bad_methods_are_refused_listing_the_valid_ones(name, method):
     with pytest.raises(ValueError) as e:
         p.reference_solution(params, method=method)
     assert str(p.reference_methods) in str(e.value) and "reference method" in str(e.value)
-    if p.solves_from_inputs:
+    if solves_from_inputs(p):
         with pytest.raises(ValueError, match="reference method"):
             p.solve_from_inputs(inputs64(p, n=1)[0], method=method)
 

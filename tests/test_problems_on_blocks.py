@@ -17,8 +17,7 @@ from diffnet.domain import Block
 from diffnet.problems import get_problem
 from diffnet.problems.check.split import (ThreadSplit, compare_split, run_blocks, split_run,
                                           terms_and_grads, undivided)
-from diffnet.stencils import (DERIVATIVES, DERIVATIVES_3D, FiniteDifference, FiniteDifference3D,
-                              pad_cubic, pad_cubic_3d, pad_cubic_block)
+from diffnet.stencils import FiniteDifference, derivative_names, pad_cubic, pad_cubic_block
 
 GRID = (16, 12)            # not square: rows and columns must not be mixed up
 GRID3 = (8, 8, 8)
@@ -191,7 +190,7 @@ def test_burgers_refuses_a_finite_volume_halo_wider_than_the_blocks():
 @pytest.mark.parametrize("split", SPLITS + [[4, 4]], ids=str)
 def test_finite_differences_on_blocks_are_the_undivided_ones(split):
     u = torch.randn((2, 1, 16, 16), dtype=torch.float64)
-    fd = FiniteDifference((0.1, 0.07), "sobel3103", DERIVATIVES)
+    fd = FiniteDifference((0.1, 0.07), "sobel3103", derivative_names(2))
     ts = ThreadSplit((16, 16), split)
     blocks, parts = run_blocks(ts, lambda b: (pad_cubic_block(b.local(u), b),
                                               fd(b.local(u), b)))
@@ -206,11 +205,11 @@ def test_finite_differences_on_blocks_are_the_undivided_ones(split):
 @pytest.mark.parametrize("split", SPLITS3 + [[1, 1, 2], [2, 2, 1]], ids=str)
 def test_finite_differences_3d_on_blocks_are_the_undivided_ones(split):
     u = torch.randn((1, 1, 8, 8, 8), dtype=torch.float64)
-    fd = FiniteDifference3D((0.1, 0.2, 0.15), "sobel", DERIVATIVES_3D)
+    fd = FiniteDifference((0.1, 0.2, 0.15), "sobel", derivative_names(3))
     ts = ThreadSplit((8, 8, 8), split)
     blocks, parts = run_blocks(ts, lambda b: (pad_cubic_block(b.local(u), b),
                                               fd(b.local(u), b)))
-    pad = pad_cubic_3d(u)
+    pad = pad_cubic(u)
     for b, (p, _) in zip(blocks, parts):
         window = pad
         for a in range(3):

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from diffnet import stencils
-from diffnet.stencils import (DERIVATIVES_3D, KINDS, FiniteDifference, FiniteDifference3D,
-                              pad_cubic_3d, stencil_kernel_3d)
+from diffnet.stencils import KINDS, FiniteDifference, derivative_names, pad_cubic, stencil_kernel
 
 F64 = torch.float64
+ALL_3D = derivative_names(3)
 # A non-cubic box with its own spacing per axis: depth [0, 1/2], rows [0, 1/3], columns [-0.5, 1].
 BOX = ((0.0, 0.5), (0.0, 1.0 / 3.0), (-0.5, 1.0))
 
@@ -28,7 +28,7 @@ def check_exact(kind, u, exact, spacing, tol=1e-9):
     """Every derivative in ``exact`` on every node, to ``tol`` relative to 1 + max |exact|
     (float64 rounding of O(1/h^2) kernel weights times O(1) values stays far below 1e-9)."""
     names = tuple(exact)
-    d = FiniteDifference3D(spacing, kind, names)(u[None, None])
+    d = FiniteDifference(spacing, kind, names)(u[None, None])
     assert d.shape == (1, len(names), *u.shape)
     for k, name in enumerate(names):
         ref = torch.broadcast_to(torch.as_tensor(exact[name], dtype=F64), u.shape)
@@ -72,25 +72,25 @@ def test_documented_kernels():
     dif = torch.tensor([-1.0, 0.0, 1.0], dtype=F64)
     # sobel "c": the 3-D Sobel operator, [1,2,1] x [1,2,1] x [-1,0,1] / (32 h_c)
     want = torch.einsum("a,b,c->abc", s, s, dif) / (32 * h[2])
-    torch.testing.assert_close(stencil_kernel_3d("c", h, "sobel"), want, rtol=1e-15, atol=0)
+    torch.testing.assert_close(stencil_kernel("c", h, "sobel"), want, rtol=1e-15, atol=0)
     # sobel3103 "d": [3,10,3] / 16 across rows and columns
     s3 = torch.tensor([3.0, 10.0, 3.0], dtype=F64) / 16
     want = torch.einsum("a,b,c->abc", dif / (2 * h[0]), s3, s3)
-    torch.testing.assert_close(stencil_kernel_3d("d", h, "sobel3103"), want, rtol=1e-15, atol=0)
+    torch.testing.assert_close(stencil_kernel("d", h, "sobel3103"), want, rtol=1e-15, atol=0)
     # central "rr": the plain second difference along rows, nothing across
     want = torch.zeros(3, 3, 3, dtype=F64)
     want[1, :, 1] = torch.tensor([1.0, -2.0, 1.0], dtype=F64) / h[1] ** 2
-    torch.testing.assert_close(stencil_kernel_3d("rr", h, "central"), want, rtol=1e-15, atol=0)
+    torch.testing.assert_close(stencil_kernel("rr", h, "central"), want, rtol=1e-15, atol=0)
     # sobel "dr": mixed difference, smoothed along the third axis (columns)
     want = torch.einsum("a,b,c->abc", dif / (2 * h[0]), dif / (2 * h[1]), s / 4)
-    torch.testing.assert_close(stencil_kernel_3d("dr", h, "sobel"), want, rtol=1e-15, atol=0)
+    torch.testing.assert_close(stencil_kernel("dr", h, "sobel"), want, rtol=1e-15, atol=0)
 
 
 def test_boundary_stencils_are_the_documented_one_sided_formulas():
     g = torch.Generator().manual_seed(0)
     u = torch.randn(1, 1, 6, 5, 7, dtype=F64, generator=g)
     h = (0.1, 0.3, 0.2)
-    d = FiniteDifference3D(h, "central", ("d", "dd", "c", "cc"))(u)[0]
+    d = FiniteDifference(h, "central", ("d", "dd", "c", "cc"))(u)[0]
     v = u[0, 0]
     torch.testing.assert_close(d[0, 0], (-4 * v[0] + 7 * v[1] - 4 * v[2] + v[3]) / (2 * h[0]))
     torch.testing.assert_close(d[1, -1], (2 * v[-1] - 5 * v[-2] + 4 * v[-3] - v[-4]) / h[0]**2)
@@ -109,7 +109,7 @@ def test_fields_constant_in_depth_get_the_2d_derivatives(kind):
     plane = torch.randn(1, 1, 6, 8, dtype=F64, generator=g)
     u = plane[:, :, None].expand(1, 1, 5, 6, 8).contiguous()
     names = ("r", "c", "rr", "cc", "rc")
-    d3 = FiniteDifference3D((0.7, 0.2, 0.3), kind, names + ("d", "dd", "dr"))(u)
+    d3 = FiniteDifference((0.7, 0.2, 0.3), kind, names + ("d", "dd", "dr"))(u)
     d2 = FiniteDifference((0.2, 0.3), kind, names)(plane)
     for k in range(5):
         torch.testing.assert_close(d3[:, k], d2[:, k, None].expand(1, 5, 6, 8),
@@ -135,20 +135,20 @@ def smooth_case(n):
 def test_second_order_max_norm_whole_grid(kind):
     """Max error over every node (faces, edges, corners included) falls like h^2: the observed
     order between the two finest grids is in [1.8, 2.2] for every derivative (2-D's bound)."""
-    errs = {name: [] for name in DERIVATIVES_3D}
+    errs = {name: [] for name in ALL_3D}
     hs = []
     for n in (9, 17, 33):
         u, exact, sp = smooth_case(n)
-        d = FiniteDifference3D(sp, kind, DERIVATIVES_3D)(u[None, None])[0]
+        d = FiniteDifference(sp, kind, ALL_3D)(u[None, None])[0]
         hs.append(sp[0])
-        for k, name in enumerate(DERIVATIVES_3D):
+        for k, name in enumerate(ALL_3D):
             errs[name].append((d[k] - exact[name]).abs().max().item())
-    for name in DERIVATIVES_3D:
+    for name in ALL_3D:
         slopes = np.diff(np.log(errs[name])) / np.diff(np.log(hs))
         assert 1.8 <= slopes[-1] <= 2.2, f"{kind} {name}: errors {errs[name]}, slopes {slopes}"
 
 
-def test_pad_cubic_3d_exact_on_tricubics():
+def test_pad_cubic_exact_on_tricubics():
     z, y, x, sp = grid(5, 4, 6)
 
     def f(zz, yy, xx):
@@ -156,7 +156,7 @@ def test_pad_cubic_3d_exact_on_tricubics():
 
     zp, yp, xp = (torch.linspace(lo - h, hi + h, n + 2, dtype=F64)
                   for (lo, hi), h, n in zip(BOX, sp, (5, 4, 6)))
-    torch.testing.assert_close(pad_cubic_3d(f(z, y, x)[None, None])[0, 0],
+    torch.testing.assert_close(pad_cubic(f(z, y, x)[None, None])[0, 0],
                                f(zp[:, None, None], yp[None, :, None], xp[None, None, :]))
 
 
@@ -169,14 +169,14 @@ def test_one_conv3d_call_for_all_derivatives(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(stencils.F, "conv3d", counting)
-    out = FiniteDifference3D((0.1, 0.2, 0.3), "sobel", DERIVATIVES_3D)(torch.randn(2, 1, 5, 6, 7))
+    out = FiniteDifference((0.1, 0.2, 0.3), "sobel", ALL_3D)(torch.randn(2, 1, 5, 6, 7))
     assert out.shape == (2, 9, 5, 6, 7)
     assert calls == [(9, 1, 3, 3, 3)]
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
 def test_dtypes_channels_last_3d_and_buffers(dtype):
-    fd = FiniteDifference3D((0.1, 0.05, 0.2), "sobel3103", DERIVATIVES_3D)
+    fd = FiniteDifference((0.1, 0.05, 0.2), "sobel3103", ALL_3D)
     assert list(fd.parameters()) == [] and fd.weight.dtype == F64
     u = torch.randn(2, 1, 6, 8, 7, dtype=dtype)
     ref = fd(u)
@@ -189,12 +189,12 @@ def test_dtypes_channels_last_3d_and_buffers(dtype):
 
 def test_gradients_flow_through_the_padding():
     u = torch.randn(1, 1, 4, 5, 4, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(FiniteDifference3D((0.3, 0.2, 0.4), "sobel",
+    assert torch.autograd.gradcheck(FiniteDifference((0.3, 0.2, 0.4), "sobel",
                                                        ("d", "cc", "rc")), (u,))
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(spacing=(0.1, 0.1)), "spacing"),
+    (dict(spacing=(0.1,) * 4), "spacing"),
     (dict(spacing=(0.1, -0.2, 0.1)), "spacing"),
     (dict(spacing=(0.1, float("inf"), 0.1)), "spacing"),
     (dict(spacing="abc"), "spacing"),
@@ -206,7 +206,7 @@ def test_gradients_flow_through_the_padding():
 ])
 def test_bad_arguments_name_the_argument_and_the_valid_values(kwargs, name):
     with pytest.raises(ValueError, match=name) as e:
-        FiniteDifference3D(**kwargs)
+        FiniteDifference(**kwargs)
     if name == "kind":
         assert str(KINDS) in str(e.value)
     if name == "spacing":
@@ -214,7 +214,7 @@ def test_bad_arguments_name_the_argument_and_the_valid_values(kwargs, name):
 
 
 def test_bad_inputs_are_refused():
-    fd = FiniteDifference3D((0.1, 0.1, 0.1))
+    fd = FiniteDifference((0.1, 0.1, 0.1))
     with pytest.raises(ValueError, match="at least 4 nodes"):
         fd(torch.zeros(1, 1, 8, 3, 8))
     with pytest.raises(ValueError, match=r"\(B, 1, D, H, W\)"):
@@ -227,16 +227,4 @@ def test_bad_inputs_are_refused():
         fd.index("rc")
     assert fd.index("c") == 2
     with pytest.raises(ValueError, match="derivative name"):
-        stencil_kernel_3d("x", (0.1, 0.1, 0.1))
-
-
-def test_the_3d_names_are_the_general_code():
-    """FiniteDifference3D, stencil_kernel_3d and pad_cubic_3d are FiniteDifference,
-    stencil_kernel and pad_cubic with a 3-D spacing: the same numbers, bit for bit."""
-    u = torch.randn(2, 1, 5, 6, 7, dtype=F64)
-    h = (0.1, 0.2, 0.3)
-    general = FiniteDifference(h, "sobel3103", DERIVATIVES_3D)
-    assert general.dims == 3
-    assert torch.equal(general(u), FiniteDifference3D(h, "sobel3103", DERIVATIVES_3D)(u))
-    assert torch.equal(stencils.stencil_kernel("dr", h), stencil_kernel_3d("dr", h))
-    assert torch.equal(stencils.pad_cubic(u), pad_cubic_3d(u))
+        stencil_kernel("x", (0.1, 0.1, 0.1))

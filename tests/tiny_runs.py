@@ -45,8 +45,3 @@ def trained(tmp_path_factory, config: str, ranks: int) -> str:
             assert p.returncode == 0, p.stderr[-3000:]
             done.write_text(p.stdout)
     return str(run)
-
-
-def stdout_of(run_dir: str) -> str:
-    """What ``deepfusion train`` printed while training the shared run ``run_dir``."""
-    return (pathlib.Path(run_dir).parent / "done").read_text()

@@ -36,11 +36,11 @@ def build_checked(cfg, check):
     (``train``: collective_check on the job's ranks; ``deepfusion check``: the ranks of the
     job it checks, simulated in one process); ``per_rank`` steps take the rank last."""
     check(check_registry_options, cfg)
-    task = check(build_problem, cfg)
-    model, specs = check(build_model, cfg, task)
-    problems = check(problem_factory, cfg, task)
+    problem = check(build_problem, cfg)
+    model, specs = check(build_model, cfg, problem)
+    problems = check(problem_factory, cfg, problem)
     check(check_splits, cfg, problems, per_rank=True)
-    return task, model, specs, problems
+    return problem, model, specs, problems
 
 
 def torch_dtype(cfg) -> torch.dtype:
@@ -62,11 +62,11 @@ def build_problem(cfg, grid=None):
     return get_problem(cls, grid=grid, **cfg.problem.options)
 
 
-def problem_factory(cfg, task):
-    """grid -> the problem on that grid (``task`` itself on ``problem.grid``). The problems of
+def problem_factory(cfg, problem):
+    """grid -> the problem on that grid (``problem`` itself on ``problem.grid``). The problems of
     every level are built here, so a grid the problem refuses is reported before training,
     with the level named."""
-    made = {tuple(task.grid): task}
+    made = {tuple(problem.grid): problem}
     for v in plan(cfg):
         if v.grid not in made:
             try:
@@ -76,30 +76,30 @@ def problem_factory(cfg, task):
     return lambda grid: made[tuple(grid)]
 
 
-def build_model(cfg, task):
+def build_model(cfg, problem):
     """(generator, specs): initialised from ``train.init_seed`` (or ``model.init_from``), checked
     against the problem's grid; ``specs`` rebuild generator and problem from a checkpoint."""
     check_domain(cfg)
     torch.manual_seed(cfg.train.init_seed)
-    kwargs = {"in_channels": len(task.input_channels), "out_channels": task.output_channels,
+    kwargs = {"in_channels": len(problem.input_channels), "out_channels": problem.output_channels,
               **cfg.model.options}
-    if kwargs["out_channels"] != task.output_channels:
+    if kwargs["out_channels"] != problem.output_channels:
         raise ValueError(f"model.options.out_channels = {kwargs['out_channels']}, but problem "
-                         f"{task.name!r} takes {task.output_channels} output field(s) from the "
-                         f"network with its options; remove model.options.out_channels")
+                         f"{problem.name!r} takes {problem.output_channels} output field(s) from "
+                         f"the network with its options; remove model.options.out_channels")
     model = build_generator(cfg.model.name, **kwargs).to(torch_dtype(cfg))
-    check_grids(model, cfg, task, model_grower(cfg, task))
+    check_grids(model, cfg, problem, model_grower(cfg, problem))
     if cfg.model.init_from:
         init_from(model, cfg.model.name, cfg.model.init_from)
     model = convert_model(model, cfg.model.channels_last)
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
              # the name that finds the problem again in a new process: a registered name,
              # 'module:Class' or 'entry-point:NAME' (diffnet.problems.problem_spec)
-             "problem": {"name": problem_spec(type(task)), "kwargs": task.config()}}
+             "problem": {"name": problem_spec(type(problem)), "kwargs": problem.config()}}
     return model, specs
 
 
-def model_grower(cfg, task):
+def model_grower(cfg, problem):
     """grow(module, visit) -> (module, spec): the network so far prolonged to the visit's grid
     (a level with ``prolong``; :class:`diffnet.generators.Prolonged`, options
     ``model.prolong`` with the level's ``correction`` over them). Deterministic: the new
@@ -109,8 +109,8 @@ def model_grower(cfg, task):
         with torch.random.fork_rng():
             torch.manual_seed(cfg.train.init_seed + 7919 * (visit.index + 1))
             grown = build_generator("prolonged", inner=module, inner_grid=visit.inner_grid,
-                                    grid=visit.grid, in_channels=len(task.input_channels),
-                                    out_channels=task.output_channels,
+                                    grid=visit.grid, in_channels=len(problem.input_channels),
+                                    out_channels=problem.output_channels,
                                     correction=visit.correction,
                                     train_inner=visit.train_inner)
         grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
@@ -125,10 +125,10 @@ def first_grid(cfg) -> tuple[int, ...]:
     return tuple(plan(cfg)[0].grid)
 
 
-def check_grids(model, cfg, task, grow) -> None:
+def check_grids(model, cfg, problem, grow) -> None:
     """Every grid the run trains on suits the network it trains there (divisibility by
     2**depth, norms; a prolonged level's network as grown)."""
-    grids = [("problem.grid", list(task.grid), model)] if not cfg.train.levels else []
+    grids = [("problem.grid", list(problem.grid), model)] if not cfg.train.levels else []
     visits = plan(cfg)
     if any(v.grows for v in visits):  # grow a copy: growing may freeze the network it wraps
         model = copy.deepcopy(model)
@@ -143,7 +143,7 @@ def check_grids(model, cfg, task, grow) -> None:
         grids.append((f"{key}.grid", list(v.grid), model))
     split = cfg.parallel.domain if cfg.parallel.blocks() > 1 else None
     for key, grid, net in grids:
-        probe = torch.zeros((1, len(task.input_channels), *grid), dtype=torch_dtype(cfg))
+        probe = torch.zeros((1, len(problem.input_channels), *grid), dtype=torch_dtype(cfg))
         try:
             net.check_input(probe)
             if split:

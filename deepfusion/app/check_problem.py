@@ -55,7 +55,7 @@ def parse_table(text) -> dict:
                          f"[-2, 2]}}', got {text!r} ({e})") from None
 
 
-def problem_options(args) -> dict:
+def given_options(args) -> dict:
     """``--options`` then ``--set`` (the later wins); a bare KEY=VALUE is a problem option."""
     items = [s if str(s).startswith(PREFIX) else PREFIX + str(s) for s in args.set or []]
     options = {**parse_table(args.options), **set_options(items, "check-problem")}
@@ -69,7 +69,7 @@ def cmd_check_problem(args) -> int:
 
     from deepfusion.app.inference import parse_grid
 
-    grid, options = parse_grid(args.grid), problem_options(args)
+    grid, options = parse_grid(args.grid), given_options(args)
     heading = [f"checking problem {args.spec}" + (f" with options {options}" if options else "")]
 
     def show(result) -> None:    # the heading once the problem is built (bad input: no lines)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from deepfusion.app.options import (ANSWER_SET_HELP, SOLVE_SET_HELP, add_set, add_threads,
-                          deprecated_spellings, problem_options)
+                          problem_options)
 from deepfusion.app.policy import ExitCode, collective_check, run_distributed, say_note, say_once
 
 DEFAULT_SEED = 12345
@@ -22,7 +22,6 @@ def _input_args(p, what: str) -> None:
     g = p.add_argument_group("inputs (exactly one of --samples / --params / --inputs)")
     g.add_argument("--samples", type=int, metavar="N",
                    help="N fresh draws from the problem's parameter range")
-    g.add_argument("--sample", type=int, help=argparse.SUPPRESS)  # deprecated: --samples
     g.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help=f"seed of the --samples draws (default {DEFAULT_SEED}; draw j depends "
                         f"only on (seed, j), so infer and solve with the same seed match)")
@@ -108,12 +107,6 @@ def _threads(comm, requested: int, split: bool = False) -> None:
 
     setup_threads(comm, max(0, int(requested or 0)))
     say_note(comm, reuse_freed_memory(not split))
-
-
-def _warn_deprecated(comm, args) -> None:
-    """One warning per old spelling used (rank 0), after moving it to the new one."""
-    for w in collective_check(comm, deprecated_spellings, args):
-        say_once(comm, w)
 
 
 def _check_batch(args) -> None:
@@ -233,7 +226,6 @@ def _infer(args, comm) -> int:
     from deepfusion.app.inference import (grid_note, grid_text, predictor, trained_config, warmup_pays,
                             work_problem)
 
-    _warn_deprecated(comm, args)
     _threads(comm, args.threads, split=bool(args.domain))
     model, problem, work, meta = collective_check(comm, _load, args)
     for level, text in args.checkpoint_notes:
@@ -325,7 +317,6 @@ def _build_solve(args):
 def _solve(args, comm) -> int:
     from deepfusion.app.inference import make_solver, solver_compute
 
-    _warn_deprecated(comm, args)
     _threads(comm, args.threads)
     problem = collective_check(comm, _build_solve, args)
     problem, samples = _samples(comm, args, problem)

@@ -157,14 +157,14 @@ def child(config: str, out: str) -> int:
     from deepfusion.engine.train.trainer import Trainer
     from deepfusion.app.build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
 
-    task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
+    problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     prepare_run_dir(cfg, False, False, comm.rank)
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,
                          grid=first_grid(cfg))
     run_cfg = replace(cfg, train=replace(cfg.train, precision=precision))
-    trainer = probe_trainer(Trainer)(run_cfg, comm, task, pmodel, specs=specs,
+    trainer = probe_trainer(Trainer)(run_cfg, comm, problem, pmodel, specs=specs,
                                      dtype=torch_dtype(cfg), problems=problems,
-                                     grow=model_grower(cfg, task))
+                                     grow=model_grower(cfg, problem))
     trainer.fit()
     trainer.close_visit()
     peaks = comm.gather_obj([r["peak_mib"] for r in trainer.records])

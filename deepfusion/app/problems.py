@@ -58,7 +58,7 @@ def cmd_problems(args) -> int:
 
 def facts(name: str) -> dict:
     """Everything ``problems`` prints about problem ``name`` (anything ``resolve`` takes)."""
-    from diffnet.problems import problem_spec, resolve
+    from diffnet.problems import has_reference, problem_spec, resolve, solves_from_inputs
     from diffnet.validation import keyword_options
 
     cls = resolve(name)
@@ -78,8 +78,8 @@ def facts(name: str) -> dict:
         "fields_hint": cls.fields_hint.strip(),
         "output_channels": inst.output_channels,
         "params": list(inst.param_names),
-        "methods": list(cls.reference_methods),
-        "from_inputs": bool(cls.solves_from_inputs),
+        "methods": list(cls.reference_methods) if has_reference(cls) else [],
+        "from_inputs": solves_from_inputs(cls),
         "options": [(k, _default(v), option_note(doc, k)) for k, v in options if k != GRID],
     }
 
@@ -240,7 +240,7 @@ def check_registry_options(cfg) -> list[str]:
     name something the registries do not have (no problem or model is built); the notes to
     print (a config without ``problem.name``)."""
     from diffnet.generators import GENERATORS
-    from diffnet.problems import available_text, problem_options, resolve
+    from diffnet.problems import available_text, option_names, resolve
     from diffnet.validation import keyword_options
 
     notes = []
@@ -252,7 +252,7 @@ def check_registry_options(cfg) -> list[str]:
             cls = resolve(cfg.problem.name)
         except ValueError as e:
             raise ValueError(f"problem.name: {e}") from None
-        valid = [k for k in problem_options(cls) if k != GRID]
+        valid = [k for k in option_names(cls) if k != GRID]
         for key in cfg.problem.options:
             _known(f"problem.options.{key}", key, valid,
                    f"options of problem {cfg.problem.name!r}", option=True)

@@ -18,7 +18,7 @@ from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
-from deepfusion.app.options import as_set_flags, deprecated_spellings, problem_options
+from deepfusion.app.options import as_set_flags, problem_options
 from deepfusion.app.policy import ExitCode, collective_check, say_note, say_once
 from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warning
 
@@ -76,7 +76,7 @@ def train_locked(args, comm, cfg) -> int:
         print(precision_line(precision, requested=cfg.train.precision), flush=True)
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
-    task, model, specs, problems = build_checked(cfg, on_every_rank(comm))
+    problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,
@@ -89,8 +89,8 @@ def train_locked(args, comm, cfg) -> int:
     # The run directory's config keeps "auto" (a requeue on other nodes chooses again); the
     # checkpoints record what ran, so a resume that computes otherwise names the change.
     run_cfg = replace(cfg, train=replace(cfg.train, precision=precision))
-    trainer = Trainer(run_cfg, comm, task, pmodel, specs=specs, dtype=torch_dtype(cfg),
-                      problems=problems, grow=model_grower(cfg, task))
+    trainer = Trainer(run_cfg, comm, problem, pmodel, specs=specs, dtype=torch_dtype(cfg),
+                      problems=problems, grow=model_grower(cfg, problem))
     trainer.fit(resume=bool(args.resume))
     if cfg.data.eval_samples > 0:
         final_validation(cfg, comm, trainer)
@@ -106,14 +106,14 @@ def final_validation(cfg, comm, trainer) -> None:
     from deepfusion.app.build import torch_dtype
     from deepfusion.app.inference import grid_text
 
-    pmodel, visit, task = trainer.model, trainer.visit, trainer.task  # (grown, if prolonged)
-    summary = evaluate(pmodel.module, task, comm, n=cfg.data.eval_samples,
+    pmodel, visit, problem = trainer.model, trainer.visit, trainer.problem  # (grown, if prolonged)
+    summary = evaluate(pmodel.module, problem, comm, n=cfg.data.eval_samples,
                        seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
                        channels_last=cfg.model.channels_last, domain=pmodel.domain)
     if summary is None:
         return
     summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))
-    write_report(summary, cfg.run.dir, task.axes, plot=cfg.run.plots)
+    write_report(summary, cfg.run.dir, problem.axes, plot=cfg.run.plots)
     where = f"on {grid_text(visit.grid)} at step {trainer.step}"
     if list(visit.grid) != list(cfg.problem.grid):
         print(f"deepfusion: note: train.max_steps = {cfg.train.max_steps} ended the "
@@ -212,8 +212,6 @@ def _evaluation_target(args):
 
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
-    for w in collective_check(comm, deprecated_spellings, args):
-        say_once(comm, w)
     setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
     say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
     from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text

@@ -2,16 +2,15 @@
 
 ``schema`` holds the generic machinery (field helper, type checks, "did you mean", TOML
 writing), ``sections`` the seven tables and :class:`Config`, ``files`` reading files and
-``--set`` overrides. Everything a caller needs is re-exported here.
+``--set`` overrides. What callers outside the layer use is re-exported here.
 """
 from deepfusion.config.files import apply_overrides, config_changes, describe, dump_toml, load_config
 from deepfusion.config.schema import ConfigError
-from deepfusion.config.sections import (SECTIONS, Config, DataConfig, ModelConfig, OptimConfig, ParallelConfig,
-                       ProblemConfig, RunConfig, TrainConfig, config_from_dict, config_to_dict)
+from deepfusion.config.sections import (Config, DataConfig, OptimConfig, ParallelConfig,
+                                        config_from_dict, config_to_dict)
 
 __all__ = [
-    "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
-    "ParallelConfig", "ProblemConfig", "RunConfig", "TrainConfig", "apply_overrides",
+    "Config", "ConfigError", "DataConfig", "OptimConfig", "ParallelConfig", "apply_overrides",
     "config_changes", "config_from_dict", "config_to_dict", "describe", "dump_toml",
     "load_config",
 ]

@@ -60,10 +60,6 @@ def _type_str(tp) -> str:
     return _TYPE_NAMES[tp]
 
 
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
-
-
 def describe_value(value) -> str:
     return f"got {value!r} ({type(value).__name__})"
 

@@ -339,20 +339,12 @@ def build_parser(prog: str = "deepfusion jobs sweep") -> argparse.ArgumentParser
                    help="--sbatch: the Slurm account of the scripts, over the profile's")
     p.add_argument("--time", default=None, metavar="HH:MM:SS",
                    help=f"--sbatch: time limit of each layout's job (default {TIME})")
-    p.add_argument("--time-limit", default=None, help=argparse.SUPPRESS)  # deprecated: --time
     p.add_argument("--aggregate-only", action="store_true", help="do not run; aggregate DIR/runs/*")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.time_limit is not None:
-        if args.time is not None:
-            print("error: give --time once (--time-limit is its old spelling)", file=sys.stderr)
-            return 2
-        print(f"warning: --time-limit is deprecated and will be removed in the next release: "
-              f"use --time {args.time_limit}", file=sys.stderr)
-        args.time = args.time_limit
     args.time = args.time or TIME
     out = Path(args.out)
     try:

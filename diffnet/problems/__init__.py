@@ -12,23 +12,24 @@ from __future__ import annotations
 import inspect
 
 from diffnet.validation import keyword_options
-from diffnet.problems.contract.base import Axis, Problem
-from diffnet.problems.contract.family import Family
-from diffnet.problems.contract.heads import AnswerHead, Plain, QuadraticEnergy, Ritz
+from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
+                                              has_reference, refines, solves_from_inputs)
+from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
 from diffnet.problems.families.poisson3d import Poisson3D
 from diffnet.problems.families.reaction_diffusion import ReactionDiffusion
-from diffnet.problems.contract.registry import (GROUP, PROBLEMS, available_text, check_reference, entry_point_names,
-                       has_reference, problem_spec, register, resolve)
+from diffnet.problems.contract.registry import (GROUP, PROBLEMS, available_text, entry_point_names,
+                                                problem_spec, register, resolve)
 
 for _cls in (Burgers, Darcy, Poisson, Poisson3D, ReactionDiffusion):
     register(_cls)
 
 
-def problem_options(name) -> tuple[str, ...]:
+def option_names(name) -> tuple[str, ...]:
     """The keyword options the constructor of problem ``name`` (a name or a class) accepts."""
     return tuple(keyword_options(name if inspect.isclass(name) else resolve(name)))
 
@@ -37,7 +38,7 @@ def get_problem(name, **kwargs) -> Problem:
     """Instantiate problem ``name`` (see :func:`resolve`; or a Problem class itself) with its
     keyword options (e.g. ``grid=(64, 64)``)."""
     cls = name if inspect.isclass(name) else resolve(name)
-    valid = problem_options(cls)
+    valid = option_names(cls)
     bad = sorted(k for k in kwargs if k not in valid)
     if bad:
         raise ValueError(f"unknown option(s) {bad} for problem {cls.name!r}; valid options: "
@@ -55,8 +56,10 @@ def replace_options(name, stored: dict, given: dict) -> dict:
     return {**{k: v for k, v in stored.items() if k not in reset}, **given}
 
 
-__all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "AnswerHead", "Plain",
-           "Ritz", "QuadraticEnergy", "get_problem", "problem_options",
-           "replace_options", "resolve", "register", "problem_spec", "has_reference",
-           "check_reference", "entry_point_names", "available_text", "Burgers", "Darcy",
-           "Poisson", "Poisson3D", "ReactionDiffusion"]
+# The built-in families are reached by name (PROBLEMS, get_problem); Poisson is exported as
+# well, for plugins that build on it (tests/plugins/no_reference.py).
+__all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "Ritz",
+           "QuadraticEnergy", "get_problem", "option_names", "replace_options", "resolve",
+           "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
+           "has_answer_residual", "check_reference", "entry_point_names", "available_text",
+           "Poisson"]

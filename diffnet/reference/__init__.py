@@ -8,13 +8,13 @@
 * :func:`diffusion_system` -- one sample's assembled system (:class:`ReferenceSystem`), refined
   by AMG-preconditioned CG from a given initial guess.
 """
-from diffnet.reference.burgers import godunov_flux, riemann_state, solve_burgers
+from diffnet.reference.burgers import solve_burgers
 from diffnet.reference.burgers_exact import exact_cell_averages, solve_burgers_exact
 from diffnet.reference.elliptic import (DIRECT_MAX_UNKNOWNS, ReferenceSystem, assemble_diffusion,
                        diffusion_system, solve_diffusion)
 
 __all__ = [
-    "solve_burgers", "solve_burgers_exact", "exact_cell_averages", "godunov_flux", "riemann_state",
+    "solve_burgers", "solve_burgers_exact", "exact_cell_averages",
     "solve_diffusion", "assemble_diffusion", "DIRECT_MAX_UNKNOWNS",
     "ReferenceSystem", "diffusion_system",
 ]

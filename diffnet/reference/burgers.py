@@ -37,15 +37,10 @@ from diffnet.validation import check_int, check_number
 
 # The solver; check_burgers_args, eval_u0 and cell_averages are public helpers shared with the
 # exact solver (burgers_exact), which validates and integrates u0 the same way.
-__all__ = ["solve_burgers", "godunov_flux", "riemann_state"]
+__all__ = ["solve_burgers", "riemann_state"]
 
 _GAUSS_X = np.array([-math.sqrt(0.6), 0.0, math.sqrt(0.6)])  # on [-1, 1]
 _GAUSS_W = np.array([5.0, 8.0, 5.0]) / 18.0                  # weights summing to 1
-
-
-def godunov_flux(u_left, u_right):
-    """Exact Godunov flux of f(u) = u^2/2 for the Riemann problem (u_left, u_right)."""
-    return 0.5 * np.maximum(np.maximum(u_left, 0.0) ** 2, np.minimum(u_right, 0.0) ** 2)
 
 
 def riemann_state(u_left, u_right):

@@ -56,7 +56,7 @@ def parse(argv):
     return args
 
 
-def problem_options(args) -> dict:
+def darcy_options(args) -> dict:
     opts = {"family": args.family, "coefficient": args.coefficient, "modes": args.modes}
     opts.update({k: getattr(args, k) for k in ("tau", "alpha", "a_hi", "a_lo")
                  if getattr(args, k) is not None})
@@ -73,7 +73,7 @@ def measure(args) -> dict:
     from diffnet.problems import get_problem
     from diffnet.resample import resample_nodes
 
-    opts = problem_options(args)
+    opts = darcy_options(args)
     coarse = get_problem("darcy", grid=(args.coarse,) * 2, **opts)
     fine = get_problem("darcy", grid=(args.fine,) * 2, **opts)
     params = fine.sample_params(args.seed, range(args.draws))

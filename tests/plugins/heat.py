@@ -13,14 +13,14 @@ __all__ = ["Heat", "HeatWholeGrid", "HeatWithoutReference"]
 
 
 class HeatWithoutReference(Heat):
-    """The family of ``Heat`` declaring no reference solver (``reference_methods = ()``): it
-    trains and infers; solve and compare refuse it, evaluate reports the loss and its terms.
+    """The family of ``Heat`` without a reference solver (``reference_solution`` is the
+    contract's default): it trains and infers; solve and compare refuse it, evaluate reports
+    the loss and its terms.
 
     ``amplitude_range`` is the interval both amplitudes are drawn from (default (0.5, 1.5)).
     """
 
     name = "heat_no_reference"
-    reference_methods = ()
     reference_solution = Problem.reference_solution   # the contract's default: none
 
 

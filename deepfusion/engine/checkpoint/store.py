@@ -20,7 +20,8 @@ nothing damaged is ever parsed, so no damage can make the loader loop or crash. 
 Unsealed files: versions 1 (no digests) and 2 (per-dataset digests), an earlier DeepFusion's,
 still load, with a note: a child process reads every object of them first with h5py
 (:mod:`.contained`, no torch: a hang ends within seconds, a crash ends only the child) and only
-the bytes it read are parsed here. A version 3 file without its seal (cut short, changed) is refused.
+the bytes it read are parsed here, then brought to the current layout by the one upgrade step,
+:func:`deepfusion.engine.checkpoint.upgrade.upgrade`. A version 3 file without its seal (cut short, changed) is refused.
 
 :func:`verify_checkpoint` checks a file without loading it, :func:`find_checkpoint` and
 :func:`latest_checkpoint` return the newest that passes, :func:`load_latest` the newest that
@@ -51,6 +52,7 @@ from deepfusion.engine.checkpoint.h5state import (DIGEST_ALGORITHM, CheckpointEr
 from deepfusion.engine.checkpoint.rngstate import capture_rng_state, restore_rng_state  # re-exported: part of the API
 from deepfusion.engine.checkpoint.sealed import (ChildFailed, SealBroken, check_sealed, read_sealed, run_contained, seal,
                      sha256_hex)
+from deepfusion.engine.checkpoint.upgrade import upgrade
 
 FORMAT = "deepfusion-checkpoint"
 FORMAT_VERSION = 3  # 3: sealed; 2: per-dataset digests; 1: neither. All three are read.
@@ -368,7 +370,7 @@ def _parse(path: str, data: bytes, sealed: bool) -> dict:
         except Exception as exc:  # h5py errors of a damaged (unsealed) file's attributes
             raise _corrupt(path, f"{type(exc).__name__}: {exc}") from None
         try:
-            return _read_states(f, version)
+            return upgrade(_read_states(f, version), version, FORMAT_VERSION)
         except Exception as exc:  # h5py, JSON or decoding errors of damaged data, digests
             why = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
             raise _corrupt(path, why) from None

@@ -83,13 +83,14 @@ class InputCache:
     cached. Under a domain split (``block``) the sample is built on the whole grid, as the
     undivided run builds it, and only this rank's block of it is kept."""
 
-    def __init__(self, task, seed: int, dtype, cap_bytes: float = 2 * 2**30, block=None):
-        self.task, self.seed, self.dtype, self.block = task, seed, dtype, block
+    def __init__(self, problem, seed: int, dtype, cap_bytes: float = 2 * 2**30, block=None):
+        self.problem, self.seed, self.dtype, self.block = problem, seed, dtype, block
         self.cap_bytes, self.used, self.cache = cap_bytes, 0, {}
 
     def build(self, i: int):
         """The inputs (C, *grid) of pool sample ``i`` (its block, under a split), built alone."""
-        x = self.task.build_input(self.task.sample_params(self.seed, [i]), dtype=self.dtype)[0]
+        params = self.problem.sample_params(self.seed, [i])
+        x = self.problem.build_input(params, dtype=self.dtype)[0]
         if self.block is None or self.block.whole:
             return x
         return self.block.local(x).contiguous()

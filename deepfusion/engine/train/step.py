@@ -8,7 +8,7 @@
   4. one fused allreduce of [loss-term sums..., non-finite counts..., flags...], so every rank
      sees the global loss and takes the same branch on "is it finite?" and "stop requested?".
 
-The task is any object with ``answer(y, x)`` (the network's output y to the answer field)
+The problem is any object with ``answer(y, x)`` (the network's output y to the answer field)
 and ``loss_terms(u, x) -> {name: (B,)}``; the engine knows nothing of the PDE behind it. The
 model is a :class:`~deepfusion.engine.parallel.parallelize.ParallelModel`: how the gradients are summed is
 its business.
@@ -52,12 +52,12 @@ class StepResult:
 class LossAndGrad:
     """Global mean loss and gradient over the global batch for a parallel model."""
 
-    def __init__(self, model: ParallelModel, task, *, global_batch: int,
+    def __init__(self, model: ParallelModel, problem, *, global_batch: int,
                  term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True,
                  precision: str = "fp32"):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
-        self.model, self.task, self.comm, self.gs = model, task, model.comm, model.grads
+        self.model, self.problem, self.comm, self.gs = model, problem, model.comm, model.grads
         self.global_batch, self.term_names = global_batch, tuple(term_names)
         self.micro_batch, self.channels_last = micro_batch, channels_last
         self.precision = precision
@@ -76,10 +76,10 @@ class LossAndGrad:
             y = y.float()
         else:
             y = self.model.forward(x)
-        u = self.task.answer(y, x)
-        terms = self.task.loss_terms(u, x)
+        u = self.problem.answer(y, x)
+        terms = self.problem.loss_terms(u, x)
         assert set(terms) == set(self.term_names), \
-            f"task returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"
+            f"problem returned loss terms {sorted(terms)}, expected {sorted(self.term_names)}"
         return terms
 
     def __call__(self, x) -> StepResult:

@@ -37,13 +37,13 @@ from deepfusion.engine.train.step import LossAndGrad, StepResult
 
 class Trainer:
     """Fits ``model`` on the problem ``problems(grid)`` of every visit of the plan of ``cfg``
-    (one visit on ``task`` without ``train.levels``)."""
+    (one visit on ``problem`` without ``train.levels``)."""
 
-    def __init__(self, cfg, comm, task, model: ParallelModel, *, specs: dict, dtype,
+    def __init__(self, cfg, comm, problem, model: ParallelModel, *, specs: dict, dtype,
                  problems=None, grow=None):
         self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
         self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
-        self.problems = problems or (lambda grid: task)
+        self.problems = problems or (lambda grid: problem)
         # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
         # innermost first, and the visits that grew them
         self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
@@ -55,9 +55,10 @@ class Trainer:
         self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
         self.total_steps = self.visits[-1].end
         self.visit: Visit | None = None  # entered by the loop (enter), with everything below
-        self.task, self.pool, self.inputs, self.loss_and_grad, self.optim = task, None, None, None, None
+        self.problem = problem
+        self.pool, self.inputs, self.loss_and_grad, self.optim = None, None, None, None
         self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
-        terms = tuple(task.loss_term_names)
+        terms = tuple(problem.loss_term_names)
         self.step_hook = hook.load(comm.rank)  # None in a real run: tests only
         self.step, self.lr_scale = 0, 1.0
         # wall seconds of the trajectory so far, summed over the segments of a resumed run
@@ -113,13 +114,13 @@ class Trainer:
         self.visit = visit
         self.reshape(visit.index)
         block = self.model.block(visit.grid)  # the whole grid, unless split over ranks
-        self.task = self.problems(visit.grid).on_block(block)
+        self.problem = self.problems(visit.grid).on_block(block)
         c = self.cfg
         self.pool = ShardedPool(c.data.n_samples, visit.global_batch, self.model.data_rank,
                                 self.model.data_size, seed=c.data.seed, shuffle=True)
-        self.inputs = InputCache(self.task, c.data.seed, self.dtype, block=block)
-        self.loss_and_grad = LossAndGrad(self.model, self.task, global_batch=visit.global_batch,
-                                         term_names=tuple(self.task.loss_term_names),
+        self.inputs = InputCache(self.problem, c.data.seed, self.dtype, block=block)
+        self.loss_and_grad = LossAndGrad(self.model, self.problem, global_batch=visit.global_batch,
+                                         term_names=tuple(self.problem.loss_term_names),
                                          micro_batch=visit.micro_batch,
                                          channels_last=c.model.channels_last,
                                          precision=c.train.precision)
@@ -170,7 +171,7 @@ class Trainer:
         if self.step_hook is not None:
             self.step_hook(self)
         stepper = self.optim.at(epoch - v.epoch_base)
-        self.task.set_progress(self.progress())
+        self.problem.set_progress(self.progress())
         t = self.cfg.train
         self.loss_and_grad.flags["checkpoint"] = float(self.passed(self.last_save,
                                                                    t.checkpoint_minutes))
@@ -199,7 +200,7 @@ class Trainer:
         except ckpt.CheckpointError as exc:
             raise NonFiniteLoss(f"{where}, and no checkpoint to roll back to: {exc}") from None
         n = self.rolled_back[1] + 1 if self.rolled_back[0] == path else 1
-        scale = float(state["meta"].get("lr_scale", 1.0)) * t.rollback_lr_factor ** n
+        scale = float(state["meta"]["lr_scale"]) * t.rollback_lr_factor ** n
         name = os.path.basename(path)
         if scale < t.rollback_min_lr_scale:
             raise NonFiniteLoss(
@@ -240,7 +241,7 @@ class Trainer:
         n = self.cfg.data.eval_samples
         if n <= 0:
             return
-        s = evaluate(self.model.module, self.task, self.comm, n=n, seed=self.cfg.data.eval_seed,
+        s = evaluate(self.model.module, self.problem, self.comm, n=n, seed=self.cfg.data.eval_seed,
                      dtype=self.dtype, channels_last=self.cfg.model.channels_last,
                      domain=self.model.domain)
         if s is not None:
@@ -333,19 +334,19 @@ class Trainer:
         """Restore weights, step, the visit of the step, its optimiser (the stepper that wrote
         it; a fresh one if the checkpoint closed the previous visit), RNG and rate scale."""
         meta = state["meta"]
-        self.reshape(int(meta.get("visit", 0)))
+        self.reshape(int(meta["visit"]))
         self.model.module.load_state_dict(state["model_state"])
         self.step = int(meta["step"])
         visit = visit_at(self.visits, self.step)
-        if int(meta.get("visit", 0)) == visit.index:
+        if int(meta["visit"]) == visit.index:
             self.enter(visit)
             epoch = visit.epoch_of(self.step)[0] - visit.epoch_base
-            self.optim.restore(meta.get("optimizer") or self.optim.name_at(epoch),
+            self.optim.restore(meta["optimizer"] or self.optim.name_at(epoch),
                                state["optim_state"])
         else:  # written at the end of the previous visit: this one starts with a fresh optimiser
             self.enter(visit, fresh=True)
         ckpt.restore_rng_state(state["rng_state"])
-        self.lr_scale = float(meta.get("lr_scale", 1.0))
+        self.lr_scale = float(meta["lr_scale"])
 
     def resume(self):
         try:
@@ -359,21 +360,21 @@ class Trainer:
         self.apply(state)
         # the trajectory's time: the segments before this one, up to the checkpoint (a rollback
         # keeps counting instead: its lost steps took time in this segment)
-        self.elapsed_before, self.t_start = float(meta.get("elapsed_s", 0.0)), time.perf_counter()
-        old = meta.get("world_size")
-        if old is not None and old != self.comm.size:
+        self.elapsed_before, self.t_start = float(meta["elapsed_s"]), time.perf_counter()
+        old = meta["world_size"]
+        if old != self.comm.size:
             self.log.info(f"elastic resume: checkpoint written on P = {old} ranks, continuing on "
                           f"P = {self.comm.size}; the data order and the global batch are "
                           f"unchanged, so the run continues the same trajectory")
-        planned = int(meta.get("schedule_steps", self.schedule_steps))
-        if int(meta.get("visit", 0)) == self.visit.index and planned != self.schedule_steps:
+        planned = int(meta["schedule_steps"] or self.schedule_steps)
+        if int(meta["visit"]) == self.visit.index and planned != self.schedule_steps:
             self.log.info(f"note: train.epochs / train.max_steps now end the run at step "
                           f"{self.total_steps}; the learning-rate schedule keeps the original "
                           f"run's length of {planned} steps")
             self.schedule_steps = planned
         self.log.truncate_after(self.step)
         self.log.info(f"resumed from {path} at step {self.step}")
-        self.report_changes(meta.get("config"))
+        self.report_changes(meta["config"])
 
     def report_changes(self, theirs: dict | None):
         """Name every config key the resume changed (a --set, another config file): the
@@ -390,7 +391,7 @@ class Trainer:
         extended by further visits after its last (a finished run trained on: the visits so
         far are unchanged, so is the trajectory). train.max_steps may change: it cuts the
         plan, it does not change it."""
-        if not self.cfg.train.levels or "plan" not in meta:
+        if not self.cfg.train.levels or meta["plan"] is None:
             return
         ours, theirs = self.plan_signature, meta["plan"]
         if ours[:len(theirs)] != theirs:

@@ -17,7 +17,8 @@ import torch
 from diffnet.problems.contract.base import Problem
 from diffnet.problems.contract.heads import AnswerHead
 from diffnet.problems.check.split import ThreadSplit, close, compare_split, fmt, split_run, undivided
-from diffnet.problems.contract.registry import has_reference, problem_spec
+from diffnet.problems.contract.family import has_answer_residual, has_reference, solves_from_inputs
+from diffnet.problems.contract.registry import problem_spec
 
 # A batch of 3 draws of seed 11; losses at training progress 0.25 (a schedule's middle).
 BATCH, SEED, PROGRESS = 3, 11, 0.25
@@ -102,9 +103,15 @@ def check_attributes(s: Subject) -> str:
     names = p.loss_term_names
     expect(bool(names) and len(set(names)) == len(names), "class attribute loss_term_names",
            repr(names), "distinct names of the loss terms")
-    expect(p.reference_methods[:1] in (("auto",), ()), "class attribute reference_methods",
-           repr(p.reference_methods), "a tuple that opens with 'auto', or () for a family "
-                                      "without a reference solver")
+    if has_reference(p):
+        expect(p.reference_methods[:1] == ("auto",), "class attribute reference_methods",
+               repr(p.reference_methods), "the methods reference_solution accepts, opening "
+                                          "with 'auto'")
+    if has_answer_residual(p):
+        t = p.residual_threshold
+        expect(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0,
+               "class attribute residual_threshold", repr(t), "the answer_residual above "
+               "which an answer is flagged, a number > 0")
     expect(p.dims == len(s.grid), "class attribute dims", repr(p.dims),
            f"the number of grid axes, {len(s.grid)}")
     expect(isinstance(p.head, AnswerHead) and isinstance(p.head.channels, int)
@@ -282,7 +289,7 @@ def check_gradient(s: Subject, directions: int = 3, h: float = 1e-6, rtol: float
     return f"{directions} directions agree to {worst:.1e}{left}"
 
 
-def check_reference(s: Subject) -> str:
+def check_reference_solution(s: Subject) -> str:
     return reference_check(s, "reference_solution", lambda params, x: params)
 
 
@@ -295,10 +302,10 @@ def reference_check(s: Subject, method: str, sample) -> str:
     float64 field on the grid."""
     p = s.make()
     if not has_reference(p):
-        raise Skipped("no reference solver (reference_methods = ()): it trains and infers; "
-                      "solve, compare and the error of evaluate need one")
-    if method == "solve_from_inputs" and not p.solves_from_inputs:
-        raise Skipped("solves_from_inputs = False (the reference solver needs parameter "
+        raise Skipped("no reference solver (reference_solution not defined): it trains and "
+                      "infers; solve, compare and the error of evaluate need one")
+    if method == "solve_from_inputs" and not solves_from_inputs(p):
+        raise Skipped("solve_from_inputs not defined (the reference solver needs parameter "
                       "vectors)")
     params, x = draw(p, n=1)
     ref = call(method, getattr(p, method), sample(params[0], x[0]))
@@ -340,13 +347,13 @@ def check_round_trip(s: Subject) -> str:
     except (TypeError, ValueError) as e:
         raise Fault("config", f"{cfg!r}, which is not JSON ({e})",
                     "JSON values (a checkpoint stores config() as JSON)") from None
-    from diffnet.problems import problem_options
+    from diffnet.problems import option_names
 
-    unknown = sorted(set(cfg) - set(problem_options(s.cls)))
+    unknown = sorted(set(cfg) - set(option_names(s.cls)))
     expect(not unknown, "config", f"keys {unknown}", "only the constructor's keyword options")
     # the constructor's options too: a config() that drops an option at its default passes
     # a round trip at the defaults, and a run that sets it rebuilds with the default
-    lost = sorted((set(s.options) | set(problem_options(s.cls))) - set(cfg))
+    lost = sorted((set(s.options) | set(option_names(s.cls))) - set(cfg))
     expect(not lost, "config", f"{cfg} without the option(s) {lost} of the constructor",
            "every option, so that a checkpoint rebuilds the same problem: return "
            "{**super().config(), OPTION: value, ...}")

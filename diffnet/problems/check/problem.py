@@ -36,7 +36,7 @@ from diffnet.problems.contract.base import Problem
 from diffnet.problems.check.head import check_head
 from diffnet.problems.check.methods import (Fault, Skipped, Subject, check_attributes, check_draws,
                             check_fields, check_gradient, check_parameters, check_per_sample,
-                            check_reference, check_round_trip, check_solve_from_inputs,
+                            check_reference_solution, check_round_trip, check_solve_from_inputs,
                             shapes_check, split_check)
 from diffnet.problems.contract.registry import check_class, resolve
 
@@ -121,9 +121,9 @@ def subject(spec, grid=None, options=None) -> Subject:
     if len(grid) != dims:
         raise ProblemSpecError(f"grid {'x'.join(map(str, grid))} has {len(grid)} axes, but "
                                f"problem {label!r} is {dims}-D")
-    from diffnet.problems import problem_options
+    from diffnet.problems import option_names
 
-    valid = problem_options(cls)
+    valid = option_names(cls)
     bad = sorted(k for k in options if k not in valid or k == "grid")
     if bad:
         raise ProblemSpecError(f"unknown option(s) {bad} for problem {label!r} (the grid is "
@@ -168,7 +168,7 @@ def checks(s: Subject) -> list:
             + [(f"shapes and dtypes, {d}", shapes_check(d)) for d in ("float32", "float64")]
             + [("inputs_from_fields", check_fields), ("per-sample terms", check_per_sample),
                ("float64 gradient", check_gradient), ("answer head", check_head),
-               ("reference_solution", check_reference),
+               ("reference_solution", check_reference_solution),
                ("solve_from_inputs", check_solve_from_inputs)]
             + [(f"split {sp} against undivided", split_check(sp)) for sp in splits]
             + [("checkpoint round trip", check_round_trip)])

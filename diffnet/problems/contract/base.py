@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import torch
 
-# The checks live in diffnet.validation; re-exported here for code that imported them from base.
 from diffnet.domain import Block
-from diffnet.validation import (check_array, check_bool, check_choice, check_grid,  # noqa: F401
-                          check_number, check_range, grid_axes)
-from diffnet.problems.contract.family import Axis, Family  # noqa: F401  (Axis: imported from here by the problems)
+from diffnet.problems.contract.family import Family
 from diffnet.problems.contract.heads import AnswerHead, Plain
 from diffnet.problems.contract.loss import Loss
 
@@ -41,7 +38,9 @@ class Problem(Family, Loss):
 
         head: the answer head (default ``Plain()``); a problem whose options choose it sets
             ``self.head`` in ``__init__``.
-        output_channels: the fields the network outputs, by default the head's ``channels``.
+        output_channels: the fields the network outputs: the head's ``channels``; a problem
+            whose own ``impose`` maps several fields to one declares it as a class attribute
+            (``output_channels = 2``) and keeps the Plain head.
     """
 
     head: AnswerHead = Plain()
@@ -52,14 +51,9 @@ class Problem(Family, Loss):
 
     @property
     def output_channels(self) -> int:
-        """The fields the network outputs: the answer head's ``channels``, unless set (a
-        problem whose own ``impose`` maps several fields to one sets it, as a class attribute
-        or in ``__init__``, and keeps the Plain head)."""
-        return self.__dict__.get("output_channels", self.head.channels)
-
-    @output_channels.setter
-    def output_channels(self, n: int) -> None:
-        self.__dict__["output_channels"] = n
+        """The fields the network outputs: the answer head's ``channels`` (a subclass's class
+        attribute ``output_channels`` takes its place)."""
+        return self.head.channels
 
     def answer(self, raw: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """(B, 1, *grid) the answer to the input fields ``inputs`` (B, C, *grid) from the

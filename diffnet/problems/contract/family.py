@@ -42,22 +42,22 @@ class Axis:
 class Family(abc.ABC):
     """What a draw of the family is: geometry, parameters, input fields, reference solver.
 
+    The optional methods, ``reference_solution``, ``solve_from_inputs``, ``refine`` and
+    ``answer_residual``, are offered by defining them: :func:`has_reference`,
+    :func:`solves_from_inputs`, :func:`refines` and :func:`has_answer_residual` say which a
+    family defines, and the defaults here refuse, saying what the family lacks.
+
     Class attributes a family sets:
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
         input_channels: names of the C channels ``build_input`` returns, e.g. ("u0",) or ("nu",).
         dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
         reference_methods: the ``method`` values ``reference_solution`` and
             ``solve_from_inputs`` accept; "auto" (the solver's own choice) always comes first.
-            Empty: the family has no reference solver (it trains and infers; the application
-            refuses solve and compare, and evaluation reports the loss instead of an error).
-        solves_from_inputs: whether ``solve_from_inputs`` is available (False: the reference
-            solver needs parameter vectors).
-        refines: whether ``refine`` is available (the reference solver is iterative and
-            takes an initial guess: an approximate answer is refined to a tolerance).
+            Read only where the family has a reference solver (:func:`has_reference`).
         fields_hint: optional text for the message of missing channels in
             ``inputs_from_fields``, e.g. which channels are derived from which.
         residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
-            be trusted; None (default): the family has no answer residual.
+            be trusted; set by a family that defines ``answer_residual``.
         option_presets: {option: the options its value presets}, e.g. Darcy's {"family":
             ("tau", ...)}: an option given anew over stored ones (``--set`` on a checkpoint)
             drops the stored values of those it presets (``replace_options``); default none.
@@ -68,8 +68,6 @@ class Family(abc.ABC):
     input_channels: tuple[str, ...] = ()
     dims: int = 2
     reference_methods: tuple[str, ...] = ("auto",)
-    solves_from_inputs: bool = False
-    refines: bool = False
     fields_hint: str = ""
     residual_threshold: float | None = None
     option_presets: dict[str, tuple[str, ...]] = {}
@@ -197,25 +195,24 @@ class Family(abc.ABC):
         """(H, W) float64 solution of one parameter vector (k,) by the classical solver.
 
         ``method`` is one of ``reference_methods`` (ValueError listing them otherwise). A family
-        without a classical solver sets ``reference_methods = ()`` and need not define this:
-        it trains and infers, and this default says it has no reference solver.
+        without a classical solver does not define this: it trains and infers, and this
+        default says it has no reference solver.
         """
         self.check_method(method)
-        raise NotImplementedError(f"{type(self).__name__} lists reference methods "
-                                  f"{self.reference_methods} but does not implement "
-                                  f"reference_solution")
+        raise NotImplementedError(f"{type(self).__name__}.reference_solution reached the "
+                                  f"contract's default, which has no solver")
 
     def solve_from_inputs(self, inputs, method: str = "auto") -> np.ndarray:
         """(H, W) float64 reference solution of one sample's input fields (C, H, W).
 
         ``inputs`` is a row of ``build_input`` / ``inputs_from_fields`` (numpy or torch), so a
         user's fields are solved without parameter vectors. Problems whose solver can do that
-        set ``solves_from_inputs = True`` and override this; the default raises the ValueError
-        of ``check_method(method, from_inputs=True)``.
+        define this; the default raises the ValueError of
+        ``check_method(method, from_inputs=True)``.
         """
         self.check_method(method, from_inputs=True)
-        raise NotImplementedError(f"{type(self).__name__} sets solves_from_inputs but does not "
-                                  f"implement solve_from_inputs")
+        raise NotImplementedError(f"{type(self).__name__}.solve_from_inputs reached the "
+                                  f"contract's default, which has no solver")
 
     def check_method(self, method, *, from_inputs: bool = False) -> str:
         """``method`` if it is one of ``reference_methods`` and, with ``from_inputs``, if this
@@ -223,10 +220,10 @@ class Family(abc.ABC):
 
         Called before any solve, so a bad choice is refused up front, not on the first sample.
         """
-        if not self.reference_methods:
-            raise ValueError(f"problem {self.name!r} has no reference solver (its "
-                             f"reference_methods is empty)")
-        if from_inputs and not self.solves_from_inputs:
+        if not has_reference(self):
+            raise ValueError(f"problem {self.name!r} has no reference solver (it does not "
+                             f"define reference_solution)")
+        if from_inputs and not solves_from_inputs(self):
             raise ValueError(
                 f"solving from given input fields is not available for problem {self.name!r}: "
                 f"its reference solver needs parameter vectors {self.param_names}; give "
@@ -240,18 +237,18 @@ class Family(abc.ABC):
         most ``tol``; ``u0=None`` is the cold start (zero initial guess) of the same solver.
         info holds at least ``iterations``, ``residual``, ``initial_residual``, ``converged``
         and the seconds ``solve_time``, ``setup_time``, ``assemble_time``. Problems whose
-        solver can do that set ``refines = True`` and override this; the default raises the
-        ValueError of ``check_refine``."""
+        solver can do that define this; the default raises the ValueError of
+        ``check_refine``."""
         self.check_refine(tol)
-        raise NotImplementedError(f"{type(self).__name__} sets refines but does not implement "
-                                  f"refine")
+        raise NotImplementedError(f"{type(self).__name__}.refine reached the contract's "
+                                  f"default, which has no solver")
 
     def check_refine(self, tol) -> float:
-        """``tol`` as a float in (0, 1) if this problem refines answers (``refines``);
+        """``tol`` as a float in (0, 1) if this problem refines answers (:func:`refines`);
         ValueError naming the problem otherwise. Called before any work, so a request the
         problem cannot serve is refused up front."""
-        if not self.refines:
-            why = ("it has no reference solver" if not self.reference_methods else
+        if not refines(self):
+            why = ("it has no reference solver" if not has_reference(self) else
                    "its reference solver is not an iterative solver that starts from a guess")
             raise ValueError(f"problem {self.name!r} cannot refine an answer: {why}; run "
                              f"without refinement")
@@ -264,19 +261,63 @@ class Family(abc.ABC):
         holding only the boundary values) reads 1 and the discrete solution 0
         (``answer_check``).
 
-        Optional: a family that has it sets ``residual_threshold``; this default (threshold
-        None) raises NotImplementedError saying the family has none.
+        Optional: a family that has it defines this and sets ``residual_threshold``; this
+        default raises NotImplementedError saying the family has none.
         """
-        raise NotImplementedError(f"problem {self.name!r} has no answer residual (its "
-                                  f"residual_threshold is None)")
+        raise NotImplementedError(f"problem {self.name!r} has no answer residual (it does not "
+                                  f"define answer_residual)")
 
     def check_answers(self, u, inputs) -> dict:
         """{"residual": (B,) float64, "flagged": (B,) bool} of answers ``u`` to ``inputs`` (as
         ``answer_residual`` takes them): flagged where the residual is above
         ``residual_threshold`` or not finite. ValueError when the family has no residual."""
-        if self.residual_threshold is None:
+        if not has_answer_residual(self):
             raise ValueError(f"problem {self.name!r} has no answer residual to check its "
-                             f"answers with (its residual_threshold is None); run without "
+                             f"answers with (it does not define answer_residual); run without "
                              f"the check")
         r = self.answer_residual(u, inputs)
         return {"residual": r, "flagged": flags(r, self.residual_threshold)}
+
+
+# ---------------------------------------------------------------------------------------------
+# what a family offers: the optional methods it defines
+# ---------------------------------------------------------------------------------------------
+
+def defines(problem, method: str) -> bool:
+    """Whether ``problem`` (a class or an instance) defines ``method`` itself instead of
+    inheriting the contract's default from :class:`Family`."""
+    cls = problem if isinstance(problem, type) else type(problem)
+    return getattr(cls, method, None) is not getattr(Family, method)
+
+
+def has_reference(problem) -> bool:
+    """Whether a problem (class or instance) has a reference solver: it defines
+    ``reference_solution``. Without one it trains and infers; solve, compare and the error
+    of evaluate are refused."""
+    return defines(problem, "reference_solution")
+
+
+def solves_from_inputs(problem) -> bool:
+    """Whether its reference solver solves given input fields: it defines
+    ``solve_from_inputs`` (and has a reference solver)."""
+    return has_reference(problem) and defines(problem, "solve_from_inputs")
+
+
+def refines(problem) -> bool:
+    """Whether it refines an approximate answer with its iterative reference solver: it
+    defines ``refine`` (and has a reference solver)."""
+    return has_reference(problem) and defines(problem, "refine")
+
+
+def has_answer_residual(problem) -> bool:
+    """Whether it measures how far an answer is from the discrete solution: it defines
+    ``answer_residual`` (and its ``residual_threshold``)."""
+    return defines(problem, "answer_residual")
+
+
+def check_reference(problem, what: str) -> None:
+    """ValueError saying that ``problem`` has no reference solver, so ``what`` cannot be done."""
+    if not has_reference(problem):
+        raise ValueError(f"problem {problem.name!r} has no reference solver (it does not "
+                         f"define reference_solution), so {what}; 'deepfusion evaluate "
+                         f"RUN_DIR' reports the loss and its terms on test draws instead")

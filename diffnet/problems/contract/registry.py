@@ -15,9 +15,6 @@ name of a built-in, ``"module:Class"``, or ``"entry-point:NAME"``): checkpoints 
 ``infer``, ``evaluate``, ``solve`` and ``--resume`` rebuild a plugin's problem without any edit
 of DiffNet. Anything that cannot be found or imported is one ValueError naming the spec, the
 import path and the underlying error.
-
-A family without a reference solver declares ``reference_methods = ()``
-(:func:`has_reference`): it trains and infers; what needs a reference says it has none.
 """
 from __future__ import annotations
 
@@ -109,20 +106,6 @@ def problem_spec(cls: type[Problem]) -> str:
                          f"which a new process (resume, infer, evaluate) cannot import: move "
                          f"it to a module on the PYTHONPATH and name it 'module:ClassName'")
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def has_reference(problem) -> bool:
-    """Whether a problem (class or instance) has a reference solver: ``reference_methods`` is
-    not empty. Without one it trains and infers; solve, compare and the error are refused."""
-    return bool(getattr(problem, "reference_methods", ()))
-
-
-def check_reference(problem, what: str) -> None:
-    """ValueError saying that ``problem`` has no reference solver, so ``what`` cannot be done."""
-    if not has_reference(problem):
-        raise ValueError(f"problem {problem.name!r} has no reference solver (its "
-                         f"reference_methods is empty), so {what}; 'deepfusion evaluate RUN_DIR' "
-                         f"reports the loss and its terms on test draws instead")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from diffnet.primitive import node_primitive
 from diffnet.stencils import KINDS, FiniteDifference, check_block_sizes
 from diffnet.validation import check_bool, check_choice, check_int, check_number, check_range
 from diffnet.problems.contract.answer_check import characteristic_residual
-from diffnet.problems.contract.base import Axis, Problem
+from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.family import Axis
 from diffnet.problems.contract.blocks import block_coords, mean_part
 from diffnet.problems.families.burgers_fv import FiniteVolumeResiduals
 from diffnet.problems.families.lax_oleinik import basin_targets, lax_oleinik_nodes, lax_oleinik_value, smoothing_points

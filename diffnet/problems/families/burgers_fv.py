@@ -90,12 +90,9 @@ class FiniteVolumeResiduals:
             return self._fv_residuals(u, ks)
         return self._fv_residuals_part(u, ks)
 
-    def _fv_residual(self, u: torch.Tensor, k: int = 1) -> torch.Tensor:
-        """(B, 1, H, W): (u[i] - Phi^k(u[i-k])) / (k dt) on rows i >= k, columns >= 1; else 0."""
-        return self._fv_residuals(u, (k,))[0]
-
     def _fv_residuals(self, u: torch.Tensor, ks=None) -> list[torch.Tensor]:
-        """``_fv_residual(u, k)`` for every k of ``ks`` (ascending; default ``horizons()``).
+        """For every k of ``ks`` (ascending; default ``horizons()``) the k-step residual
+        (B, 1, H, W): (u[i] - Phi^k(u[i-k])) / (k dt) on rows i >= k, columns >= 1; else 0.
 
         Rows march independently, so Phi^k(u[j]) continues Phi^k'(u[j]) for k' < k: one march
         of max(ks) steps serves every k (the longer residuals take the source rows they need
@@ -129,8 +126,8 @@ class FiniteVolumeResiduals:
                          f"(k steps read {_STEP_WIDTH[self.scheme]}k cells per side)")
 
     def _fv_residuals_part(self, u: torch.Tensor, ks=None) -> list[torch.Tensor]:
-        """This block's part (B, 1, h, w) of ``_fv_residual(u, k)`` for every k of ``ks``
-        (default ``horizons()``)."""
+        """This block's part (B, 1, h, w) of the k-step residual of ``_fv_residuals`` for
+        every k of ``ks`` (default ``horizons()``)."""
         blk = self.block
         ks = ks or self.horizons()
         big = max(ks)

@@ -52,7 +52,8 @@ from diffnet.domain import Block
 from diffnet.stencils import KINDS, FiniteDifference, check_block_sizes, derivative_names
 from diffnet.validation import check_array, check_choice, check_int, check_range
 from diffnet.problems.contract.answer_check import elliptic_residual
-from diffnet.problems.contract.base import Axis, Problem
+from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.family import Axis
 from diffnet.problems.contract.blocks import block_coords
 
 
@@ -151,8 +152,6 @@ class DiffusivityInputs:
 
     input_channels = ("nu", "log_nu")
     reference_methods = ("auto", "direct", "amg")
-    solves_from_inputs = True
-    refines = True
     fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
 
     def nu_nodes(self, params: np.ndarray) -> np.ndarray:

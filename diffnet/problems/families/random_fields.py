@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["grf_scales", "xi_stream_positions", "draw_coefficients", "cosine_basis",
-           "render", "mean_variance"]
+           "render"]
 
 
 def grf_scales(modes: int, tau: float, alpha: float) -> np.ndarray:
@@ -90,7 +90,3 @@ def render(coeffs, y, x) -> np.ndarray:
     c = c.reshape(-1, m, m)
     return cosine_basis(m, y) @ c @ cosine_basis(m, x).T
 
-
-def mean_variance(modes: int, tau: float, alpha: float) -> float:
-    """Spatial mean of the pointwise variance of mu: sum of sigma_lk^2 (phi orthonormal)."""
-    return float(np.square(grf_scales(modes, tau, alpha)).sum())
