@@ -55,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def register(sub) -> None:
+    """Add the export subcommand to the ``deepfusion`` parser."""
     p = sub.add_parser(
         "export", help="write a trained solver as a TorchScript or ONNX file (input fields -> "
                        "answer, boundary values and answer head included) that runs without "

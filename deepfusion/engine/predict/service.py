@@ -147,16 +147,17 @@ def run(compute, batches, sink=None, *, comm=None, rounds: int | None = None) ->
     rank has) makes every rank join every gather, with nothing once its batches are done."""
     busy = 0.0
     for k in range(len(batches) if rounds is None else rounds):
-        item = None
-        if k < len(batches):
-            item = compute(*batches[k])
-            busy += item.seconds
-        if comm is not None:
-            item = comm.gather_obj(item if item is not None and item.u is not None else None)
-        for it in (item if comm is not None else [item]) or ():
-            if it is not None and sink is not None:
-                sink(it)
-        del item
+        result = compute(*batches[k]) if k < len(batches) else None
+        busy += result.seconds if result is not None else 0.0
+        if comm is None:
+            results = [result]
+        else:   # only results that hold answers travel; rank 0 alone gets the list
+            held = result if result is not None and result.u is not None else None
+            results = comm.gather_obj(held) or []
+        for b in results:
+            if b is not None and sink is not None:
+                sink(b)
+        del result, results
     return busy
 
 
