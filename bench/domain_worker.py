@@ -82,7 +82,7 @@ class HaloTimers:
         return {"seconds": s, "messages": dict(self.messages), "bytes": dict(self.bytes)}
 
 
-def halo_plan(model, task, block, x, checkpoint: bool) -> list[dict]:
+def halo_plan(model, problem, block, x, checkpoint: bool) -> list[dict]:
     """The halos and reductions one step runs, from the network's layer list: every split
     convolution / upsampling (a halo of its padding / one replicated layer) and split instance
     norm (two sums of B x C), with each layer's input shape (recorded by a forward pre-hook in
@@ -124,7 +124,7 @@ def halo_plan(model, task, block, x, checkpoint: bool) -> list[dict]:
         r["backward_passes"] = r.pop("backward")
         r["passes"] = (2 if checkpoint else 1) + r["backward_passes"]
     # the Burgers stencil loss: FiniteDifference of cat([u, u^2 / 2]) on the block
-    if getattr(task, "scheme", "stencil") == "stencil":
+    if getattr(problem, "scheme", "stencil") == "stencil":
         rows.append({"layer": "loss.fd", "kind": "halo", "shape": (2 * x.shape[0], 1, *block.shape),
                      "width": 1, "passes": 2})
     return rows
@@ -203,50 +203,41 @@ def pingpong(sizes=(8, 1024, 65536, 2**20, 4 * 2**20), reps_small=200, reps_big=
 
 def build_step(comm, grid, split, checkpoint: bool, global_batch: int = 1):
     """The engine's step on ``grid`` (split ``split`` over the ranks' domain groups): returns
-    (step, model, task, block, x)."""
+    (step, model, problem, block, x)."""
     import torch
 
-    from deepfusion.config.sections import OptimConfig, ParallelConfig
+    from bench.step_bench import engine_step
+    from deepfusion.config.sections import ParallelConfig
     from deepfusion.engine.parallel.memformat import convert_model
-    from deepfusion.engine.train.stepper import FirstOrderStepper
     from deepfusion.engine.parallel.parallelize import parallelize
     from deepfusion.engine.train.step import LossAndGrad
     from diffnet.generators import build_generator
     from diffnet.problems import get_problem
 
     grid = tuple(int(g) for g in grid)
-    task = get_problem("burgers", grid=grid)
+    problem = get_problem("burgers", grid=grid)
     torch.manual_seed(0)
-    model = build_generator("unet", in_channels=len(task.input_channels),
+    model = build_generator("unet", in_channels=len(problem.input_channels),
                             checkpoint_levels=bool(checkpoint)).float()
     model = convert_model(model)  # model.channels_last = true, the training default
     pm = parallelize(model, comm, ParallelConfig(domain=list(split)), grid=grid)
     block = pm.block(grid)
-    task = task.on_block(block)
+    problem = problem.on_block(block)
     # The data-parallel unit's samples, each built on the whole grid (as InputCache does),
     # then this rank's block of it.
     local = global_batch // pm.data_size
     idx = range(pm.data_rank * local, (pm.data_rank + 1) * local)
     xs = []
     for i in idx:
-        whole = task.build_input(task.sample_params(0, [i]), dtype=torch.float32)
+        whole = problem.build_input(problem.sample_params(0, [i]), dtype=torch.float32)
         xs.append(block.local(whole[0]).contiguous())
         del whole
     x = torch.stack(xs)
     del xs
-    ocfg = OptimConfig()
-    lg = LossAndGrad(pm, task, global_batch=global_batch, term_names=tuple(task.loss_term_names),
-                     channels_last=True, precision="fp32")
-    opt = FirstOrderStepper("adam", pm.parameters(), ocfg, lg).optimizer
-
-    def step():
-        res = lg(x)
-        if res.finite:
-            lg.gs.clip_(ocfg.grad_clip, res.grad_norm)
-            opt.step()
-        return res
-
-    return step, model, task, block, x
+    lg = LossAndGrad(pm, problem, global_batch=global_batch,
+                     term_names=tuple(problem.loss_term_names), channels_last=True,
+                     precision="fp32")
+    return engine_step(lg, pm.parameters(), x), model, problem, block, x
 
 
 def worker(a) -> int:
@@ -267,7 +258,7 @@ def worker(a) -> int:
     if a.halo_copy:  # the padded-copy alternative to diffnet.ghost_conv: a copy of every block
         from deepfusion.engine.parallel.halo import MPIBlock
         MPIBlock.thin_ghosts = False
-    step, model, task, block, x = build_step(comm, grid, split, a.checkpoint,
+    step, model, problem, block, x = build_step(comm, grid, split, a.checkpoint,
                                              global_batch=comm.size if not split else 1)
     rec = {"rank": comm.rank, "ranks": comm.size, "grid": list(grid), "split": split,
            "block": list(block.shape), "threads": torch.get_num_threads(),
@@ -311,7 +302,7 @@ def worker(a) -> int:
                                    for k in halos[0]["seconds"]},
                        "messages": halos[-1]["messages"], "bytes": halos[-1]["bytes"]}
     if timers is not None:  # after the measured steps: its forward must not raise the peak
-        rows = halo_plan(model, task, block, x, bool(a.checkpoint))
+        rows = halo_plan(model, problem, block, x, bool(a.checkpoint))
         rec["plan"] = plan_traffic(rows, block, comm.size)
         rec["plan"]["layers"] = len(rows)
     if a.profile:

@@ -23,8 +23,9 @@ The network: the checkpoint's generator (``--checkpoint``, rebuilt at each grid 
 problem taken from the checkpoint; the relative L2 error of its predictions against the
 reference solutions is reported), else the problem's default U-Net (``unet``, ``unet3d`` in
 3-D) with random weights (timing only: the error is null, marked "untrained").
-The network runs exactly as ``deepfusion infer`` runs it (``deepfusion.app.inference.predictor``:
-channels_last as trained, ``--work-grid`` resolution transfer, resampling inside the time).
+The network runs exactly as ``deepfusion infer`` runs it (the prediction service,
+``deepfusion.engine.predict.service``: its pipeline, ``Predictor`` and loop; ``--work-grid``
+resolution transfer, resampling inside the time).
 
 The solvers solve on one core while the network uses ``--threads``. With ``--threads`` T > 1
 each solver is also run as T one-thread processes at once on the same draws
@@ -69,11 +70,11 @@ def _setup(cfg):
     torch.set_num_threads(cfg["threads"])
     work = None
     if cfg.get("checkpoint"):
-        from deepfusion.app.inference import load_model
+        from deepfusion.engine.predict.loader import load
 
-        model, problem, work, _ = load_model(cfg["checkpoint"], grid=_grid(cfg),
-                                             work_grid=cfg.get("work_grid"),
-                                             options=cfg.get("options"))
+        loaded = load(cfg["checkpoint"], grid=_grid(cfg), work_grid=cfg.get("work_grid"),
+                      options=cfg.get("options"))
+        model, problem, work = loaded.model, loaded.problem, loaded.work
     else:
         from diffnet.generators import build_generator
         from diffnet.problems import get_problem
@@ -91,16 +92,17 @@ def _setup(cfg):
 def _infer(cfg, model, problem, work, params):
     import numpy as np
 
-    from deepfusion.app.inference import predictor
-    from deepfusion.app.samples import Samples
+    from deepfusion.engine.predict import service
+    from deepfusion.engine.predict.pipeline import Samples
 
-    compute = predictor(model, problem, Samples(params), channels_last=True, work=work)
-    preds, total, b = [], 0.0, cfg["batch"]
-    for lo in range(0, len(params), b):  # predictor warms each new shape up untimed
-        u, _, sec = compute(lo, min(lo + b, len(params)))
-        total += sec
-        preds.append(u.astype(np.float64))
-    return total, np.concatenate(preds)
+    samples = Samples(params)
+    pipe = service.pipeline(model, problem, work=work, channels_last=True)
+    # as infer computes a batch: each new shape warmed up untimed, the answers as float32 arrays
+    compute = service.Predictor(pipe, samples, warmup=True,
+                                finish=service.as_arrays(problem, samples))
+    done = service.Collector()
+    total = service.run(compute, service.contiguous_batches(len(params), cfg["batch"]), done)
+    return total, np.concatenate([b.u.astype(np.float64) for b in done.batches])
 
 
 def _warm_solver(problem, params, method: str) -> None:

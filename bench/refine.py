@@ -12,8 +12,8 @@ solved by AMG-preconditioned CG to the relative residual ``--tol``:
 
 * **cold**: from zero, as ``deepfusion solve`` would;
 * **warm**: from the network's answer (the checkpoint's model as ``deepfusion infer`` runs it,
-  ``deepfusion.engine.predict.pipeline.Pipeline``: on ``--work-grid`` and interpolated, its forward
-  pass timed with the input rendering and resampling);
+  through the prediction service, ``deepfusion.engine.predict.service``: on ``--work-grid`` and
+  interpolated, its forward pass timed with the input rendering and resampling);
 * **coarse** (control, ``--coarse``; "trained" is the checkpoint's training grid): from the
   exact reference answer of the same draw on the coarse grid, interpolated; the coarse solve
   and the interpolation are timed. It says what the best answer a coarse grid can give buys,
@@ -53,19 +53,17 @@ def _timed(fn):
 
 def _setup(a, size: int):
     """(problem on the N grid, model or None, work problem or None, coarse problem or None)."""
-    from deepfusion.app.inference import build_problem, load_model, resolve_work_grid
+    from deepfusion.engine.predict.loader import build_problem, load, resolve_work_grid
     from diffnet.problems import resolve
 
     options = problem_options(a, "bench.refine")
     model = work = None
     meta: dict = {}
     if a.checkpoint:
-        from deepfusion.app.inference import checkpoint_file
-
-        path = checkpoint_file(a.checkpoint)
-        dims = load_model(path, options=options)[1].dims
-        model, problem, work, meta = load_model(path, grid=(size,) * dims,
-                                                work_grid=a.work_grid, options=options)
+        first = load(a.checkpoint, options=options)
+        loaded = load(first.path, grid=(size,) * first.problem.dims, work_grid=a.work_grid,
+                      options=options)
+        model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta
     else:
         problem = build_problem(a.problem, options, (size,) * resolve(a.problem).dims)
     problem.check_refine(a.tol)
@@ -76,18 +74,17 @@ def _setup(a, size: int):
 
 
 def _network(model, problem, work, params):
-    """answer(j) -> u (*grid) float64: the answer as ``deepfusion infer`` forms it
-    (``deepfusion.engine.predict.pipeline.Pipeline``: the draw rendered on the work grid, the network,
-    the imposition, the interpolation to the grid)."""
-    import torch
+    """answer(j) -> u (*grid) float64: the answer as ``deepfusion infer`` forms it (the
+    prediction service's pipeline, one draw a batch: the draw rendered on the work grid, the
+    network, the imposition, the interpolation to the grid)."""
+    from deepfusion.engine.predict import service
+    from deepfusion.engine.predict.pipeline import Samples
 
-    from deepfusion.engine.predict.pipeline import Pipeline, Samples
+    pipe = service.pipeline(model, problem, work=work, channels_last=True)
+    compute = service.Predictor(pipe, Samples(params), keep_inputs=False)
 
-    pipe, samples = Pipeline(model, problem, work=work, channels_last=True), Samples(params)
-
-    @torch.inference_mode()
     def answer(j):
-        return pipe.answer_batch(samples, j, j + 1).u[0].double().numpy()
+        return compute(j, j + 1).u[0].double().numpy()
     return answer
 
 

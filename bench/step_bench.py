@@ -7,8 +7,10 @@ loop, as a fraction of the machine's fp32 GEMM rate.
 Configurations (same problem, generator, global batch, initial weights), timed in turn:
   plain            eager NCHW, stock nn.InstanceNorm2d, torch.optim.Adam defaults,
                    loss.backward(); opt.step(); opt.zero_grad()
-  deepfusion       deepfusion.engine.train.step.LossAndGrad + GradSync (flat buckets) + Adam (foreach),
-                   channels_last, the generator's NHWC instance norm (what `deepfusion train` runs)
+  deepfusion       the trained step: deepfusion.engine.train.step.LossAndGrad + GradSync (flat
+                   buckets) + the engine's stepper (build_stepper: Adam (foreach), clipping as
+                   optim.grad_clip says), channels_last, the generator's NHWC instance norm
+                   (what `deepfusion train` runs)
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
                    the concatenation instead of diffnet.generators.DenseGrad (isolates it)
@@ -81,14 +83,14 @@ def fp32_norms(model):
     return model
 
 
-def make_plain(task, model, x, lr=1e-3):
+def make_plain(problem, model, x, lr=1e-3):
     import torch
 
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     def step():
-        u = task.answer(model(x), x)
-        terms = task.loss_terms(u, x)
+        u = problem.answer(model(x), x)
+        terms = problem.loss_terms(u, x)
         loss = (terms["pde"] + terms["bc"]).mean()
         loss.backward()
         opt.step()
@@ -98,29 +100,45 @@ def make_plain(task, model, x, lr=1e-3):
     return step
 
 
-def make_deepfusion(task, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
+def engine_step(loss_and_grad, params, x, optim=None):
+    """step() -> StepResult: the trained optimiser step on the local batch ``x``, by the
+    engine's stepper of ``optim.name`` (``build_stepper``, as the trainer builds it: the global
+    loss and gradient, clipping as ``optim.grad_clip`` says, the update) at the schedule's
+    first step. ``optim``: an ``[optim]`` section (default: the defaults, Adam)."""
+    from deepfusion.config import OptimConfig
+    from deepfusion.engine.parallel.data import LazyBatch
+    from deepfusion.engine.train.optimizer import build_stepper
+
+    cfg = optim or OptimConfig()
+    stepper = build_stepper(cfg.name, params, cfg, loss_and_grad)
+    batch = LazyBatch(lambda indices: x, range(x.shape[0]), 0)
+
+    def step():
+        return stepper.step(batch, step=0, schedule_steps=1, lr_scale=1.0)
+    return step
+
+
+def make_deepfusion(problem, model, x, *, channels_last=True, comm=None, bucket_mb=4.0,
                     overlap=False, global_batch=None, precision="fp32", poll=True):
-    """The engine's step as Trainer.train_step runs it (minus data loading and logging);
-    ``poll=False`` turns off GradSync's progress polling (an ablation of the overlap)."""
-    from deepfusion.config import OptimConfig, ParallelConfig
+    """The engine's step as Trainer.train_step runs it (minus data loading and logging):
+    :func:`engine_step`; ``poll=False`` turns off GradSync's progress polling (an ablation of
+    the overlap)."""
+    from deepfusion.config import ParallelConfig
     from deepfusion.engine.parallel.comm import SerialComm
-    from deepfusion.engine.train.stepper import FirstOrderStepper
     from deepfusion.engine.parallel.parallelize import parallelize
     from deepfusion.engine.train.step import LossAndGrad
 
     comm = comm or SerialComm()
     pm = parallelize(model, comm, ParallelConfig(bucket_mb=bucket_mb, overlap=overlap))
     pm.grads.poll = poll
-    lg = LossAndGrad(pm, task, global_batch=global_batch or x.shape[0],
-                     term_names=task.loss_term_names, channels_last=channels_last,
+    lg = LossAndGrad(pm, problem, global_batch=global_batch or x.shape[0],
+                     term_names=problem.loss_term_names, channels_last=channels_last,
                      precision=precision)
-    opt = FirstOrderStepper("adam", model.parameters(), OptimConfig(), lg).optimizer
+    trained = engine_step(lg, model.parameters(), x)
     last = {}
 
     def step():
-        res = lg(x)
-        if res.finite:
-            opt.step()
+        res = trained()
         last.update(res.times)
         return res.loss
 
@@ -133,9 +151,9 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     import torch
 
     torch.set_num_threads(threads)
-    task, base = build(problem, grid, generator, channels_last=False)
-    x = inputs(task, batch)
-    flops = step_flops(base, task, x)
+    prob, base = build(problem, grid, generator, channels_last=False)
+    x = inputs(prob, batch)
+    flops = step_flops(base, prob, x)
     state = base.state_dict()
     configs = {}
 
@@ -144,20 +162,20 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
         m.load_state_dict(state)
         return m.to(memory_format=torch.channels_last) if cl else m
 
-    configs["plain"] = make_plain(task, stock_norms(fresh(False)), x)
-    configs["deepfusion"] = make_deepfusion(task, fresh(True), x, channels_last=True)
-    configs["deepfusion_nchw"] = make_deepfusion(task, fresh(False), x, channels_last=False)
-    configs["deepfusion_sliced_grad"] = make_deepfusion(task, sliced_grad(fresh(True)), x)
+    configs["plain"] = make_plain(prob, stock_norms(fresh(False)), x)
+    configs["deepfusion"] = make_deepfusion(prob, fresh(True), x, channels_last=True)
+    configs["deepfusion_nchw"] = make_deepfusion(prob, fresh(False), x, channels_last=False)
+    configs["deepfusion_sliced_grad"] = make_deepfusion(prob, sliced_grad(fresh(True)), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
-        configs["deepfusion_bf16"] = make_deepfusion(task, fresh(True), x, precision="bf16")
-        configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(task, fp32_norms(fresh(True)), x,
+        configs["deepfusion_bf16"] = make_deepfusion(prob, fresh(True), x, precision="bf16")
+        configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(prob, fp32_norms(fresh(True)), x,
                                                                precision="bf16")
     compiled = {"fp32": "deepfusion_compile", "bf16": "deepfusion_bf16_compile"}
     compile_s = {}  # precision -> seconds to compile (the first call)
     for precision in (("fp32", "bf16") if bf16 else ("fp32",)) if compile_ else ():
         name = compiled[precision]
         t0 = time.perf_counter()
-        configs[name] = make_deepfusion(task, torch.compile(fresh(True)), x, precision=precision)
+        configs[name] = make_deepfusion(prob, torch.compile(fresh(True)), x, precision=precision)
         configs[name]()  # compile here, not in a timed round
         compile_s[precision] = time.perf_counter() - t0
     for f in configs.values():  # warm-up (oneDNN primitive caches, allocator)
@@ -206,9 +224,9 @@ def profile_step(grid, batch, threads, rows=12, generator="unet", problem="burge
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(threads)
-    task, model = build(problem, grid, generator, channels_last=channels_last)
-    x = inputs(task, batch)
-    step = make_deepfusion(task, model, x, channels_last=channels_last)
+    prob, model = build(problem, grid, generator, channels_last=channels_last)
+    x = inputs(prob, batch)
+    step = make_deepfusion(prob, model, x, channels_last=channels_last)
     step()
     with profile(activities=[ProfilerActivity.CPU]) as p:
         step()

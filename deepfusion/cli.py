@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from deepfusion.app import compare, evaluate, export, infer, solve
 from deepfusion.app import check as check_cli
 from deepfusion.app import check_problem as check_problem_cli
-from deepfusion.app import export_cli, inference_cli
 from deepfusion.app import problems as problems_cli
 from deepfusion.app import status as status_cli
-from deepfusion.app.options import ANSWER_SET_HELP, add_set, add_threads
 from deepfusion.app.policy import ExitCode, run_distributed, run_local
 from deepfusion.jobs.cli import register as register_jobs
 from deepfusion.version import __version__
@@ -55,18 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a key of the demo config, as 'deepfusion train --set' "
                         "(repeatable)")
     d.set_defaults(run=_local("cmd_demo"))
-    e = sub.add_parser("evaluate", help="relative L2 of a checkpoint on a test draw never used "
-                                        "for tuning (any number of ranks)")
-    e.add_argument("checkpoint", help="a checkpoint file, or a run directory (its newest one)")
-    e.add_argument("--seed", type=int, default=None,
-                   help="seed of the draws (default: the run's data.test_seed)")
-    e.add_argument("--samples", type=int, default=None, metavar="N",
-                   help="number of draws (default: the run's data.test_samples)")
-    e.add_argument("--out", metavar="FILE.json",
-                   help="summary file (default RUN_DIR/eval_seed<SEED>.json)")
-    add_threads(e)
-    add_set(e, ANSWER_SET_HELP)
-    e.set_defaults(run=_distributed("cmd_evaluate"))
+    evaluate.register(sub)
     c = sub.add_parser("config", help="list every config key, or print a resolved config")
     c.add_argument("config", nargs="?", metavar="FILE",
                    help="a TOML config: print it resolved (every key, defaults filled in) after "
@@ -79,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the reference of every key as Markdown (the reference of "
                         "docs/configuration.md)")
     c.set_defaults(run=_local("cmd_config"))
-    inference_cli.register(sub)
-    export_cli.register(sub)
+    infer.register(sub)
+    solve.register(sub)
+    compare.register(sub)
+    export.register(sub)
     problems_cli.register(sub)
     check_problem_cli.register(sub)
     check_cli.register(sub)

@@ -8,7 +8,7 @@ import os
 import h5py
 import pytest
 
-from deepfusion.app.inference import load_model, training_grid
+from deepfusion.engine.predict.loader import load_model, training_grid
 from deepfusion.engine.checkpoint.store import latest_checkpoint
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY, variant

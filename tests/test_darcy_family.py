@@ -8,7 +8,7 @@ import h5py
 import pytest
 import torch
 
-from deepfusion.app.inference import load_model
+from deepfusion.engine.predict.loader import load_model
 from deepfusion.engine.checkpoint.store import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import get_problem, replace_options

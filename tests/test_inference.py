@@ -143,7 +143,7 @@ def test_out_of_range_params_warn(ckpt, tmp_path, cli):
 
 
 def test_interrupted_write_leaves_no_file(ckpt, tmp_path, cli, monkeypatch):
-    import deepfusion.app.inference as inf
+    import deepfusion.engine.predict.service as inf
 
     def boom(*a, **k):
         raise KeyboardInterrupt

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from deepfusion.app.inference import load_model
+from deepfusion.engine.predict.loader import load_model
 from deepfusion.config import ConfigError, load_config
 from deepfusion.engine.checkpoint.store import latest_checkpoint
 from tests.faults.steps import fault_env

@@ -18,7 +18,7 @@ def spy(comm, requested=0):
     print("torch before threads:", "torch" in sys.modules, flush=True)
     return real(comm, requested)
 layout.setup_threads = spy
-import deepfusion.app.train, deepfusion.app.inference_cli
+import deepfusion.app.train, deepfusion.app.infer
 deepfusion.app.train.setup_threads = spy
 from deepfusion.cli import main
 sys.exit(main(sys.argv[1:]))

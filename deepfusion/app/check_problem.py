@@ -67,7 +67,7 @@ def given_options(args) -> dict:
 def cmd_check_problem(args) -> int:
     from diffnet.problems.check.problem import check_problem
 
-    from deepfusion.app.inference import parse_grid
+    from deepfusion.engine.predict.loader import parse_grid
 
     grid, options = parse_grid(args.grid), given_options(args)
     heading = [f"checking problem {args.spec}" + (f" with options {options}" if options else "")]

@@ -8,17 +8,42 @@ one written by ``infer``, the second by ``solve``: their ``kind`` attribute) and
 draws (problem, grid, coordinates, parameter vectors or input fields): a swapped pair or two of a
 kind would report a meaningless error and speed-up, so they are refused naming the fix.
 
-Files: see :mod:`deepfusion.app.fields_file`.
+Files: see :mod:`deepfusion.app.fields_file`. One process; kept light on imports (the command
+line is built from every command's ``register``).
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 
-from deepfusion.app import fields_file as h5io
+from deepfusion.app.policy import ExitCode
+
 WRITER = {"prediction": "deepfusion infer", "reference": "deepfusion solve"}
+
+
+def register(sub) -> None:
+    """Add the compare subcommand to the ``deepfusion`` parser."""
+    c = sub.add_parser("compare", help="errors and timings of predictions against references")
+    c.add_argument("preds", help="file written by 'deepfusion infer'")
+    c.add_argument("ref", help="file written by 'deepfusion solve'")
+    c.add_argument("--out", metavar="DIR", help="directory for compare.json and compare.png "
+                                                "(default: the directory of PREDS)")
+    c.add_argument("--figures", type=int, default=3, help="samples shown (plus the worst)")
+    c.set_defaults(run=run_compare)
+
+
+def run_compare(args) -> int:
+    try:
+        out_dir = args.out or os.path.dirname(os.path.abspath(args.preds))
+        summary, table = compare_files(args.preds, args.ref, out_dir, n_figures=args.figures)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
+        return ExitCode.INPUT
+    print(table, flush=True)
+    return 0
 
 
 def _check_kinds(a: dict, b: dict, pa, pb) -> None:
@@ -87,7 +112,9 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
     """Per-sample errors, summary and timings; writes out_dir/compare.json and compare.png."""
     from diffnet.metrics import max_error, relative_l2
 
-    a, b = h5io.read_fields(pred_path), h5io.read_fields(ref_path)
+    from deepfusion.app.fields_file import read_fields
+
+    a, b = read_fields(pred_path), read_fields(ref_path)
     if a["has_reference"] is not None and not a["has_reference"]:
         raise ValueError(f"{pred_path}: problem {a['problem']!r} has no reference solver (its "
                          f"reference_methods is empty), so there is no reference to compare "

@@ -1,11 +1,13 @@
-"""``deepfusion export``: a trained generator and its problem's answer head as one self-contained
-file, TorchScript or ONNX, that maps input fields (N, C, *grid) to the answer (N, 1, *grid).
+"""``deepfusion export CHECKPOINT --format torchscript|onnx --out FILE``: a trained generator and
+its problem's answer head as one self-contained file, TorchScript or ONNX, that maps input
+fields (N, C, *grid) to the answer (N, 1, *grid) and runs without DeepFusion.
 
-What goes into the file is :class:`diffnet.answer.Answer` (the network, then the problem's
-boundary imposition and answer head), with the resampling of ``--work-grid`` around it, in the
-default (NCHW) layout: the channels-last path of the U-Net's norm is a Python autograd function,
-which neither format can hold. A network trained channels-last (as ``infer`` runs it) answers
-in NCHW with float32 rounding differences only.
+What goes into the file is the prediction service's per-batch computation without ranks
+(:func:`deepfusion.engine.predict.service.answer_module`: :class:`diffnet.answer.Answer`, the
+network, then the problem's boundary imposition and answer head, with the resampling of
+``--work-grid`` around it), in the default (NCHW) layout: the channels-last path of the U-Net's
+norm is a Python autograd function, which neither format can hold. A network trained
+channels-last (as ``infer`` runs it) answers in NCHW with float32 rounding differences only.
 
 Both formats are made by following one forward pass, so a Python branch on a value is fixed to
 the example's outcome. The file is therefore read back and run on other draws, at batch sizes
@@ -16,18 +18,24 @@ message, with the line of code it stopped at).
 
 The file carries a description of what it expects (:func:`describe`): as the extra file
 ``deepfusion.json`` of the TorchScript archive, and as ``metadata_props`` of the ONNX model.
+
+One process, no MPI. Exit codes as every local command (:mod:`.policy`): 0 written, 2 refused
+(bad input, an answer head the format cannot hold, a file that differs from the eager answer,
+a missing ONNX package); nothing is written unless the file passed its check. Kept light on
+imports: torch comes in when the command runs.
 """
 from __future__ import annotations
 
 import copy
 import io
 import json
-import logging
 import os
 import re
+import sys
 import warnings
 
-from deepfusion.app.inference import checkpoint_file, grid_note, load_model, training_grid
+from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.policy import run_local
 from deepfusion.version import __version__
 
 FORMATS = ("torchscript", "onnx")
@@ -44,6 +52,56 @@ CHECKS = ((202, 1), (303, 3))
 
 # the source tree, for naming a file of the package in a message by its path in the tree
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def register(sub) -> None:
+    """Add the export subcommand to the ``deepfusion`` parser."""
+    p = sub.add_parser(
+        "export", help="write a trained solver as a TorchScript or ONNX file (input fields -> "
+                       "answer, boundary values and answer head included) that runs without "
+                       "deepfusion")
+    p.add_argument("checkpoint", help="a checkpoint file (run_dir/checkpoints/step_*.h5), or a "
+                                      "run directory (its newest complete one)")
+    p.add_argument("--format", required=True, choices=("torchscript", "onnx"),
+                   help="torchscript: a TorchScript archive for torch.jit.load (Python) or "
+                        "torch::jit::load (LibTorch, C++); onnx: an ONNX model for onnxruntime "
+                        "(needs the packages onnx, onnxruntime and onnxscript: pip install -e "
+                        "'.[onnx]')")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the file to write (e.g. model.pt, model.onnx); its directory must exist")
+    p.add_argument("--grid", metavar="HxW|DxHxW",
+                   help="the grid of the input fields and the answer (default: the training "
+                        "grid); the batch size N stays free")
+    p.add_argument("--work-grid", metavar="HxW|DxHxW|trained|as-is",
+                   help="the grid the network runs on inside the file: the inputs are "
+                        "resampled to it and the answer back to --grid (default 'trained': the "
+                        "training grid; 'as-is': the network runs on --grid itself)")
+    p.add_argument("--dtype", choices=("float32", "float64"),
+                   help="the dtype of the inputs, weights and answer (default: the "
+                        "checkpoint's; onnxruntime runs float32 convolutions only)")
+    add_set(p, ANSWER_SET_HELP)
+    p.set_defaults(run=lambda args: run_local(cmd_export, args))
+
+
+def cmd_export(args) -> int:
+    from deepfusion.engine.predict.loader import grid_text, parse_grid
+
+    notes: list = []
+    try:
+        done = export(args.checkpoint, args.format, args.out, grid=parse_grid(args.grid),
+                      work_grid=args.work_grid, options=problem_options(args, "export"),
+                      dtype=args.dtype, notes=notes)
+    finally:
+        for level, text in notes:
+            print(f"deepfusion: {level}: {text}", file=sys.stderr, flush=True)
+    shape = ", ".join(str(v) for v in done["input_shape"])
+    print(f"export: {done['problem']} {grid_text(done['grid'])} ({done['export_format']}, "
+          f"{done['dtype']}): {done['input_name']} ({shape}) {done['input_channels']} -> "
+          f"{done['output_name']} (N, 1, {grid_text(done['grid']).replace('x', ', ')}); "
+          f"checked on other draws at batch 1 and 3: max relative difference "
+          f"{done['max_rel_diff']:.2g} -> {os.path.abspath(args.out)} "
+          f"({done['bytes'] / 2**20:.2f} MiB)", flush=True)
+    return 0
 
 
 def check_request(fmt: str, out: str, dtype: str | None) -> None:
@@ -86,27 +144,6 @@ def check_onnx() -> None:
                          f"(missing: {', '.join(missing)}): {ONNX_PIP}")
 
 
-def exported_module(model, problem, work):
-    """The torch module the file holds: input fields on ``problem``'s grid -> the answer
-    (N, 1, *grid), as ``deepfusion infer`` forms it from given fields (resampled to the work
-    problem's grid when there is one, the network and the answer head there, and the answer
-    resampled back), in the default layout (module docstring)."""
-    import torch
-
-    from diffnet.answer import Answer
-    from diffnet.resample import resample_nodes
-
-    class OnGrid(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.answer = Answer(model, work or problem)
-
-        def forward(self, x):
-            x = resample_nodes(x, (work or problem).grid).contiguous()
-            return resample_nodes(self.answer(x), problem.grid)
-    return OnGrid().eval()
-
-
 def draws(problem, seed: int, n: int, dtype):
     """(n, C, *grid) input fields of ``n`` parameter draws of ``problem`` (seed ``seed``)."""
     return problem.build_input(problem.sample_params(seed, range(n))).to(dtype)
@@ -114,6 +151,8 @@ def draws(problem, seed: int, n: int, dtype):
 
 def describe(problem, work, meta, ckpt: str, fmt: str, dtype: str) -> dict:
     """What the file expects and where it comes from (stored in the file)."""
+    from deepfusion.engine.predict.loader import training_grid
+
     c, grid = len(problem.input_channels), list(problem.grid)
     return {"format": "deepfusion-export", "format_version": 1, "export_format": fmt,
             "deepfusion_version": __version__,
@@ -180,6 +219,7 @@ def onnx_file(module, example, info: dict):
     legacy TorchScript-based exporter is deprecated, and it refuses the same answer heads (an
     operator ONNX lacks, where this one names the branch)."""
     import contextlib
+    import logging
 
     import onnxruntime
     import torch
@@ -288,19 +328,22 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
     for anything refused."""
     import torch
 
+    from deepfusion.engine.predict.loader import load
+    from deepfusion.engine.predict.service import answer_module
+
     notes = [] if notes is None else notes
     check_request(fmt, out, dtype)
-    ckpt = checkpoint_file(path, notes)
-    model, problem, work, meta = load_model(ckpt, grid, work_grid=work_grid or "trained",
-                                            options=options)
+    loaded = load(path, grid=grid, work_grid=work_grid or "trained", options=options,
+                  notes=notes)
+    model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta
     ref_dtype = next(model.parameters()).dtype
     dtype = dtype or str(ref_dtype).removeprefix("torch.")
-    reference = exported_module(model, problem, work)
+    reference = answer_module(model, problem, work)
     # The exporter follows the forward on its own copies: torch.export fills the problem's
     # caches (masks, the answer head's basis) with fake tensors.
     cast = copy.deepcopy(model).to(getattr(torch, dtype))
-    module = exported_module(cast, copy.deepcopy(problem), copy.deepcopy(work))
-    info = describe(problem, work, meta, ckpt, fmt, dtype)
+    module = answer_module(cast, copy.deepcopy(problem), copy.deepcopy(work))
+    info = describe(problem, work, meta, loaded.path, fmt, dtype)
     example = draws(problem, *EXAMPLE, getattr(torch, dtype))
     make = torchscript_file if fmt == "torchscript" else onnx_file
     data, run, fixed = make(module, example, info)
@@ -310,8 +353,7 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
         raise ValueError(f"the exported answer differs from the eager one by {diff:.3g} "
                          f"(relative L2, worst of {sum(n for _, n in CHECKS)} draws other than "
                          f"the traced example; tolerance {TOLERANCE:g}){at}: not written")
-    said = grid_note(model=model, meta=meta, grid=problem.grid, work=work,
-                     explicit=work_grid is not None)
+    said = loaded.grid_note(explicit=work_grid is not None)
     if said:
         notes.append(("note", said))
     write_bytes(out, data)

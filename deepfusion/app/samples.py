@@ -90,7 +90,7 @@ def fields_inputs(problem, x, channels, where: str, what: str = "the array",
                          f"{problem.name!r} has {len(problem.grid)} grid axes: give fields of "
                          f"shape {want}")
     if tuple(x.shape[2:]) != tuple(problem.grid):
-        from diffnet.problems import get_problem  # (lazy, as in inference.py)
+        from diffnet.problems import get_problem
         try:
             problem = get_problem(type(problem), **{**problem.config(), "grid": list(x.shape[2:])})
         except ValueError as e:

@@ -1,11 +1,12 @@
 """A trained checkpoint as a solver in Python: ``deepfusion.load(path)`` returns a
 :class:`Solver`, whose ``predict`` maps input fields or parameter vectors to the answer.
 
-The answer is the one ``deepfusion infer`` writes: the same prediction pipeline
-(``deepfusion.engine.predict.pipeline``), the same network, boundary imposition and answer head
-(``diffnet.answer.Answer``), the same work-grid rule (the network runs on its training grid and
-its answer is interpolated, unless asked otherwise), the same batches; at the same threads the
-numbers are identical. One process, no MPI: a domain split is ``deepfusion infer --domain``'s.
+The answer is the one ``deepfusion infer`` writes: the same prediction service
+(``deepfusion.engine.predict.service``: the checkpoint's loader, the pipeline, the network,
+boundary imposition and answer head of ``diffnet.answer.Answer``, the same work-grid rule (the
+network runs on its training grid and its answer is interpolated, unless asked otherwise), the
+same batches; at the same threads the numbers are identical. One process, no MPI: a domain
+split is ``deepfusion infer --domain``'s.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import warnings
 import numpy as np
 import torch
 
-from deepfusion.app.inference import (build_problem, checkpoint_file, grid_note, grid_text, load_model,
-                        resolve_work_grid, trained_config, work_problem)
-from deepfusion.app.inference_cli import DEFAULT_SEED
+from deepfusion.app.fields_run import DEFAULT_SEED
 from deepfusion.app.samples import Samples, check_params, fields_inputs, range_warnings
+from deepfusion.engine.predict import service
+from deepfusion.engine.predict.loader import (build_problem, grid_note, grid_text, parse_grid,
+                                              resolve_work_grid, work_problem)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
           "fp64": torch.float64, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -41,14 +43,14 @@ def load(path, *, work_grid: str = "trained", batch: int = 8, threads: int | Non
     Raises ValueError naming the problem: no checkpoint there, a file that is not a
     checkpoint, or options that do not fit the network.
     """
-    notes: list = []
-    path = checkpoint_file(str(path), notes)
-    model, problem, _work, meta = load_model(path, options=options)
-    for level, text in notes:   # after the load: a file that is no checkpoint says only that
+    from deepfusion.engine.predict.loader import load as load_checkpoint
+
+    loaded = load_checkpoint(path, options=options)
+    for level, text in loaded.notes:   # after the load: a file that is no checkpoint says only that
         if level == "WARNING":
             warnings.warn(text, stacklevel=3)
-    return Solver(model, problem, meta, path, work_grid=work_grid, batch=batch,
-                  threads=threads, dtype=dtype, options=options)
+    return Solver(loaded, work_grid=work_grid, batch=batch, threads=threads, dtype=dtype,
+                  options=options)
 
 
 def as_dtype(dtype) -> torch.dtype | None:
@@ -75,18 +77,17 @@ class Solver:
     answer as a differentiable torch module on the training grid).
     """
 
-    def __init__(self, model, problem, meta, path, *, work_grid="trained", batch=8,
-                 threads=None, dtype=None, options=None):
-        from diffnet.answer import Answer
-
+    def __init__(self, loaded, *, work_grid="trained", batch=8, threads=None, dtype=None,
+                 options=None):
         dtype = as_dtype(dtype)
+        model, problem = loaded.model, loaded.problem
         self.model = (model if dtype is None else model.to(dtype)).requires_grad_(False)
-        self.problem, self.meta, self.path = problem, meta, path
+        self.problem, self.meta, self.path = problem, loaded.meta, loaded.path
         self.options = dict(options or {})
         self.work_grid, self.batch, self.threads = self._grid_text(work_grid), batch, threads
-        resolve_work_grid(self.work_grid, meta)   # a bad spelling fails here, not at predict
-        self.channels_last = bool(trained_config(meta, "model").get("channels_last", False))
-        self.module = Answer(self.model, problem)
+        resolve_work_grid(self.work_grid, self.meta)   # a bad spelling fails here, not at predict
+        self.channels_last = loaded.channels_last
+        self.module = service.answer_module(self.model, problem)
         self._problems: dict = {self.grid: problem}
         self.last_refine: dict = {}     # predict(refine=...)'s per-sample records
         self.last_check: dict = {}      # predict(check=True)'s residuals and flags
@@ -226,27 +227,22 @@ class Solver:
         return self._on[key]
 
     def _run(self, problem, work, samples, batch: int, threads) -> torch.Tensor:
-        from deepfusion.engine.predict.pipeline import Pipeline, run_batches
-
         if isinstance(batch, bool) or int(batch) < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
-        pipe = Pipeline(self.model, problem, work=work, channels_last=self.channels_last)
+        pipe = service.pipeline(self.model, problem, work=work, channels_last=self.channels_last)
         before = torch.get_num_threads()
         try:
             if threads:
                 torch.set_num_threads(int(threads))
-            with torch.inference_mode():
-                us = [b.u for _lo, b in run_batches(pipe, samples, int(batch), keep_inputs=False)]
+            done = service.predict_here(pipe, samples, int(batch), keep_inputs=False)
         finally:
             torch.set_num_threads(before)
-        u = torch.cat(us).clone()   # out of inference mode: a plain tensor for the caller
+        u = torch.cat([b.u for b in done.batches]).clone()   # out of inference mode: a plain tensor
         return u.float() if u.dtype == torch.bfloat16 else u
 
     @staticmethod
     def _grid_text(value, as_grid: bool = False):
         """A grid given as a tuple/list or text -> its text (or, ``as_grid``, the tuple)."""
-        from deepfusion.app.inference import parse_grid
-
         if isinstance(value, (tuple, list)):
             value = grid_text(value)
         if as_grid:

@@ -1,12 +1,11 @@
-"""``deepfusion train``, ``deepfusion demo`` and ``deepfusion evaluate``: a run from a config, on
-any number of ranks, and its accuracy on draws it never saw.
+"""``deepfusion train``, ``deepfusion demo`` and ``deepfusion config``: a run from a config, on
+any number of ranks, its validation error, and the config it resolves to.
 
 ``train`` reads like its steps: load and check everything (:mod:`.build`), set the threads,
 create the run directory, make the model parallel, fit, and report the validation error.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,7 +17,6 @@ from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
-from deepfusion.app.options import as_set_flags, problem_options
 from deepfusion.app.policy import ExitCode, collective_check, say_note, say_once
 from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warning
 
@@ -103,8 +101,8 @@ def final_validation(cfg, comm, trainer) -> None:
     before its last level, which is then said. Rank 0 writes eval.json, with the step, level
     and grid."""
     from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text, write_report
+    from deepfusion.engine.predict.loader import grid_text
     from deepfusion.app.build import torch_dtype
-    from deepfusion.app.inference import grid_text
 
     pmodel, visit, problem = trainer.model, trainer.visit, trainer.problem  # (grown, if prolonged)
     summary = evaluate(pmodel.module, problem, comm, n=cfg.data.eval_samples,
@@ -180,64 +178,4 @@ def cmd_config(args) -> int:
             print(f"deepfusion: note: {note}", file=sys.stderr)
     else:
         print(describe())
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# evaluate: the test draw
-# ---------------------------------------------------------------------------------------------
-
-def _evaluation_target(args):
-    """(checkpoint path, model, problem, meta, seed, n) for ``deepfusion evaluate``."""
-    from deepfusion.config import DataConfig
-    from deepfusion.app.inference import checkpoint_file, load_model, trained_config
-
-    args.checkpoint_notes = []  # which checkpoint of a run directory, and why: said once
-    path = checkpoint_file(args.checkpoint, args.checkpoint_notes)
-    args.options = problem_options(args, "evaluate")  # parsed once, here, under collective_check
-    model, problem, _work, meta = load_model(path, options=args.options)
-    data = {**vars(DataConfig()), **trained_config(meta, "data")}
-    seed = data["test_seed"] if args.seed is None else args.seed
-    n = data["test_samples"] if args.samples is None else args.samples
-    if n < 1:
-        raise ValueError(f"--samples must be >= 1, got {n}")
-    notes = []
-    if seed == data["seed"]:
-        notes.append(f"--seed {seed} is the training seed (data.seed): these are training samples")
-    elif seed == data["eval_seed"]:
-        notes.append(f"--seed {seed} is the validation draw (data.eval_seed) the run was tuned on, "
-                     f"not an unseen test draw")
-    return path, model, problem, meta, seed, n, notes
-
-
-def cmd_evaluate(args, comm) -> int:
-    """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
-    setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
-    say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
-    from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text
-    from deepfusion.engine.parallel.memformat import convert_model
-    from deepfusion.app.inference import grid_text, trained_config
-
-    path, model, problem, meta, seed, n, notes = collective_check(comm, _evaluation_target, args)
-    for level, text in args.checkpoint_notes:
-        say_once(comm, f"deepfusion: {level}: {text}")
-    for note in notes:
-        say_once(comm, f"deepfusion: WARNING: {note}")
-    cl = bool(trained_config(meta, "model").get("channels_last", False))
-    dtype = next(model.parameters()).dtype
-    model = convert_model(model, cl)
-    summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
-    if summary is None:
-        return 0
-    summary.pop("_examples")
-    out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
-                                   f"eval_seed{seed}.json")
-    with open(out, "w") as f:
-        json.dump({"checkpoint": os.path.abspath(path), "step": meta.get("step"),
-                   "grid": list(problem.grid), "options": args.options, **summary}, f, indent=1)
-    kind = "test" if not notes else "NOT a test draw:"
-    given = as_set_flags(args.options)
-    print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
-          f" on {grid_text(problem.grid)}{' with ' + given if given else ''}: "
-          f"{summary_text(summary)} -> {out}", flush=True)
     return 0

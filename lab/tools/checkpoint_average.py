@@ -45,7 +45,7 @@ def averaged_state(states: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    from deepfusion.app.inference import load_model
+    from deepfusion.engine.predict.loader import load_model
     from deepfusion.config import load_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -43,7 +43,7 @@ def final_grid(run_dir: str) -> tuple:
 
 def draws(run_dir: str, n: int, seed):
     """(problem on the final grid, params, references) of the evaluation draws."""
-    from deepfusion.app.inference import load_model
+    from deepfusion.engine.predict.loader import load_model
     from deepfusion.config import load_config
 
     _, prob, _, _ = load_model(checkpoints(run_dir)[-1], grid=final_grid(run_dir))
@@ -69,7 +69,7 @@ def errors(model, prob, params, refs, chunk: int = 8) -> np.ndarray:
 def curve(run_dir: str, prob, params, refs, chunk: int = 8, stride: int = 1) -> list[dict]:
     """Error of every ``stride``-th checkpoint (and the last) on the final grid, in step order.
     With a stride > 1 the striding applies before the coarse-grid checkpoints are skipped."""
-    from deepfusion.app.inference import load_model
+    from deepfusion.engine.predict.loader import load_model
 
     points = []
     for path in checkpoints(run_dir, stride):

@@ -21,7 +21,7 @@ from bench.common import emit_json
 
 
 def measure(path: str, grids, draws: int, seed: int) -> dict:
-    from deepfusion.app.inference import load_model
+    from deepfusion.engine.predict.loader import load_model
     from diffnet.metrics import relative_l2
     from diffnet.problems import get_problem
     from diffnet.resample import resample_nodes

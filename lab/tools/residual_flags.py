@@ -85,7 +85,7 @@ class Family:
     """One family's problem and the model, on the training grid."""
 
     def __init__(self, run: str, options: dict):
-        from deepfusion.app.inference import checkpoint_file, load_model
+        from deepfusion.engine.predict.loader import checkpoint_file, load_model
         from diffnet.answer import Answer
 
         self.path = checkpoint_file(run)

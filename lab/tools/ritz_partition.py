@@ -34,7 +34,7 @@ def run(ckpt: str, ref_path: str, partitions, samples: int, control: bool) -> di
     import torch
 
     from deepfusion.app.fields_file import read_fields
-    from deepfusion.app.inference import build_problem, checkpoint_file, load_model
+    from deepfusion.engine.predict.loader import build_problem, checkpoint_file, load_model
 
     ref = read_fields(ref_path)
     n = min(samples, len(ref["u"]))

@@ -90,7 +90,7 @@ def run(ckpt: str, ref_path: str, samples: int, m: int, fields) -> dict:
     import torch
 
     from deepfusion.app.fields_file import read_fields
-    from deepfusion.app.inference import build_problem, checkpoint_file, load_model
+    from deepfusion.engine.predict.loader import build_problem, checkpoint_file, load_model
 
     ref = read_fields(ref_path)
     n, grid = min(samples, len(ref["u"])), list(ref["u"].shape[1:])

@@ -1,1 +1,1 @@
-"""Prediction: the one pipeline every command and API predicts through, held-out evaluation, refinement by the reference solver, and figures of fields."""
+"""Prediction: the one prediction service every command and API predicts through (the checkpoint's loader, the pipeline, the shares of the ranks, the loop and its sinks), held-out evaluation, refinement by the reference solver, and figures of fields."""

@@ -1,8 +1,9 @@
-"""Held-out evaluation: predictions against the task's reference solver.
+"""Held-out evaluation: predictions against the problem's reference solver.
 
 Held-out parameters are drawn with ``data.eval_seed`` (never the training seed), so they are not
-in the training pool. The samples are divided over ranks (the reference solves dominate) and
-gathered on rank 0, which writes ``eval.json`` and ``eval.png`` (:mod:`.plots`: 2-D fields
+in the training pool. The draws are divided over ranks (the reference solves dominate), every
+rank's strided share predicted through the prediction service (:mod:`.service`), and the
+results gathered on rank 0, which writes ``eval.json`` and ``eval.png`` (:mod:`.plots`: 2-D fields
 whole, 3-D fields as three orthogonal mid-slices).
 
 A problem without a reference solver (empty ``reference_methods``) has no error to measure:
@@ -21,61 +22,62 @@ import torch
 from diffnet.metrics import max_error, relative_l2
 from diffnet.problems import has_reference
 
+from deepfusion.engine.predict import service
+from deepfusion.engine.predict.pipeline import Samples
 from deepfusion.engine.predict.plots import fields_figure, views
-from deepfusion.engine.predict.pipeline import Pipeline, Samples, run_batches
 
 
 @torch.no_grad()
-def predict(model, task, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
+def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
             channels_last: bool = True, domain=None, terms: bool = False) -> tuple:
     """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches
-    through the prediction pipeline (:mod:`.predict`); with ``terms``, a third item: each loss
-    term of each prediction ({name: (n,)}).
+    through the prediction service in this rank (its unit) alone; with ``terms``, a third
+    item: each loss term of each prediction ({name: (n,)}).
 
-    Under a domain split (``domain``, ``model`` and ``task`` on its block) the group's first
+    Under a domain split (``domain``, ``model`` and ``problem`` on its block) the group's first
     rank gets the whole inputs and predictions, the other ranks empty arrays; the terms are the
     whole field's (summed over the blocks: collective within the group) on every rank."""
     def loss_terms(u, x):  # the pipeline's post-step: per sample, summed over the blocks
-        return {k: task.block.sum(v.detach().contiguous()).double().numpy()
-                for k, v in task.loss_terms(u, x).items()}
-    pipe = Pipeline(model, task, channels_last=channels_last, domain=domain, dtype=dtype,
-                    post=loss_terms if terms else None)
+        return {k: problem.block.sum(v.detach().contiguous()).double().numpy()
+                for k, v in problem.loss_terms(u, x).items()}
+    pipe = service.pipeline(model, problem, channels_last=channels_last, domain=domain,
+                            dtype=dtype, post=loss_terms if terms else None)
+    samples = Samples(params)
     model.eval()
-    xs, us, ts = [], [], []
-    for _lo, b in run_batches(pipe, Samples(params), batch):
-        if b.u is not None:
-            xs.append(b.inputs.float().numpy())
-            us.append(b.u.float().contiguous().numpy())
-        ts.append(b.extra)
+    done = service.predict_here(pipe, samples, batch, mode=torch.no_grad,
+                                finish=service.as_arrays(problem, samples))
     model.train()
-    out = (np.concatenate(xs), np.concatenate(us)) if xs else (np.zeros((0,)), np.zeros((0,)))
+    held = done.held()
+    out = (np.concatenate([b.inputs for b in held]), np.concatenate([b.u for b in held])) \
+        if held else (np.zeros((0,)), np.zeros((0,)))
     if not terms:
         return out
+    ts = [b.extra for b in done.batches]
     return out + ({k: np.concatenate([t[k] for t in ts]) for k in ts[0]} if ts else {},)
 
 
-def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
+def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
              channels_last: bool = True, domain=None) -> dict | None:
     """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere.
 
     Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.parallelize.Domain`,
-    ``task`` on its block) each group predicts its draws block by block and its first rank
+    ``problem`` on its block) each group predicts its draws block by block and its first rank
     assembles the fields and compares them with the reference. A problem without a reference
     solver: :func:`evaluate_loss`."""
-    if not has_reference(task):
-        return evaluate_loss(model, task, comm, n=n, seed=seed, dtype=dtype,
+    if not has_reference(problem):
+        return evaluate_loss(model, problem, comm, n=n, seed=seed, dtype=dtype,
                              channels_last=channels_last, domain=domain)
-    idx, params = _my_draws(task, comm, n, seed, domain)
+    idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
-    inputs, preds = predict(model, task, params, dtype=dtype, channels_last=channels_last,
+    inputs, preds = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
                             domain=domain)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports its draws
         idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
     t0 = time.perf_counter()
-    refs = np.stack([task.reference_solution(p) for p in params]) if len(params) else preds
+    refs = np.stack([problem.reference_solution(p) for p in params]) if len(params) else preds
     t_ref = time.perf_counter() - t0
-    dims = len(task.grid)
+    dims = len(problem.grid)
     local = {"idx": idx.tolist(), "params": params.tolist(),
              "rel_l2": relative_l2(preds, refs, dims=dims).tolist() if len(idx) else [],
              "max_err": max_error(preds, refs, dims=dims).tolist() if len(idx) else [],
@@ -97,13 +99,13 @@ def evaluate(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "_examples": [e for p in parts for e in p["examples"]]}
 
 
-def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
+def evaluate_loss(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
                   channels_last: bool = True, domain=None) -> dict | None:
     """The loss of each prediction and its terms on ``n`` held-out draws, for a problem with no
     reference solver (no error to measure); the summary on rank 0, None elsewhere."""
-    idx, params = _my_draws(task, comm, n, seed, domain)
+    idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
-    _inputs, _preds, terms = predict(model, task, params, dtype=dtype, terms=True,
+    _inputs, _preds, terms = predict(model, problem, params, dtype=dtype, terms=True,
                                      channels_last=channels_last, domain=domain)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports
         idx, params, terms = idx[:0], params[:0], {}
@@ -127,12 +129,11 @@ def evaluate_loss(model, task, comm, *, n: int, seed: int, dtype=torch.float32,
             "_examples": []}
 
 
-def _my_draws(task, comm, n: int, seed: int, domain=None) -> tuple[np.ndarray, np.ndarray]:
+def _my_draws(problem, comm, n: int, seed: int, domain=None) -> tuple[np.ndarray, np.ndarray]:
     """(indices, parameter vectors) of this rank's share of ``n`` held-out draws: every
     ``units``-th draw, a unit being a rank or, under a domain split, a group of ranks."""
-    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
-    idx = np.arange(n)[unit::units]
-    return idx, task.sample_params(seed, idx)
+    idx = service.strided_draws(n, *service.unit_of(comm, domain))
+    return idx, problem.sample_params(seed, idx)
 
 
 def _in_draw_order(lists, order) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""The one prediction pipeline: end-of-training validation (:mod:`.evaluate`), ``deepfusion
-evaluate``, ``deepfusion infer`` and the Python API (``deepfusion.load``) all predict through
-:class:`Pipeline`.
+"""The one prediction pipeline, built by the prediction service (:mod:`.service`): in-training
+validation and ``deepfusion evaluate`` (:mod:`.evaluate`), ``deepfusion infer``, the Python API
+(``deepfusion.load``) and ``deepfusion export`` all predict through :class:`Pipeline`.
 
 One batch at a time::
 
@@ -10,6 +10,10 @@ One batch at a time::
     (diffnet.answer.Answer: network, boundary imposition, answer head) -> post-step (extra
     per-sample outputs, on the block) -> the whole field on the group's first rank ->
     interpolated to the output grid
+
+Without a domain split and from given fields, that is :class:`AnswerOnGrid`, one torch module
+(the pipeline holds one and runs its steps): what ``deepfusion export`` writes to a file and
+``Solver.module`` is.
 
 The work grid is the grid the network runs on; without one it is the output grid and both
 resampling steps are no-ops, so validation on the training grid computes exactly what it
@@ -78,13 +82,42 @@ class Samples:
 
 @dataclass
 class Batch:
-    """One batch's result. ``u`` (b, *grid) on the output grid and ``inputs`` (b, C, *grid)
-    there (when kept) on the group's first rank, None on the others; ``extra``: the post-step's
-    per-sample outputs (every rank of a group gets them)."""
+    """One batch's result, samples [lo, hi). ``u`` (b, *grid) on the output grid and ``inputs``
+    (b, C, *grid) there (when kept) on the group's first rank, None on the others (tensors, or
+    arrays once made ready for a file: :func:`~deepfusion.engine.predict.service.as_arrays`);
+    ``extra``: per-sample outputs {name: (b,)}, of the post-step (every rank of a group gets
+    them) or records of the answers (refinement, check); ``seconds``: the time of the answer."""
 
-    u: torch.Tensor | None
-    inputs: torch.Tensor | None
+    u: object
+    inputs: object
     extra: dict = field(default_factory=dict)
+    lo: int = 0
+    hi: int = 0
+    seconds: float = 0.0
+
+
+class AnswerOnGrid(torch.nn.Module):
+    """Input fields (B, C, *grid) on ``problem``'s grid -> the answer (B, 1, *grid) there:
+    resampled to the work problem's grid (``work``; None: ``problem``'s own), in the memory
+    format, the answer (network, imposition, answer head) there, resampled back. The
+    pipeline's per-batch computation without ranks, from given fields."""
+
+    def __init__(self, model, problem, work=None, channels_last: bool = False):
+        super().__init__()
+        self.answer = Answer(model, work or problem)
+        self.grid, self.work_grid = tuple(problem.grid), tuple((work or problem).grid)
+        self.channels_last = bool(channels_last)
+
+    def formatted(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in the memory format the network takes."""
+        return as_format(x, self.channels_last)
+
+    def output(self, u: torch.Tensor) -> torch.Tensor:
+        """The answer ``u`` on the work grid, interpolated to the output grid."""
+        return resample_nodes(u, self.grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.answer(self.formatted(resample_nodes(x, self.work_grid))))
 
 
 class Pipeline:
@@ -102,8 +135,8 @@ class Pipeline:
                  domain: Domain | None = None, dtype=None, post: Callable | None = None):
         self.problem = problem
         self.on = work or problem
-        self.answer = Answer(model, self.on)
-        self.channels_last = bool(channels_last)
+        self.module = AnswerOnGrid(model, problem, work, channels_last)
+        self.answer = self.module.answer
         self.domain = domain
         self.dtype = dtype or next(model.parameters()).dtype
         self.post = post
@@ -130,7 +163,7 @@ class Pipeline:
     def answer_batch(self, samples: Samples, lo: int, hi: int, x=None) -> Batch:
         """Samples [lo, hi) through the network; ``x``: their :meth:`record`, if made (reused
         when it already is the network's input)."""
-        xin = as_format(self.network_input(samples, lo, hi, x), self.channels_last)
+        xin = self.module.formatted(self.network_input(samples, lo, hi, x))
         u = self.answer(xin)
         # the post-step: per-sample outputs computed from the answer on this rank's block
         extra = self.post(u, xin) if self.post is not None else {}
@@ -138,8 +171,8 @@ class Pipeline:
         if self.domain is not None:
             u = self.gather(u)
             if u is None:
-                return Batch(None, None, extra)
-        return Batch(resample_nodes(u, self.problem.grid)[:, 0], x, extra)
+                return Batch(None, None, extra, lo, hi)
+        return Batch(self.module.output(u)[:, 0], x, extra, lo, hi)
 
     def network_input(self, samples: Samples, lo: int, hi: int, x=None) -> torch.Tensor:
         """Samples [lo, hi) on the work grid, this rank's block of it under a split: the
@@ -194,9 +227,3 @@ def check_split(ranks: int, split, model, grid, setting: str) -> None:
     ranks form whole groups of prod(split)."""
     check_generator_split(model, grid, split)
     group_count(ranks, split, setting)
-
-
-def run_batches(pipeline: Pipeline, samples: Samples, batch: int, **kw):
-    """Every batch of ``samples`` through ``pipeline``, in order: a generator of (lo, Batch)."""
-    for lo in range(0, samples.n, batch):
-        yield lo, pipeline(samples, lo, min(lo + batch, samples.n), **kw)

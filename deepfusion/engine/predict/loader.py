@@ -1,32 +1,33 @@
-"""Inference with a trained generator, the reference solver on the same inputs, over MPI ranks.
+"""A checkpoint loaded for prediction, the first step of the prediction service
+(:mod:`.service`): the checkpoint file (a run directory's newest one that passes its check),
+the network in eval mode, the problem on the output grid, the problem on the grid the network
+runs on (the work grid), the checkpoint's metadata, and what the user should be told about
+them, as data (:class:`Loaded`): the caller prints it once (rank 0) or warns.
 
-The N samples are cut into global batches [k B, (k + 1) B) and the batches are divided over the
-ranks in contiguous blocks, so every sample goes through the network in the same batch whatever
-the number of ranks (identical bytes for any P). Ranks compute one batch per round; the round's
-blocks are gathered and rank 0 streams them into the output file (memory: P batches at a time).
+The grids: the answer is asked on the output grid (default: the training grid); the network
+runs on the work grid, by default ('trained') its training grid, and its answer is
+interpolated to the output grid. 'as-is' runs it on the output grid itself, which changes
+the physical extent its filters cover (:func:`grid_note` says what that costs). Problem options
+given with the command (``--set problem.options.KEY=VALUE``) replace the checkpoint's, as long
+as the network still fits the problem (:func:`check_fits`).
 
-The samples themselves (drawn, or read from --params / --inputs): :mod:`deepfusion.app.samples`.
-Files: see :mod:`deepfusion.app.fields_file`. :func:`compare_files` compares a prediction file with a
-reference file (``deepfusion compare``); it lives in :mod:`deepfusion.app.compare`, re-exported
-here.
+Kept light on imports: torch comes in with the first load, after the commands set their
+thread layout.
 """
 from __future__ import annotations
 
-import math
 import os
-import time
+from dataclasses import dataclass, field
 
-import numpy as np
-import torch
+from deepfusion.config import DataConfig
+from deepfusion.config.schema import toml_value
 
-from deepfusion.app import fields_file as h5io
-from deepfusion.app.options import as_set_flags
-from deepfusion.app.compare import compare_files  # noqa: F401  (re-exported)
-from deepfusion.app.samples import Samples
+AS_IS = ("as-is", "none")   # --work-grid spellings of "the network runs on the output grid"
+OPTION_PREFIX = "problem.options."
 
 
 # ---------------------------------------------------------------------------------------------
-# model and problem
+# grids and problems
 # ---------------------------------------------------------------------------------------------
 
 def parse_grid(text) -> tuple[int, ...] | None:
@@ -80,9 +81,6 @@ def trained_config(meta, section: str) -> dict:
     return (meta.get("config") or {}).get(section) or {}
 
 
-AS_IS = ("as-is", "none")   # --work-grid spellings of "the network runs on the output grid"
-
-
 def resolve_work_grid(text, meta) -> list[int] | None:
     """--work-grid 'HxW' or 'DxHxW' / 'trained' / 'as-is' (or 'none', or None) -> the grid /
     the training grid / None (the network runs on the output grid itself). The commands and
@@ -133,6 +131,38 @@ def grid_note(model, meta, grid, work, explicit: bool) -> str | None:
             f"--work-grid as-is runs it on {grid_text(grid)} itself)")
 
 
+def work_problem(model, problem, meta, work_grid, where=None):
+    """The problem on the grid the network runs on (None: ``problem``'s own grid), checked.
+
+    ``work_grid`` is the ``--work-grid`` text; ``where`` says where ``problem``'s grid came from
+    (e.g. "--grid 18x18" or "--inputs f.h5"), for the message. Raises ValueError naming the
+    grid and the nearest sizes the network takes when it cannot run there.
+    """
+    import torch
+
+    wg = resolve_work_grid(work_grid, meta)
+    if str(work_grid).strip().lower() == "trained" and trained_here(model, meta, problem.grid):
+        wg = None   # a grown network answers as trained on each grid of its chain
+    work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
+        type(problem), problem.config(), wg, where="--work-grid")
+    on = work or problem
+    probe = torch.zeros((1, len(problem.input_channels), *on.grid),
+                        dtype=next(model.parameters()).dtype)
+    try:
+        model.check_input(probe) if hasattr(model, "check_input") else None
+    except ValueError as e:
+        if work is not None:
+            raise ValueError(f"--work-grid {grid_text(on.grid)}: {e}") from None
+        where = where or f"--grid {grid_text(on.grid)}"
+        raise ValueError(f"{where}: {e}; a network trained on another grid can run on it "
+                         f"with --work-grid trained") from None
+    return work
+
+
+# ---------------------------------------------------------------------------------------------
+# the checkpoint
+# ---------------------------------------------------------------------------------------------
+
 def checkpoint_file(path: str, notes: list | None = None) -> str:
     """``path`` itself, or for a run directory its newest checkpoint that passes its check (the
     argument of ``infer`` and ``evaluate`` may be either). ``notes`` (a list, if given) gets
@@ -171,9 +201,10 @@ def load_model(path, grid=None, work_grid=None, options=None):
     ``problem`` is on ``grid`` (default: the training grid); with ``work_grid`` (the
     ``--work-grid`` text, see :func:`resolve_work_grid`; None here means as-is, the commands
     pass 'trained' by default) the network runs on the work problem's grid and its imposed
-    output is interpolated to ``grid`` (see :func:`predictor`).
-    ``options`` (``--set problem.options.KEY=VALUE``) replace problem options of the checkpoint, e.g. how
-    the answer is formed from the network's output; the network must still fit the problem.
+    output is interpolated to ``grid`` (:class:`~deepfusion.engine.predict.pipeline.Pipeline`).
+    ``options`` (``--set problem.options.KEY=VALUE``) replace problem options of the checkpoint,
+    e.g. how the answer is formed from the network's output; the network must still fit the
+    problem.
     """
     from diffnet.generators import build_generator
 
@@ -229,168 +260,80 @@ def check_fits(problem, spec: dict, options: dict) -> None:
     from diffnet.problems import get_problem
 
     trained = get_problem(type(problem), **spec["kwargs"])
+    given = " ".join(f"--set {OPTION_PREFIX}{k}={toml_value(v)}" for k, v in options.items())
     for what in ("input_channels", "output_channels"):
         if getattr(problem, what) != getattr(trained, what):
-            raise ValueError(f"{as_set_flags(options)} "
+            raise ValueError(f"{given} "
                              f"changes the problem's {what.replace('_', ' ')} "
                              f"({getattr(trained, what)} -> {getattr(problem, what)}), which "
                              f"the network was built for; change only options that keep them")
 
 
-def work_problem(model, problem, meta, work_grid, where=None):
-    """The problem on the grid the network runs on (None: ``problem``'s own grid), checked.
+@dataclass
+class Loaded:
+    """A checkpoint loaded for prediction (:func:`load`). ``notes``: ``(level, text)`` lines
+    for the user, level "note" or "WARNING", in the order to say them: which checkpoint of a
+    run directory is used, a file written without a seal."""
 
-    ``work_grid`` is the ``--work-grid`` text; ``where`` says where ``problem``'s grid came from
-    (e.g. "--grid 18x18" or "--inputs f.h5"), for the message. Raises ValueError naming the
-    grid and the nearest sizes the network takes when it cannot run there.
-    """
-    wg = resolve_work_grid(work_grid, meta)
-    if str(work_grid).strip().lower() == "trained" and trained_here(model, meta, problem.grid):
-        wg = None   # a grown network answers as trained on each grid of its chain
-    work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
-        type(problem), problem.config(), wg, where="--work-grid")
-    on = work or problem
-    probe = torch.zeros((1, len(problem.input_channels), *on.grid),
-                        dtype=next(model.parameters()).dtype)
-    try:
-        model.check_input(probe) if hasattr(model, "check_input") else None
-    except ValueError as e:
-        if work is not None:
-            raise ValueError(f"--work-grid {grid_text(on.grid)}: {e}") from None
-        where = where or f"--grid {grid_text(on.grid)}"
-        raise ValueError(f"{where}: {e}; a network trained on another grid can run on it "
-                         f"with --work-grid trained") from None
-    return work
+    path: str
+    model: object
+    problem: object
+    work: object
+    meta: dict
+    notes: list = field(default_factory=list)
 
+    def trained(self, section: str) -> dict:
+        """One ``[section]`` of the config the checkpoint was trained with."""
+        return trained_config(self.meta, section)
 
-# ---------------------------------------------------------------------------------------------
-# distributed execution
-# ---------------------------------------------------------------------------------------------
+    @property
+    def channels_last(self) -> bool:
+        """Whether the network was trained channels-last (its inputs are given so)."""
+        return bool(self.trained("model").get("channels_last", False))
 
-def rank_batches(n: int, batch: int, rank: int, size: int) -> list[tuple[int, int]]:
-    """This rank's (lo, hi) batches: global batches of ``batch`` samples, contiguous per rank."""
-    nb = math.ceil(n / batch)
-    first, last = rank * nb // size, (rank + 1) * nb // size
-    return [(k * batch, min(n, (k + 1) * batch)) for k in range(first, last)]
+    @property
+    def step(self) -> int:
+        return int(self.meta.get("step", -1))
 
+    def grid_note(self, explicit: bool, problem=None, work=None) -> str | None:
+        """:func:`grid_note` for the output grid of ``problem`` (default: the loaded one) and
+        the work problem ``work`` (default: the loaded one, with the loaded problem)."""
+        if problem is None:
+            problem, work = self.problem, self.work
+        return grid_note(self.model, self.meta, problem.grid, work, explicit)
 
-def warmup_pays(n: int, batch: int, units: int) -> bool:
-    """Whether an untimed warm-up forward pays: only if some rank (or domain group) runs more
-    than one batch. With one batch each (e.g. one huge field) it would double the wall time
-    only to keep kernel selection out of the timing, so the timing then includes it."""
-    return n > batch * units
+    def seed_notes(self, seed: int, *, held_out: bool = False) -> list[str]:
+        """WARNING texts when draws of ``seed`` are not unseen inputs: the training seed
+        (data.seed); for a held-out evaluation (``held_out``, the seeds of data's defaults
+        where the checkpoint records none) also the validation draw (data.eval_seed) the run
+        was tuned on."""
+        if not held_out:
+            data_seed = self.trained("data").get("seed")
+            if data_seed is not None and seed == data_seed:
+                return [f"--seed {seed} is the training seed (data.seed): these samples are the "
+                        f"training pool, not unseen inputs"]
+            return []
+        data = self.data()
+        if seed == data["seed"]:
+            return [f"--seed {seed} is the training seed (data.seed): these are training samples"]
+        if seed == data["eval_seed"]:
+            return [f"--seed {seed} is the validation draw (data.eval_seed) the run was tuned on, "
+                    f"not an unseen test draw"]
+        return []
 
-
-def run_blocks(comm, n: int, batch: int, compute, writer, domain=None) -> float:
-    """Compute every batch on its rank, rank 0 writes; returns compute seconds summed over
-    ranks (on every rank). ``compute(lo, hi) -> (u (b, *grid), inputs (b, C, *grid),
-    seconds[, per-sample records {name: (b,)}])``. Under a domain split (``domain``) the
-    batches go to the groups, every rank of a group computes them together and ``compute``
-    returns u = None except on the group's first rank."""
-    unit, units = (domain.group, domain.groups) if domain else (comm.rank, comm.size)
-    plan = rank_batches(n, batch, unit, units)
-    rounds = max(len(rank_batches(n, batch, r, units)) for r in range(units))
-    busy = 0.0
-    for k in range(rounds):
-        item = None
-        if k < len(plan):
-            lo, hi = plan[k]
-            u, x, sec, *records = compute(lo, hi)
-            busy += sec
-            item = (lo, u, x, *records) if u is not None else None
-        items = comm.gather_obj(item)
-        if writer is not None:
-            for it in items:
-                if it is not None:
-                    writer.write(*it)
-        del items
-    return float(sum(comm.allgather_obj(busy)))
+    def data(self) -> dict:
+        """The run's ``[data]`` section, defaults filled in where the checkpoint records none."""
+        return {**vars(DataConfig()), **self.trained("data")}
 
 
-def predictor(model, problem, samples: Samples, *, channels_last: bool = False, work=None,
-              domain=None, warmup: bool = True, post=None, refine=None, check: bool = False):
-    """compute(lo, hi) for run_blocks: the prediction pipeline (``deepfusion.engine.predict.pipeline``)
-    on one batch, timed from the inputs on the work grid to the answer on the output grid (the
-    inputs recorded on the output grid are built outside the time).
-
-    ``work``: the same problem on the grid the network runs on (see :func:`work_problem`);
-    ``domain``: the split, the model and ``work or problem`` on its block, u = None except on
-    the group's first rank; ``post``: the pipeline's per-batch post-step. With ``warmup``
-    every new batch size first runs once untimed (one-off kernel selection stays out of the
-    timing). ``refine`` (a tolerance): each answer is then refined by the problem's reference
-    solver (``deepfusion.engine.predict.refine``), outside the time, and returned in float64 with its
-    per-sample records. ``check``: each answer written gets its residual and flag
-    (``Problem.check_answers``, outside the time) among its records.
-    """
-    from deepfusion.engine.predict.pipeline import Pipeline
-    from deepfusion.engine.predict.refine import refine_batch
-
-    pipe = Pipeline(model, problem, work=work, channels_last=channels_last, domain=domain,
-                    post=post)
-    warm: set = set()
-
-    @torch.inference_mode()
-    def compute(lo, hi):
-        x = pipe.record(samples, lo, hi)
-        if warmup and hi - lo not in warm:  # a new shape pays one-off kernel selection
-            pipe.answer_batch(samples, lo, hi, x)
-            warm.add(hi - lo)
-        t0 = time.perf_counter()
-        b = pipe.answer_batch(samples, lo, hi, x)
-        sec = time.perf_counter() - t0
-        if b.u is None:
-            return None, None, sec
-        if refine is not None:
-            u, records = refine_batch(problem, b.u, samples.inputs(problem, lo, hi,
-                                                                   torch.float64), refine)
-        else:
-            u, records = b.u.float().contiguous().numpy(), {}
-        if check:
-            records.update(problem.check_answers(u, samples.inputs(problem, lo, hi,
-                                                                   torch.float64)))
-        return (u, b.inputs.float().numpy(), sec) + ((records,) if records else ())
-    return compute
-
-
-def make_solver(problem, samples: Samples, method: str = "auto"):
-    """solve(j) -> (*grid) reference solution of sample j, from its fields or its parameters.
-
-    The method, and whether the problem solves from given fields at all, are checked here,
-    before any solve (``Problem.check_method``), so a bad choice fails up front on every rank.
-    """
-    from diffnet.problems import check_reference
-
-    check_reference(problem, "'deepfusion solve' has no solver to run")
-    from_fields = samples.fields is not None
-    problem.check_method(method, from_inputs=from_fields)
-    if from_fields:
-        return lambda j: problem.solve_from_inputs(samples.fields[j], method)
-    return lambda j: problem.reference_solution(samples.params[j], method)
-
-
-def solver_compute(problem, samples: Samples, solve):
-    """compute(lo, hi) for run_blocks: the reference solutions (solver calls timed)."""
-    def compute(lo, hi):
-        x = samples.inputs(problem, lo, hi, torch.float64)
-        t0 = time.perf_counter()
-        u = np.stack([solve(j) for j in range(lo, hi)])
-        sec = time.perf_counter() - t0
-        return u.astype(np.float32), x.numpy().astype(np.float32), sec
-    return compute
-
-
-def open_writer(path, problem, samples: Samples, refined: bool = False,
-                checked: bool = False) -> h5io.FieldWriter:
-    """The output file's writer (rank 0 only), sized for all samples; ``refined``: float64
-    answers and the refinement's per-sample records (``deepfusion.engine.predict.refine``);
-    ``checked``: the answers' residuals and flags (``h5io.CHECK_DATASETS``)."""
-    from deepfusion.engine.predict.refine import DATASETS
-
-    axes = [a.name for a in problem.axes]
-    names = list(problem.param_names) if samples.params.shape[1] else []
-    extra = {name: dtype for name, (dtype, _) in DATASETS.items()} if refined else {}
-    extra.update(h5io.CHECK_DATASETS if checked else {})
-    return h5io.FieldWriter(path, n=samples.n, grid=problem.grid,
-                            channels=problem.input_channels, params=samples.params,
-                            param_names=names, coords=problem.coords(), axes=axes,
-                            u_dtype="float64" if refined else "float32", extra=extra)
+def load(path, *, grid=None, work_grid=None, options=None, notes: list | None = None) -> Loaded:
+    """A checkpoint file, or a run directory's newest complete checkpoint, loaded for
+    prediction on ``grid`` (default: the training grid) with the network on ``work_grid``
+    (:func:`resolve_work_grid`; None: as-is) and the problem options ``options``. ValueError
+    for anything refused (no checkpoint, not a usable one, options that do not fit).
+    ``notes``: the list the notes go to as they are found (then ``Loaded.notes``), so a caller
+    that reports a refusal can say which checkpoint it was."""
+    notes = [] if notes is None else notes
+    path = checkpoint_file(str(path), notes)
+    model, problem, work, meta = load_model(path, grid, work_grid=work_grid, options=options)
+    return Loaded(path, model, problem, work, meta, notes)

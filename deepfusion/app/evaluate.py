@@ -1,0 +1,84 @@
+"""``deepfusion evaluate``: a checkpoint's error on a test draw never used for tuning (default
+``data.test_seed``), on any number of ranks.
+
+The checkpoint is loaded by the prediction service's loader
+(:func:`deepfusion.engine.predict.loader.load`) and evaluated as validation evaluates
+(:func:`deepfusion.engine.predict.evaluate.evaluate`: the service, strided draws per rank).
+Rank 0 writes the summary (default ``RUN_DIR/eval_seed<SEED>.json``) and prints one line.
+
+Kept light on imports: torch is imported only after the thread layout is set (engine.layout).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from deepfusion.app.options import (ANSWER_SET_HELP, add_set, add_threads, as_set_flags,
+                                    problem_options)
+from deepfusion.app.policy import collective_check, run_distributed, say_note, say_once
+
+
+def register(sub) -> None:
+    """Add the evaluate subcommand to the ``deepfusion`` parser."""
+    e = sub.add_parser("evaluate", help="relative L2 of a checkpoint on a test draw never used "
+                                        "for tuning (any number of ranks)")
+    e.add_argument("checkpoint", help="a checkpoint file, or a run directory (its newest one)")
+    e.add_argument("--seed", type=int, default=None,
+                   help="seed of the draws (default: the run's data.test_seed)")
+    e.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="number of draws (default: the run's data.test_samples)")
+    e.add_argument("--out", metavar="FILE.json",
+                   help="summary file (default RUN_DIR/eval_seed<SEED>.json)")
+    add_threads(e)
+    add_set(e, ANSWER_SET_HELP)
+    e.set_defaults(run=lambda args: run_distributed(cmd_evaluate, args))
+
+
+def evaluation_target(args):
+    """(checkpoint loaded for prediction, seed, n, warnings) for ``deepfusion evaluate``."""
+    from deepfusion.engine.predict.loader import load
+
+    args.options = problem_options(args, "evaluate")  # parsed once, here, under collective_check
+    loaded = load(args.checkpoint, options=args.options)
+    data = loaded.data()
+    seed = data["test_seed"] if args.seed is None else args.seed
+    n = data["test_samples"] if args.samples is None else args.samples
+    if n < 1:
+        raise ValueError(f"--samples must be >= 1, got {n}")
+    return loaded, seed, n, loaded.seed_notes(seed, held_out=True)
+
+
+def cmd_evaluate(args, comm) -> int:
+    """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
+    from deepfusion.engine.parallel.layout import setup_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
+
+    setup_threads(comm, max(0, int(args.threads or 0)))  # before torch is imported
+    say_note(comm, reuse_freed_memory(True))  # as infer: the batches fault memory in once
+    from deepfusion.engine.parallel.memformat import convert_model
+    from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text
+    from deepfusion.engine.predict.loader import grid_text
+
+    loaded, seed, n, notes = collective_check(comm, evaluation_target, args)
+    for level, text in loaded.notes:
+        say_once(comm, f"deepfusion: {level}: {text}")
+    for note in notes:
+        say_once(comm, f"deepfusion: WARNING: {note}")
+    cl, path, problem = loaded.channels_last, loaded.path, loaded.problem
+    dtype = next(loaded.model.parameters()).dtype
+    model = convert_model(loaded.model, cl)
+    summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
+    if summary is None:
+        return 0
+    summary.pop("_examples")
+    out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                                   f"eval_seed{seed}.json")
+    with open(out, "w") as f:
+        json.dump({"checkpoint": os.path.abspath(path), "step": loaded.meta.get("step"),
+                   "grid": list(problem.grid), "options": args.options, **summary}, f, indent=1)
+    kind = "test" if not notes else "NOT a test draw:"
+    given = as_set_flags(args.options)
+    print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
+          f" on {grid_text(problem.grid)}{' with ' + given if given else ''}: "
+          f"{summary_text(summary)} -> {out}", flush=True)
+    return 0
