@@ -20,7 +20,8 @@ NAMES = sorted(n for n in PROBLEMS if PROBLEMS[n].dims == 2)  # 3-D: tests/test_
 # the diffusion families: solved from their diffusivity field nu (log nu derived from it)
 DIFFUSION = [n for n in NAMES if solves_from_inputs(PROBLEMS[n])
              and "nu" in PROBLEMS[n].input_channels]
-PARAMS_ONLY = [n for n in NAMES if has_reference(PROBLEMS[n]) and not solves_from_inputs(PROBLEMS[n])]
+PARAMS_ONLY = [n for n in NAMES
+               if has_reference(PROBLEMS[n]) and not solves_from_inputs(PROBLEMS[n])]
 
 
 def make(name, **kw):

@@ -165,7 +165,6 @@ class ResidualFamily(Problem):
     (the Dirichlet data, default 0; nodal fields, only the walls' values are read)."""
 
     loss_term_names = ("pde",)
-    solves_from_inputs = True
     symmetric = False          # True: the operator is symmetric positive definite (3-D: AMG-CG)
 
     @abc.abstractmethod

@@ -21,7 +21,8 @@ Unsealed files: versions 1 (no digests) and 2 (per-dataset digests), an earlier 
 still load, with a note: a child process reads every object of them first with h5py
 (:mod:`.contained`, no torch: a hang ends within seconds, a crash ends only the child) and only
 the bytes it read are parsed here, then brought to the current layout by the one upgrade step,
-:func:`deepfusion.engine.checkpoint.upgrade.upgrade`. A version 3 file without its seal (cut short, changed) is refused.
+:func:`deepfusion.engine.checkpoint.upgrade.upgrade`. A version 3 file without its seal (cut
+short, changed) is refused.
 
 :func:`verify_checkpoint` checks a file without loading it, :func:`find_checkpoint` and
 :func:`latest_checkpoint` return the newest that passes, :func:`load_latest` the newest that
