@@ -53,7 +53,7 @@ def _timed(fn):
 
 def _setup(a, size: int):
     """(problem on the N grid, model or None, work problem or None, coarse problem or None)."""
-    from deepfusion.engine.predict.loader import build_problem, load, resolve_work_grid
+    from deepfusion.engine.predict.loader import problem_from_spec, load, resolve_work_grid
     from diffnet.problems import resolve
 
     options = problem_options(a, "bench.refine")
@@ -65,10 +65,10 @@ def _setup(a, size: int):
                       options=options)
         model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta
     else:
-        problem = build_problem(a.problem, options, (size,) * resolve(a.problem).dims)
+        problem = problem_from_spec(a.problem, options, (size,) * resolve(a.problem).dims)
     problem.check_refine(a.tol)
     coarse_grid = resolve_work_grid(a.coarse, meta) if a.coarse != "trained" or meta else None
-    coarse = None if coarse_grid is None else build_problem(type(problem), problem.config(),
+    coarse = None if coarse_grid is None else problem_from_spec(type(problem), problem.config(),
                                                             coarse_grid, where="--coarse")
     return problem, model, work, coarse
 

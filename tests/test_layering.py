@@ -41,8 +41,10 @@ ROOMS = {
         "the run directory's lock and log, ETA, stop signals and watchdog, the test hook",
         ("deepfusion.engine.errors", "deepfusion.engine.checkpoint")),
     "deepfusion.engine.predict": Room(
-        "the one prediction pipeline, held-out evaluation, refinement, field figures",
-        ("deepfusion.engine.parallel", "diffnet", "diffnet.problems")),
+        "the one prediction service: a checkpoint loaded for prediction, the pipeline, the "
+        "ranks' shares, the sinks; held-out evaluation, refinement, field figures",
+        ("deepfusion.config", "deepfusion.engine.checkpoint", "deepfusion.engine.parallel",
+         "diffnet", "diffnet.problems")),
     "deepfusion.engine.train": Room(
         "the trainer's loop, the global step, the optimisers, the level plan",
         ("deepfusion.config", "deepfusion.engine.errors", "deepfusion.engine.checkpoint",

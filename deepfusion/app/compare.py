@@ -116,8 +116,8 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
 
     a, b = read_fields(pred_path), read_fields(ref_path)
     if a["has_reference"] is not None and not a["has_reference"]:
-        raise ValueError(f"{pred_path}: problem {a['problem']!r} has no reference solver (its "
-                         f"reference_methods is empty), so there is no reference to compare "
+        raise ValueError(f"{pred_path}: problem {a['problem']!r} has no reference solver (it "
+                         f"does not define reference_solution), so there is no reference to compare "
                          f"with; 'deepfusion evaluate RUN_DIR' reports the loss and its terms "
                          f"on test draws instead")
     _check_kinds(a, b, pred_path, ref_path)

@@ -124,10 +124,12 @@ def _infer(args, comm) -> int:
 def _check(args, problem) -> bool:
     """Whether infer checks its answers: --check / --no-check, by default where the problem
     has an answer residual; ValueError for --check on a problem without one."""
-    if args.check and problem.residual_threshold is None:
-        raise ValueError(f"--check: problem {problem.name!r} has no answer residual (its "
-                         f"residual_threshold is None); run without --check")
-    return problem.residual_threshold is not None if args.check is None else args.check
+    from diffnet.problems import has_answer_residual
+
+    if args.check and not has_answer_residual(problem):
+        raise ValueError(f"--check: problem {problem.name!r} has no answer residual (it does "
+                         f"not define answer_residual); run without --check")
+    return has_answer_residual(problem) if args.check is None else args.check
 
 
 def _work_grid(args) -> str:

@@ -36,13 +36,13 @@ def run_solve(args) -> int:
 
 
 def _build(args):
-    from deepfusion.engine.predict.loader import build_problem, parse_grid
+    from deepfusion.engine.predict.loader import problem_from_spec, parse_grid
 
     check_batch(args)
     opts = problem_options(args, "solve")
     if "grid" in opts:
         raise ValueError("problem.options.grid: give the grid with --grid HxW (DxHxW)")
-    return build_problem(args.problem, opts, parse_grid(args.grid))
+    return problem_from_spec(args.problem, opts, parse_grid(args.grid))
 
 
 def _solve(args, comm) -> int:

@@ -15,10 +15,12 @@ import warnings
 import numpy as np
 import torch
 
+from diffnet.problems import has_answer_residual
+
 from deepfusion.app.fields_run import DEFAULT_SEED
 from deepfusion.app.samples import Samples, check_params, fields_inputs, range_warnings
 from deepfusion.engine.predict import service
-from deepfusion.engine.predict.loader import (build_problem, grid_note, grid_text, parse_grid,
+from deepfusion.engine.predict.loader import (problem_from_spec, grid_note, grid_text, parse_grid,
                                               resolve_work_grid, work_problem)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
@@ -148,7 +150,7 @@ class Solver:
 
         ``inputs``: (N, C, *grid) numpy array or torch tensor, channels in ``self.channels``
         order (returns the same kind), or a dict of channel name -> (N, *grid) (a problem may
-        derive a missing channel, e.g. log_nu from nu; returns numpy). ``params``: (N, k)
+        derive a missing channel from the others; returns numpy). ``params``: (N, k)
         parameter vectors (rendered on the work grid, as in training). Exactly one of the two.
         ``grid``: the answer's grid (default: the inputs' grid, or the training grid for
         ``params``); ``work_grid``, ``batch``, ``threads``: override :func:`load`'s.
@@ -167,9 +169,9 @@ class Solver:
         from deepfusion.engine.predict.refine import check_refine, refine_batch
 
         check_refine(self.problem, refine, "predict(refine=...)")
-        if check and self.problem.residual_threshold is None:
+        if check and not has_answer_residual(self.problem):
             raise ValueError(f"predict(check=True): problem {self.problem.name!r} has no "
-                             f"answer residual (its residual_threshold is None)")
+                             f"answer residual (it does not define answer_residual)")
         kind, samples, problem = self._samples(inputs, params, grid)
         problem, work = self._on_grid(problem.grid, work_grid)
         u = self._run(problem, work, samples, batch or self.batch, threads or self.threads)
@@ -208,7 +210,7 @@ class Solver:
         """The solver's problem on ``grid`` (None: the training grid), built once per grid."""
         grid = self.grid if grid is None else tuple(self._grid_text(grid, as_grid=True))
         if grid not in self._problems:
-            self._problems[grid] = build_problem(type(self.problem), self.problem.config(),
+            self._problems[grid] = problem_from_spec(type(self.problem), self.problem.config(),
                                                  grid, where="grid")
         return self._problems[grid]
 

@@ -34,14 +34,14 @@ def run(ckpt: str, ref_path: str, partitions, samples: int, control: bool) -> di
     import torch
 
     from deepfusion.app.fields_file import read_fields
-    from deepfusion.engine.predict.loader import build_problem, checkpoint_file, load_model
+    from deepfusion.engine.predict.loader import problem_from_spec, checkpoint_file, load_model
 
     ref = read_fields(ref_path)
     n = min(samples, len(ref["u"]))
     grid = list(ref["u"].shape[1:])
     ckpt = checkpoint_file(ckpt)
     model, problem, _, _ = load_model(ckpt, grid=grid)
-    problems = {m: build_problem(problem.name, {**problem.config(), "ritz_partition": m}, grid)
+    problems = {m: problem_from_spec(problem.name, {**problem.config(), "ritz_partition": m}, grid)
                 for m in partitions}
     rows = {m: {"err": [], "sec": []} for m in partitions}
     ctrl = {m: [] for m in partitions if control and m > 0}

@@ -90,13 +90,13 @@ def run(ckpt: str, ref_path: str, samples: int, m: int, fields) -> dict:
     import torch
 
     from deepfusion.app.fields_file import read_fields
-    from deepfusion.engine.predict.loader import build_problem, checkpoint_file, load_model
+    from deepfusion.engine.predict.loader import problem_from_spec, checkpoint_file, load_model
 
     ref = read_fields(ref_path)
     n, grid = min(samples, len(ref["u"])), list(ref["u"].shape[1:])
     ckpt = checkpoint_file(ckpt)
     model, problem, _, _ = load_model(ckpt, grid=grid, options={"ritz_partition": m})
-    masking = build_problem(problem.name, {**problem.config(), "ritz": False, "ritz_fields": 1,
+    masking = problem_from_spec(problem.name, {**problem.config(), "ritz": False, "ritz_fields": 1,
                                            "ritz_partition": 0}, grid)   # the mask alone
     names = ["float64", "float32_features", "float32_gram"] + [f"fields_{kp}" for kp in fields]
     rows = {name: {"err": [], "moved": []} for name in names}

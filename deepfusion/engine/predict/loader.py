@@ -50,9 +50,10 @@ def grid_text(grid) -> str:
     return "x".join(str(int(v)) for v in grid)
 
 
-def build_problem(name, kwargs: dict, grid=None, where: str = "--grid"):
-    """The problem ``name`` (a registered name, 'module:Class', a plugin's entry point, or a
-    Problem class) with options ``kwargs``, its grid replaced by ``grid`` if given (one with
+def problem_from_spec(name, kwargs: dict, grid=None, where: str = "--grid"):
+    """The problem of a stored spec: ``name`` (a registered name, 'module:Class', a plugin's
+    entry point, or a Problem class) with options ``kwargs`` (a checkpoint's, a command's), its
+    grid replaced by ``grid`` if given (one with
     the wrong number of axes for the problem is refused naming ``where``)."""
     from diffnet.problems import get_problem, resolve
 
@@ -143,7 +144,7 @@ def work_problem(model, problem, meta, work_grid, where=None):
     wg = resolve_work_grid(work_grid, meta)
     if str(work_grid).strip().lower() == "trained" and trained_here(model, meta, problem.grid):
         wg = None   # a grown network answers as trained on each grid of its chain
-    work = None if wg is None or list(wg) == list(problem.grid) else build_problem(
+    work = None if wg is None or list(wg) == list(problem.grid) else problem_from_spec(
         type(problem), problem.config(), wg, where="--work-grid")
     on = work or problem
     probe = torch.zeros((1, len(problem.input_channels), *on.grid),
@@ -223,7 +224,7 @@ def load_model(path, grid=None, work_grid=None, options=None):
     model = model.to(dtype).eval()
     # default: the grid the network was trained on when the checkpoint was written
     cls = trained_problem(path, spec_p)
-    problem = build_problem(cls, answer_options(cls, spec_p, options), grid or training_grid(meta))
+    problem = problem_from_spec(cls, answer_options(cls, spec_p, options), grid or training_grid(meta))
     if options:
         check_fits(problem, spec_p, options)
     where = None if grid is None else f"--grid {grid_text(grid)}"
