@@ -4,7 +4,8 @@
 ``"package.module:ClassName"`` importable from the PYTHONPATH, or a plugin's entry point
 (group ``diffnet.problems``): see :mod:`.registry`. The contract a problem implements:
 :mod:`.base`, the three parts :class:`Family`, :class:`Loss` and an answer head
-(:mod:`.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`).
+(:mod:`.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`); the split-exact
+multilevel norm of a residual, :func:`residual_norm` (:mod:`.contract.residual_norm`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from diffnet.problems.contract.base import Axis, Problem
 from diffnet.problems.contract.family import Family
 from diffnet.problems.contract.heads import AnswerHead, Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
+from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
@@ -57,5 +59,5 @@ def replace_options(name, stored: dict, given: dict) -> dict:
 __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "AnswerHead", "Plain",
            "Ritz", "QuadraticEnergy", "get_problem", "problem_options",
            "replace_options", "resolve", "register", "problem_spec", "has_reference",
-           "check_reference", "entry_point_names", "available_text", "Burgers", "Darcy",
-           "Poisson", "Poisson3D", "ReactionDiffusion"]
+           "check_reference", "entry_point_names", "available_text", "residual_norm",
+           "Burgers", "Darcy", "Poisson", "Poisson3D", "ReactionDiffusion"]
