@@ -12,7 +12,8 @@ The norm, on a grid of d axes with spacing h_a, levels l = 0 .. L, cell side m_l
     ||r||_B^2 = sum_l w_l s_l |c_l| sum_J rbar_{l,J}^2,
     s_l = 1 / sum_a (m_l h_a)^-2        (the cell size squared: (m_l h)^2 / d on a cube grid)
     |c_l| = m_l^d prod_a h_a            (the volume of a level-l cell)
-    rbar_{l,J} = m_l^-d sum_i phi_{l,J}(i) r_i,   phi_{l,J}(i) = prod_a max(0, 1 - |i_a - m_l J_a| / m_l)
+    rbar_{l,J} = m_l^-d sum_i phi_{l,J}(i) r_i
+    phi_{l,J}(i) = prod_a max(0, 1 - |i_a - m_l J_a| / m_l)
 
 rbar_{l,J} is the tent-weighted mean of r around the level-l node m_l J (the restriction of
 multigrid's full weighting), over the coarse nodes strictly inside the grid (0 < m_l J_a <
