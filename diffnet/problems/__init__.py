@@ -4,8 +4,9 @@
 ``"package.module:ClassName"`` importable from the PYTHONPATH, or a plugin's entry point
 (group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
 implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
-head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The families
-are in :mod:`.families`, the problem checker in :mod:`.check`.
+head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
+multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`). The
+families are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from diffnet.problems.contract.family import (Axis, Family, check_reference, has
                                               has_reference, refines, solves_from_inputs)
 from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
+from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
@@ -62,4 +64,4 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "QuadraticEnergy", "get_problem", "option_names", "replace_options", "resolve",
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "check_reference", "entry_point_names", "available_text",
-           "Poisson"]
+           "residual_norm", "Poisson"]

@@ -60,11 +60,13 @@ class ThreadBlock(Block):
     def __init__(self, split: ThreadSplit, coord):
         shape = tuple(g // s for g, s in zip(split.grid, split.split))
         super().__init__(split.grid, tuple(c * n for c, n in zip(coord, shape)), shape)
-        self.group, self.coord, self.calls = split, coord, 0
+        # one counter per block, shared with its coarse copies (``at_shape``), so that the
+        # collectives of a block and of its copies take consecutive keys
+        self.group, self.coord, self.calls = split, coord, itertools.count()
 
     def post_all(self, t: torch.Tensor) -> dict:
         """Post t, wait for every block, return every block's posted tensor by coordinate."""
-        key, self.calls = self.calls, self.calls + 1
+        key = next(self.calls)
         self.group.posted[key, self.coord] = t
         self.group.barrier.wait()
         return {c: self.group.posted[key, c] for c in self.group.coords}

@@ -9,12 +9,14 @@ import operator
 import torch
 
 from diffnet.generators import impose_dirichlet
+from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.stencils import FiniteDifference, check_block_sizes, derivative_names
 from diffnet.validation import check_choice, check_number
 from diffnet.problems.families.diffusion import KLDiffusionProblem
 
 LOSSES = ("energy", "residual")
 BC_MODES = ("overwrite", "lift")
+RESIDUAL_NORMS = ("l2", "multilevel")
 
 
 class DirichletX:
@@ -72,6 +74,9 @@ class Poisson(DirichletX, KLDiffusionProblem):
         swing with the 10^4 contrast of nu); derivatives of u and log nu by ONE
         ``FiniteDifference(kind=stencil)`` call. "bc" = bc_weight * mean over the nodes of the two
         walls y = 0, 1 of (du/dy)^2 (the Neumann condition as a soft term).
+        ``residual_norm`` measures that residual: "l2" (default) by its mean square as above;
+        "multilevel" by ``residual_norm(r, self)``, its split-exact multilevel norm (H^-1-like:
+        conditioned like the energy instead of its square; :mod:`.contract.residual_norm`).
 
     Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly (``on_block``):
     the interior mean of "residual" follows global node indices and each wall counts on the
@@ -85,19 +90,20 @@ class Poisson(DirichletX, KLDiffusionProblem):
 
     def __init__(self, *, grid=(64, 64), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  loss: str = "energy", quadrature: str = "faces", stencil: str = "sobel",
-                 bc_weight: float = 1.0, bc_mode: str = "overwrite"):
+                 bc_weight: float = 1.0, bc_mode: str = "overwrite", residual_norm: str = "l2"):
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range,
                          quadrature=quadrature, stencil=stencil)
         self.loss = check_choice("loss", loss, LOSSES)
         self.bc_weight = check_number("bc_weight", bc_weight, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, BC_MODES)
+        self.residual_norm = check_choice("residual_norm", residual_norm, RESIDUAL_NORMS)
         if self.loss == "residual":     # the first, then the second derivative along every axis
             self.fd = FiniteDifference(self.spacing, self.stencil,
                                        derivatives=derivative_names(self.dims)[:2 * self.dims])
 
     def config(self) -> dict:
         return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight,
-                "bc_mode": self.bc_mode}
+                "bc_mode": self.bc_mode, "residual_norm": self.residual_norm}
 
     def check_block(self, block) -> None:
         super().check_block(block)
@@ -122,7 +128,9 @@ class Poisson(DirichletX, KLDiffusionProblem):
             g2 = du[:, a].square()
             walls += [self.wall_mean(g2, a, "lo"), self.wall_mean(g2, a, "hi")]
         bc = functools.reduce(operator.add, walls) / len(walls)
-        return {"pde": self.mean(r.square(), interior=1), "bc": self.bc_weight * bc}
+        pde = (self.mean(r.square(), interior=1) if self.residual_norm == "l2"
+               else residual_norm(r, self))
+        return {"pde": pde, "bc": self.bc_weight * bc}
 
     def diffusion_options(self) -> dict:
         return {"dirichlet": "poisson"}

@@ -55,8 +55,8 @@ class Poisson3D(Poisson):
 
     def __init__(self, *, grid=(32, 32, 32), n_terms: int = 4, omega_range=(-3.0, 3.0),
                  loss: str = "energy", quadrature: str = "faces", stencil: str = "sobel",
-                 bc_weight: float = 1.0, bc_mode: str = "overwrite"):
+                 bc_weight: float = 1.0, bc_mode: str = "overwrite", residual_norm: str = "l2"):
         # the 2-D problem's options; only the default grid differs
         super().__init__(grid=grid, n_terms=n_terms, omega_range=omega_range, loss=loss,
                          quadrature=quadrature, stencil=stencil, bc_weight=bc_weight,
-                         bc_mode=bc_mode)
+                         bc_mode=bc_mode, residual_norm=residual_norm)

@@ -1,0 +1,44 @@
+"""Under mpiexec -n P: the multilevel residual norm (``diffnet.problems.residual_norm``) on the
+blocks of a real MPI domain split against the undivided norm on one process (float64), value
+and gradient. Each argument is a case GRIDxSPLIT (``16x24:1x2``: blocks 16 x 12, so the cells
+of 8 nodes straddle the blocks and go through ``block.sum``; those of 1, 2, 4 through the
+coarse halo). Rank 0 prints one ``OK ...`` line per case."""
+import sys
+
+import torch
+
+from deepfusion.engine.parallel.comm import world
+from deepfusion.engine.parallel.halo import domain_groups, make_block
+from diffnet.domain import Block
+from diffnet.problems import residual_norm
+from tests.mpi_scripts.cases import report_ok, run_cases
+
+torch.set_num_threads(1)
+WORLD = world()
+RTOL = 1e-12
+
+
+def run(case):
+    grid_s, split_s = case.split(":")
+    grid, split = [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]
+    dom, _, _, _ = domain_groups(WORLD, split)
+    block = make_block(dom, grid, split)
+    h = tuple(1.0 / (n - 1) for n in grid)
+    r = torch.randn((2, 1, *grid), generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64, requires_grad=True)
+    ref = residual_norm(r, Block(grid), spacing=h)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), r)
+    part = residual_norm(block.local(r), block, spacing=h)
+    (grad,) = torch.autograd.grad(part.sum(), r)
+    torch.testing.assert_close(block.sum(part.detach().contiguous()), ref.detach(), rtol=RTOL,
+                               atol=0, msg=f"case={case}: value")
+    grad = grad.contiguous()
+    dom.allreduce_(grad.view(-1))
+    scale = ref_grad.abs().max().item()
+    torch.testing.assert_close(grad / scale, ref_grad / scale, rtol=RTOL, atol=RTOL,
+                               msg=f"case={case}: gradient")
+    report_ok(WORLD, f"case={case} block={block.shape}")
+
+
+if __name__ == "__main__":
+    run_cases(WORLD, run, sys.argv[1:])
