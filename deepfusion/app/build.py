@@ -20,10 +20,11 @@ from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
 from deepfusion.config import dump_toml
-from deepfusion.engine.checkpoint.store import load_checkpoint
+from deepfusion.engine.checkpoint.store import CheckpointError, load_checkpoint, load_latest
 from deepfusion.engine.train.plan import plan
 from deepfusion.engine.parallel.memformat import convert_model
 from deepfusion.engine.run.files import clear_run_dir
+from deepfusion.engine.run.identity import ensure_run_id, read_run_id
 from deepfusion.app.preflight import holds_run
 from deepfusion.app.problems import check_registry_options
 
@@ -190,18 +191,57 @@ def check_domain(cfg) -> None:
 def init_from(model, name: str, path: str) -> None:
     """Copy the generator weights of checkpoint ``path`` into ``model`` (model.init_from)."""
     state = load_checkpoint(path)
-    spec = state["meta"].get("model") or {}
+    differs = network_mismatch(model, name, state["meta"])
+    if differs:
+        raise ValueError(f"model.init_from = {path!r} {differs}; set [model] name and options "
+                         f"to match it, or start from scratch with model.init_from = \"\"")
+    dtype = next(model.parameters()).dtype
+    model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
+
+
+def network_mismatch(model, name: str, meta: dict) -> str:
+    """How the generator a checkpoint's ``meta`` records differs from ``model`` (built as
+    ``name``), "" if it does not."""
+    spec = meta.get("model") or {}
     ours, theirs = model.config(), spec.get("kwargs")
 
     def arch(kwargs):  # checkpoint_levels changes memory, not the weights
         return {k: v for k, v in kwargs.items() if k != "checkpoint_levels"}
 
     if spec.get("name") != name or (theirs is not None and arch(theirs) != arch(ours)):
-        raise ValueError(f"model.init_from = {path!r} holds generator {spec.get('name')!r} "
-                         f"{theirs}, but this run builds {name!r} {ours}; set [model] name and "
-                         f"options to match it, or start from scratch with model.init_from = \"\"")
-    dtype = next(model.parameters()).dtype
-    model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
+        return (f"holds generator {spec.get('name')!r} {theirs}, but this run builds "
+                f"{name!r} {ours}")
+    return ""
+
+
+def check_resume(cfg, model, rank: int) -> None:
+    """``--resume``: the run directory's newest checkpoint belongs to this run and holds the
+    network this config builds. Rank 0 reads it; checked before anything of the run is
+    written, so a refused resume leaves the run as it was."""
+    if rank != 0:
+        return
+    d = cfg.run.dir
+    try:
+        path, state, _skipped = load_latest(d)
+    except CheckpointError as exc:
+        raise ValueError(f"--resume {d}: {exc}; start over in it with --overwrite (without "
+                         f"--resume), or in another directory with --set run.dir=PATH") from None
+    meta, ours = state["meta"], read_run_id(d)
+    theirs = meta.get("run_id")
+    if ours and theirs and ours != theirs:
+        where = (meta.get("config") or {}).get("run", {}).get("dir", "?")
+        raise ValueError(f"--resume {d}: {path} was written by another run (id {theirs}, "
+                         f"run.dir {where!r}), not by this one (id {ours}): a resume continues "
+                         f"its own run only. Remove that file to resume from this run's own "
+                         f"checkpoints, or start a new run from its weights on purpose: "
+                         f"deepfusion train CONFIG --set model.init_from={path} "
+                         f"--set run.dir=NEW_DIR")
+    differs = network_mismatch(model, cfg.model.name, meta)
+    if differs:
+        raise ValueError(f"--resume {d}: its checkpoint {os.path.basename(path)} {differs}: a "
+                         f"resume continues the same network. Drop the --set of model.name or "
+                         f"model.options (or put them back in the config); to train another "
+                         f"network from these weights, start a new run in another directory")
 
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
@@ -213,5 +253,6 @@ def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:
     if overwrite and not resume and holds_run(d):
         clear_run_dir(d)  # all but the lock this job holds
     os.makedirs(os.path.join(d, "checkpoints"), exist_ok=True)
+    ensure_run_id(d)  # a new run's identity; one of an earlier version takes one now
     with open(os.path.join(d, "config.toml"), "w") as f:
         f.write(dump_toml(cfg))

@@ -65,7 +65,8 @@ def train_locked(args, comm, cfg) -> int:
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from deepfusion.engine.parallel.parallelize import parallelize
     from deepfusion.engine.train.trainer import Trainer
-    from deepfusion.app.build import build_checked, first_grid, model_grower, prepare_run_dir, torch_dtype
+    from deepfusion.app.build import (build_checked, check_resume, first_grid, model_grower,
+                                      prepare_run_dir, torch_dtype)
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -75,6 +76,8 @@ def train_locked(args, comm, cfg) -> int:
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
+    if args.resume:  # this run's checkpoint, this network: before anything is written
+        collective_check(comm, check_resume, cfg, model, comm.rank)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,

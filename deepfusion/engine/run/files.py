@@ -11,10 +11,11 @@ import fnmatch
 import os
 import shutil
 
+from deepfusion.engine.run.identity import RUN_ID
 from deepfusion.engine.run.lock import LOCK_NAME
 from deepfusion.engine.run.log import REJECTED
 
-WRITTEN = ("config.toml", "metrics.jsonl", REJECTED, "checkpoints", "eval.json", "eval.png",
+WRITTEN = (RUN_ID, "config.toml", "metrics.jsonl", REJECTED, "checkpoints", "eval.json", "eval.png",
            "loss.png", "progress.png", "compile_cache", "eval_seed*.json", "*.tmp.*", LOCK_NAME,
            LOCK_NAME + ".*")
 

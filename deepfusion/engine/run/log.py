@@ -15,6 +15,7 @@ import sys
 
 from deepfusion.engine.checkpoint.atomic import atomic_path
 from deepfusion.engine.run.eta import StepClock, eta_text, format_duration
+from deepfusion.engine.run.identity import read_run_id
 
 
 REJECTED = "metrics.rejected.jsonl"   # lines of metrics.jsonl that are no record, set aside
@@ -40,6 +41,7 @@ class RunLog:
         self.clock, self.step_width = StepClock(visits), len(str(total_steps))
         self.total_steps = total_steps
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.run_id = read_run_id(run_dir) if rank == 0 else None   # in every record
         use_bar = progress == "bar" or (progress == "auto" and sys.stdout.isatty())
         self.bar = None
         if rank == 0 and use_bar:
@@ -76,7 +78,7 @@ class RunLog:
         if self.rank != 0:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps({**rec, "run": self.run_id}) + "\n")
 
     def step(self, visit, epoch: int, step: int, res, *, elapsed: float, segment: float):
         """Step ``step`` of ``visit`` was taken with result ``res``: its metrics record, and the

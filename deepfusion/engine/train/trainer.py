@@ -307,7 +307,7 @@ class Trainer:
                 "schedule_steps": self.schedule_steps, "optimizer": self.optim.current.name,
                 "visit": v.index, "level": v.level, "grid": list(v.grid),
                 "elapsed_s": self.elapsed(),
-                "plan": self.plan_signature,
+                "plan": self.plan_signature, "run_id": self.log.run_id,
                 "config": config_to_dict(self.cfg), **self.specs}
 
     def load_newest(self) -> tuple[str, dict]:

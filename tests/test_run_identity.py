@@ -1,0 +1,77 @@
+"""A run's identity (deepfusion.engine.run.identity) and a refused resume that changes nothing:
+another run's checkpoint is never resumed silently, and a resume refused for its checkpoint or
+its network leaves config.toml as it was."""
+import json
+import shutil
+
+from deepfusion.engine.checkpoint import store as ckpt
+from deepfusion.engine.run.identity import RUN_ID, read_run_id
+from tests.tiny_configs import TINY, variant
+
+
+def train(cli, tmp_path, name, *sets):
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(variant(TINY, "train.max_steps=4", "train.checkpoint_every=4", *sets))
+    run = tmp_path / name
+    rc, _, err = cli(["train", str(cfg), "--set", f"run.dir={run}"])
+    assert rc == 0, err
+    return run
+
+
+def files(run):
+    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+def test_every_record_and_checkpoint_carries_the_run_id(tmp_path, cli):
+    run = train(cli, tmp_path, "a")
+    rid = read_run_id(str(run))
+    assert rid and len(rid) == 16
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs and all(r["run"] == rid for r in recs)
+    path, _ = ckpt.find_checkpoint(str(run))
+    assert ckpt.load_checkpoint(path)["meta"]["run_id"] == rid
+
+
+def test_another_runs_checkpoint_is_refused_naming_both(tmp_path, cli):
+    a = train(cli, tmp_path, "a", "train.init_seed=1")
+    x = train(cli, tmp_path, "x")
+    theirs, _ = ckpt.find_checkpoint(str(a))
+    copied = x / "checkpoints" / "step_00000008.h5"
+    shutil.copy(theirs, copied)
+    before = files(x)
+    rc, _, err = cli(["train", "--resume", str(x), "--set", "train.max_steps=12"])
+    assert rc == 2, err
+    assert f"was written by another run (id {read_run_id(str(a))}" in err
+    assert f"not by this one (id {read_run_id(str(x))})" in err
+    assert f"--set model.init_from={copied}" in err
+    assert files(x) == before                       # nothing of the run changed
+
+
+def test_a_refused_resume_leaves_config_toml_as_it_was(tmp_path, cli):
+    run = train(cli, tmp_path, "r")
+    for p in (run / "checkpoints").iterdir():
+        p.write_bytes(b"")                          # no loadable checkpoint
+    before = (run / "config.toml").read_text()
+    rc, _, err = cli(["train", "--resume", str(run), "--set", "optim.lr=0.5",
+                      "--set", "train.max_steps=99"])
+    assert rc == 2 and "start over in it with --overwrite" in err, err
+    assert (run / "config.toml").read_text() == before
+
+
+def test_a_changed_network_on_resume_is_refused_and_the_run_still_resumes(tmp_path, cli):
+    run = train(cli, tmp_path, "n")
+    before = files(run)
+    rc, _, err = cli(["train", "--resume", str(run), "--set",
+                      "model.options={depth=2,base_width=8}"])
+    assert rc == 2 and "a resume continues the same network" in err, err
+    assert "Traceback" not in err and files(run) == before
+    rc, _, err = cli(["train", "--resume", str(run), "--set", "train.max_steps=6"])
+    assert rc == 0, err
+
+
+def test_a_run_of_an_earlier_version_takes_an_id_at_its_first_resume(tmp_path, cli):
+    run = train(cli, tmp_path, "old")
+    (run / RUN_ID).unlink()
+    rc, _, err = cli(["train", "--resume", str(run), "--set", "train.max_steps=6"])
+    assert rc == 0, err
+    assert read_run_id(str(run))
