@@ -10,12 +10,14 @@ to accuracy) may ask of ``train`` without training: ``train``'s own start-up che
   growth of each).
 * :func:`problem_channels`: the input and output channels of a config's problem.
 * :func:`probe`: seconds per step and peak memory of each level, measured in a child process.
+* :func:`check_output` and :func:`check_output_dir`: where a tool may write its ``--out``
+  (never onto its inputs, a run's checkpoints or the files a run keeps).
 
 Nothing here imports torch until it is needed (:func:`problem_channels` and :func:`probe`).
 """
 from __future__ import annotations
 
-from deepfusion.app import check, preflight
+from deepfusion.app import check, outputs, preflight
 from deepfusion.app.probe import run_probe
 from deepfusion.engine.train.plan import plan
 
@@ -55,3 +57,15 @@ def probe(cfg, ranks: int, threads: int) -> dict:
     """``deepfusion check``'s probe of ``cfg`` on ``ranks`` ranks of ``threads`` threads:
     ``{"levels": [{"level", "median_step_s", "local_batch", ...}]}``; ValueError if it failed."""
     return run_probe(cfg, ranks, threads)
+
+
+def check_output(path: str, *, flag: str, inputs=()) -> None:
+    """ValueError naming ``flag`` unless ``path`` is a file the tool may write (its directory
+    exists and is writable; not a directory, one of ``inputs`` or a run's own file)."""
+    outputs.check_output(path, flag=flag, inputs=inputs)
+
+
+def check_output_dir(path: str, *, flag: str, create: bool = True) -> None:
+    """ValueError naming ``flag`` unless ``path`` is a directory the tool may write into (or,
+    with ``create``, make); never a run's checkpoints directory."""
+    outputs.check_output_dir(path, flag=flag, create=create)

@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from deepfusion.app.outputs import check_output, check_output_dir
 from deepfusion.app.policy import ExitCode
 
 WRITER = {"prediction": "deepfusion infer", "reference": "deepfusion solve"}
@@ -108,12 +109,21 @@ def _check_same(a: dict, b: dict, pa, pb) -> None:
             differ("samples (the first input channels differ)", "", "")
 
 
+def check_out(out_dir: str, inputs) -> None:
+    """ValueError unless ``out_dir`` is an existing, writable directory outside any run's
+    checkpoints, whose compare.json and compare.png are not the files compared."""
+    check_output_dir(out_dir, flag="--out")
+    for name in ("compare.json", "compare.png"):
+        check_output(os.path.join(out_dir, name), flag="--out", inputs=inputs)
+
+
 def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dict, str]:
     """Per-sample errors, summary and timings; writes out_dir/compare.json and compare.png."""
     from diffnet.metrics import max_error, relative_l2
 
     from deepfusion.app.fields_file import read_fields
 
+    check_out(out_dir, (pred_path, ref_path))
     a, b = read_fields(pred_path), read_fields(ref_path)
     if a["has_reference"] is not None and not a["has_reference"]:
         raise ValueError(f"{pred_path}: problem {a['problem']!r} has no reference solver (it "
@@ -122,8 +132,6 @@ def compare_files(pred_path, ref_path, out_dir, n_figures: int = 3) -> tuple[dic
                          f"on test draws instead")
     _check_kinds(a, b, pred_path, ref_path)
     _check_same(a, b, pred_path, ref_path)
-    if not os.path.isdir(out_dir):
-        raise OSError(f"--out {out_dir}: no such directory (create it first)")
     dims = a["u"].ndim - 1  # /u is (N, *grid): one row per sample
     rel = relative_l2(a["u"], b["u"], dims=dims)
     mx = max_error(a["u"], b["u"], dims=dims)

@@ -15,6 +15,7 @@ import os
 
 from deepfusion.app.options import (ANSWER_SET_HELP, add_set, add_threads, as_set_flags,
                                     problem_options)
+from deepfusion.app.outputs import check_output, checkpoint_paths
 from deepfusion.app.policy import collective_check, run_distributed, say_note, say_once
 
 
@@ -28,7 +29,8 @@ def register(sub) -> None:
     e.add_argument("--samples", type=int, default=None, metavar="N",
                    help="number of draws (default: the run's data.test_samples)")
     e.add_argument("--out", metavar="FILE.json",
-                   help="summary file (default RUN_DIR/eval_seed<SEED>.json)")
+                   help="summary file (default RUN_DIR/eval_seed<SEED>.json); its directory "
+                        "must exist, and it is never the checkpoint or another file of a run")
     add_threads(e)
     add_set(e, ANSWER_SET_HELP)
     e.set_defaults(run=lambda args: run_distributed(cmd_evaluate, args))
@@ -48,8 +50,18 @@ def evaluation_target(args):
     return loaded, seed, n, loaded.seed_notes(seed, held_out=True)
 
 
+def check_out(args, rank: int) -> None:
+    """--out checked on rank 0 (the writer) before the evaluation; a run's own evaluation
+    summaries (``eval_seed*.json``, the default) are allowed."""
+    if args.out and rank == 0:
+        inputs, runs = checkpoint_paths(args.checkpoint)
+        check_output(args.out, flag="--out", inputs=inputs, run_dirs=runs,
+                     allow=("eval_seed*.json",))
+
+
 def cmd_evaluate(args, comm) -> int:
     """Relative L2 of a checkpoint on a test draw (default ``data.test_seed``, never tuned on)."""
+    collective_check(comm, check_out, args, comm.rank)
     from deepfusion.engine.parallel.layout import setup_threads
     from deepfusion.engine.parallel.memory import reuse_freed_memory
 

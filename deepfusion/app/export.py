@@ -35,6 +35,7 @@ import sys
 import warnings
 
 from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.outputs import check_output, checkpoint_paths
 from deepfusion.app.policy import run_local
 from deepfusion.version import __version__
 
@@ -104,22 +105,15 @@ def cmd_export(args) -> int:
     return 0
 
 
-def check_request(fmt: str, out: str, dtype: str | None) -> None:
+def check_request(fmt: str, out: str, dtype: str | None, inputs=(), run_dirs=()) -> None:
     """ValueError for a format, dtype or output path that cannot work, before any model is
-    loaded (loading and tracing a large network takes a while)."""
+    loaded (loading and tracing a large network takes a while); ``out`` is never one of
+    ``inputs`` nor a file of a run (:func:`deepfusion.app.outputs.check_output`)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    folder = os.path.dirname(os.path.abspath(out))
-    if os.path.isdir(out):
-        suffix = "pt" if fmt == "torchscript" else "onnx"
-        raise ValueError(f"--out {out} is a directory: give the file to write, e.g. "
-                         f"{os.path.join(out, 'model.' + suffix)}")
-    if not os.path.isdir(folder):
-        raise ValueError(f"--out {out}: the directory {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: the directory {folder} is not writable")
+    check_output(out, flag="--out", inputs=inputs, run_dirs=run_dirs)
     if fmt == "onnx":
         check_onnx()
 
@@ -326,13 +320,13 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
     ``work_grid`` (default 'trained'), ``options``: as for ``deepfusion infer``; ``dtype``
     default: the checkpoint's. ``notes`` gets ``(level, text)`` lines for the user. ValueError
     for anything refused."""
+    check_request(fmt, out, dtype, *checkpoint_paths(path))  # before torch is imported
     import torch
 
     from deepfusion.engine.predict.loader import load
     from deepfusion.engine.predict.service import answer_module
 
     notes = [] if notes is None else notes
-    check_request(fmt, out, dtype)
     loaded = load(path, grid=grid, work_grid=work_grid or "trained", options=options,
                   notes=notes)
     model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta

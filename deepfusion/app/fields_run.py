@@ -12,6 +12,7 @@ import os
 import time
 
 from deepfusion.app.options import add_threads
+from deepfusion.app.outputs import check_output
 from deepfusion.app.policy import collective_check, say_note, say_once
 
 DEFAULT_SEED = 12345
@@ -34,7 +35,8 @@ def input_args(p, what: str) -> None:
                         "(N, C, D, H, W)) with attribute "
                         "'channels' naming them after the problem's input channels (a problem "
                         "may derive a missing channel from another, e.g. a logarithm)")
-    p.add_argument("--out", required=True, metavar="FILE.h5", help=f"the {what} file to write")
+    p.add_argument("--out", required=True, metavar="FILE.h5", help=f"the {what} file to write (its directory must exist; never one of the "
+                        f"inputs, a checkpoint or a file of a run directory)")
     p.add_argument("--grid", metavar="HxW|DxHxW",
                    help="solve on another grid (rebuilds the problem; DxHxW for 3-D problems)")
     p.add_argument("--batch", type=int, default=8, metavar="B",
@@ -69,6 +71,17 @@ def resolve(comm, args, problem):
     for w in warns:
         say_once(comm, f"deepfusion: WARNING: {w}")
     return problem, samples
+
+
+def check_out(comm, args, inputs=(), run_dirs=()) -> None:
+    """--out checked on rank 0 (the writer) before any work: not --inputs / --params nor any
+    of ``inputs``, not a run's checkpoint or file (:func:`deepfusion.app.outputs.check_output`);
+    InputError on every rank otherwise."""
+    def check():
+        if comm.rank == 0:
+            check_output(args.out, flag="--out", inputs=(args.inputs, args.params, *inputs),
+                         run_dirs=run_dirs)
+    collective_check(comm, check)
 
 
 def open_writer(path, problem, samples, refined: bool = False, checked: bool = False):

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from deepfusion.app.fields_run import check_batch, execute, input_args, resolve, set_threads
+from deepfusion.app.fields_run import (check_batch, check_out, execute, input_args, resolve,
+                                       set_threads)
 from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.outputs import checkpoint_paths
 from deepfusion.app.policy import collective_check, run_distributed, say_once
 
 
@@ -84,6 +86,7 @@ def _infer(args, comm) -> int:
     from deepfusion.engine.predict import service
     from deepfusion.engine.predict.loader import grid_text, work_problem
 
+    check_out(comm, args, *checkpoint_paths(args.checkpoint))  # before anything is loaded
     set_threads(comm, args.threads, split=bool(args.domain))
     loaded = collective_check(comm, _load, args)
     model, meta = loaded.model, loaded.meta

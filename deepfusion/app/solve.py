@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from deepfusion.app.fields_run import check_batch, execute, input_args, resolve, set_threads
+from deepfusion.app.fields_run import (check_batch, check_out, execute, input_args, resolve,
+                                       set_threads)
 from deepfusion.app.options import SOLVE_SET_HELP, add_set, problem_options
 from deepfusion.app.policy import collective_check, run_distributed
 
@@ -46,6 +47,7 @@ def _build(args):
 
 
 def _solve(args, comm) -> int:
+    check_out(comm, args)  # before the problem is built
     set_threads(comm, args.threads)
     problem = collective_check(comm, _build, args)
     problem, samples = resolve(comm, args, problem)

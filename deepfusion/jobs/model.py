@@ -30,6 +30,7 @@ import os
 import sys
 from pathlib import Path
 
+from deepfusion.app.checks import check_output_dir
 from deepfusion.jobs import domain_model
 from deepfusion.jobs.costs import NODES, allreduce_time, amdahl, link_params, plot_efficiency
 from deepfusion.jobs.profiles import get_profile, load_profiles, profile_names
@@ -215,6 +216,7 @@ def compute_inputs(args) -> tuple[float, int, float]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_output_dir(args.out, flag="--out")
         t_sample, t_ref, s = compute_inputs(args)
         if args.domain_grid:
             return domain_model.run(args, t_sample, t_ref, s)

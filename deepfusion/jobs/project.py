@@ -37,6 +37,7 @@ import json
 import sys
 from pathlib import Path
 
+from deepfusion.app.checks import check_output_dir
 from deepfusion.engine.errors import InputError
 from deepfusion.jobs import project_recipe as pr
 from deepfusion.jobs.costs import allreduce_time, amdahl, gradient_wait, link_params
@@ -270,6 +271,11 @@ def combine_main(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_output_dir(args.out, flag="--out")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.combine:
         return combine_main(args)
     try:

@@ -30,6 +30,7 @@ import string
 import sys
 from pathlib import Path
 
+from deepfusion.app.checks import check_output
 from deepfusion.jobs.precheck import absolute, check_job, default_setup, refuse_placeholders, with_site
 from deepfusion.jobs.profiles import get_profile, load_profiles, profile_names
 
@@ -120,7 +121,27 @@ def _template(name: str) -> _Tpl:
     return _Tpl((TEMPLATES / name).read_text())
 
 
-_TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+# Slurm's time limits (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME_RE = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d{1,2})(?::(?P<dm>\d{2})(?::(?P<ds>\d{2}))?)?"
+                      r"|(?P<a>\d+)(?::(?P<b>\d{2})(?::(?P<c>\d{2}))?)?)$")
+TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 02:00:00, 1-12:00:00, 90)"
+
+
+def check_time(time: str) -> None:
+    """ValueError unless ``time`` is a time limit Slurm accepts, naming the forms: minutes and
+    seconds after another field below 60, hours below 24 after days (Slurm would otherwise
+    refuse the script at submission, or read a limit other than the one meant)."""
+    m = _TIME_RE.match(str(time))
+    if m:
+        g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+        if "d" in g:
+            below = [(g["dh"], 24)] + [(g[k], 60) for k in ("dm", "ds") if k in g]
+        else:  # the last two fields of a:b:c or a:b are minutes/seconds below 60
+            below = [(g[k], 60) for k in (("b", "c") if "c" in g else ("b",)) if k in g]
+        if all(v < limit for v, limit in below):
+            return
+    raise ValueError(f"--time {time!r} is not a Slurm time limit: use {TIME_FORMS}, with "
+                     f"minutes and seconds below 60 and hours below 24 after days")
 
 
 def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_per_rank: int | None = None,
@@ -133,8 +154,7 @@ def render(cluster: str, nodes: int, ranks_per_node: int | None = None, threads_
     r = prof["ranks_per_node"] if ranks_per_node is None else ranks_per_node
     t = prof["threads_per_rank"] if threads_per_rank is None else threads_per_rank
     check_layout(prof, nodes, r, t, allow_smt)
-    if not _TIME_RE.match(time):
-        raise ValueError(f"time limit must look like HH:MM:SS or D-HH:MM:SS, got {time!r}")
+    check_time(time)
     smt = _smt(prof, r, t, allow_smt)
     launcher = prof["launcher"]
     run_dir = absolute(run_dir or default_run_dir(job_name))
@@ -196,7 +216,8 @@ def build_parser(prog: str = "deepfusion jobs render") -> argparse.ArgumentParse
     p.add_argument("--layout-from", metavar="SWEEP_JSON", default=None,
                    help="ranks and threads per node from the fastest one-node layout of a "
                         "strong-scaling sweep (deepfusion jobs sweep) measured on such a node")
-    p.add_argument("--time", default="02:00:00", help="time limit HH:MM:SS (default 02:00:00)")
+    p.add_argument("--time", default="02:00:00", help="time limit as Slurm takes it: HH:MM:SS, D-HH:MM:SS or MM (also MM:SS, "
+                        "D-HH, D-HH:MM); default 02:00:00")
     p.add_argument("--config", default=DEFAULT_CONFIG,
                    help=f"training config passed to deepfusion train (default {DEFAULT_CONFIG}, "
                         f"the one 'deepfusion demo' trains)")
@@ -223,6 +244,10 @@ def build_parser(prog: str = "deepfusion jobs render") -> argparse.ArgumentParse
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_time(args.time)
+        if args.out:  # before the config is checked (it may run a probe)
+            check_output(args.out, flag="--out",
+                         inputs=(args.config, args.profiles, args.layout_from))
         profs = load_profiles(args.profiles)
         prof = get_profile(args.cluster, profs)
         profs[args.cluster] = prof = with_site(prof, args.partition, args.account)

@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from deepfusion.app.checks import check_output_dir
 from deepfusion.jobs.precheck import check_job
 from deepfusion.jobs.profiles import get_profile, load_profiles
 from deepfusion.jobs.render import check_layout, cluster_help, launch_argv
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     args.time = args.time or TIME
     out = Path(args.out)
     try:
+        check_output_dir(args.out, flag="--out", create=not args.aggregate_only)
         if args.aggregate_only:
             runs = discover_runs(out, args.mode, args.global_batch, args.local_batch)
         else:
