@@ -148,8 +148,9 @@ def _require_hdf5(path, head: bytes) -> None:
 def _contained_check(path: str, sha: str | None = None) -> None:
     """Read the unsealed file ``path`` in a child process (:mod:`.contained`); CheckpointError
     unless HDF5 reads it there (and, with ``sha``, unless the child read those very bytes)."""
-    print(f"deepfusion: checking {path} in a separate process first (it has no whole-file "
-          f"digest: an earlier DeepFusion wrote it)", file=sys.stderr, flush=True)
+    if not _HINTING.get():   # a candidate for a hint is checked unannounced
+        print(f"deepfusion: checking {path} in a separate process first (it has no whole-file "
+              f"digest: an earlier DeepFusion wrote it)", file=sys.stderr, flush=True)
     guard = contained.SECONDS + os.path.getsize(path) * contained.PER_BYTE
     try:
         answer = json.loads(run_contained(["-m", contained.__name__, path], guard))
