@@ -165,8 +165,10 @@ class Solver:
         docs/answer-check.md; ValueError, before any work, for a problem without one).
 
         The dtype is the network's (float32 for a bfloat16 network). ValueError naming what is
-        wrong: a wrong channel count or grid axes, non-finite values, a grid the network
-        cannot take as is.
+        wrong: a wrong channel count or grid axes (a missing axis named), non-finite values,
+        a grid the network cannot take as is, ``batch`` not a positive integer, parameters
+        farther outside the trained range than its width. No samples: the empty answer
+        (0, *grid). A non-finite answer: a RuntimeWarning naming the samples.
         """
         from deepfusion.engine.predict.refine import check_refine, refine_batch
 
