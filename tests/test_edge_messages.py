@@ -132,6 +132,9 @@ def test_check_and_render_refuse_a_run_with_no_loadable_checkpoint(trained, tmp_
     rc = R.main(["--cluster", "local", "--ranks-per-node", "1", "--config", cfg,
                  "--run-dir", str(run), "--out", str(script)])
     assert rc == 2 and not script.exists()
+    rc = R.main(["--cluster", "local", "--ranks-per-node", "1", "--config", cfg,
+                 "--run-dir", str(src), "--out", str(script)])
+    assert rc == 0 and script.exists()   # the intact run: resumed
 
 
 # -- 18: a plugin problem whose input channels changed after training ----------------------------------
