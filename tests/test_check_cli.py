@@ -89,8 +89,10 @@ def test_run_directory_states_as_train_judges_them(tmp_path, cli):
     rc, out, _ = cli(["check", config, "--ranks", "1", "--no-probe", "--overwrite"])
     assert rc == 0 and f"run directory {run}: replaced (--overwrite)" in out
     (run / "config.toml").write_text(open(config).read())
-    rc, out, _ = cli(["check", "--resume", str(run), "--ranks", "4", "--no-probe"])
-    assert rc == 0 and f"run directory {run}: resumed (--resume)" in out
+    # a run with no checkpoint to resume from: train --resume's refusal (one that passes:
+    # tests/test_edge_messages.py)
+    rc, _, err = cli(["check", "--resume", str(run), "--ranks", "4", "--no-probe"])
+    assert rc == 2 and f"--resume {run}: no loadable checkpoint" in err
 
 
 def test_a_live_lock_is_refused_and_a_stale_one_noted(tmp_path, cli):

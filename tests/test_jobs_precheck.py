@@ -100,7 +100,8 @@ def test_render_warns_at_the_data_parallel_limit(capsys):
 
 def test_render_judges_a_literal_run_dir_as_the_script_starts_on_it(tmp_path, capsys):
     """The script adds --resume when RUN_DIR/checkpoints exists: a run directory holding only
-    metrics.jsonl is refused with train's message; one with checkpoints is resumed (a warning)."""
+    metrics.jsonl is refused with train's message, and so is one whose checkpoints/ holds none
+    that loads (a run resumed from one: tests/test_edge_messages.py)."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("")
@@ -109,7 +110,7 @@ def test_render_judges_a_literal_run_dir_as_the_script_starts_on_it(tmp_path, ca
     assert rc == 2 and f"run directory '{run}' already holds a run" in err, err
     (run / "checkpoints").mkdir()
     rc, _, err = render_cli(capsys, *argv)
-    assert rc == 0 and f"run directory {run} holds checkpoints: the job resumes that run" in err
+    assert rc == 2 and f"would refuse this job: --resume {run}: no loadable checkpoint" in err
 
 
 def test_script_activates_the_environment_and_loads_modules_before_set_u(tmp_path, capsys, monkeypatch):

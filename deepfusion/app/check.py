@@ -24,7 +24,7 @@ from deepfusion.engine.errors import InputError
 from deepfusion.engine.train.plan import plan
 from deepfusion.app.policy import INPUT_ERRORS, ExitCode, raise_first, run_local
 from deepfusion.app.preflight import (apply_resume, batch_warnings, check_batches, check_lock, check_run,
-                        data_limit, data_units, useful_ranks_warning)
+                        check_resumable, data_limit, data_units, useful_ranks_warning)
 
 RANKS_HELP = ("the number of MPI ranks of the job to check (nodes x ranks per node): the "
               "batches, the domain split and the messages are those of a launch on P ranks")
@@ -122,6 +122,8 @@ def check_launch(config, sets, size: int, *, resume: bool = False, overwrite: bo
         note = one(check_lock, cfg.run.dir, size)
         done.notes += [f"run directory {cfg.run.dir}: {note}"] if note else []
         one(check_run, cfg, size, resume, overwrite)
+        if resume:   # train's own refusal, worded as train words it (not per rank)
+            done.notes.append(f"resumes from {check_resumable(cfg.run.dir)}")
     else:
         one(check_batches, cfg, size)
     from deepfusion.app.build import build_checked  # torch: after the checks that need none

@@ -5,7 +5,8 @@ to accuracy) may ask of ``train`` without training: ``train``'s own start-up che
 * :func:`check_launch`: every start-up check of ``train`` for a launch on P ranks elsewhere (a
   job: this host's CPU, lock and run directory are not the job's); InputError or ValueError
   with the message ``train`` would print.
-* :func:`check_run_dir` and :func:`check_lock`: a run directory as a job will start on it.
+* :func:`check_run_dir`, :func:`check_resumable` and :func:`check_lock`: a run directory as a
+  job will start on it.
 * :func:`level_plan`: the visits of a config's plan (grid, global batch, steps, optimiser and
   growth of each).
 * :func:`problem_channels`: the input and output channels of a config's problem.
@@ -32,6 +33,12 @@ def check_run_dir(run_dir: str, resume: bool) -> None:
     """ValueError with ``train``'s message if ``run_dir`` holds a run and ``resume`` is false,
     or holds none and it is true."""
     preflight.check_run_dir(run_dir, resume, False)
+
+
+def check_resumable(run_dir: str) -> str:
+    """The checkpoint ``train --resume run_dir`` would start from, or InputError with
+    ``train``'s message when none of the run's checkpoints loads (all damaged, or none)."""
+    return preflight.check_resumable(run_dir)
 
 
 def check_lock(run_dir: str, ranks: int) -> str:

@@ -114,6 +114,15 @@ def check_lock(run_dir: str, ranks: int) -> str:
     raise runlock.RunDirInUse(runlock.refusal(run_dir, holder, now))
 
 
+def check_resumable(run_dir: str) -> str:
+    """The checkpoint ``train --resume run_dir`` would start from (the newest that loads:
+    every newer one is read and refused first, as train does), or InputError with train's
+    message when none loads. Imports torch: after the checks that need none."""
+    from deepfusion.engine.train.trainer import newest_loadable
+
+    return newest_loadable(run_dir)
+
+
 def apply_resume(args) -> None:
     """``--resume RUN_DIR``: the run directory's own config unless one is given (a requeued
     job), and ``run.dir`` set to RUN_DIR. ValueError for options that contradict it."""

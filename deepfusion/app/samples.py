@@ -24,6 +24,24 @@ def range_warnings(problem, params: np.ndarray) -> list[str]:
     return out
 
 
+def range_refusal(problem, params: np.ndarray, where: str) -> str:
+    """The message refusing parameters outside ``problem.param_bounds()`` by more than the
+    range's width (or, for a range of one value, by more than its magnitude, at least 1),
+    where the network's answer is noise, often NaN; "" when none is that far."""
+    bounds = problem.param_bounds()
+    for j, name in enumerate(problem.param_names):
+        lo, hi = (float(v) for v in bounds[j])
+        reach = (hi - lo) or max(abs(lo), 1.0)
+        col = params[:, j]
+        far = np.flatnonzero((col < lo - reach) | (col > hi + reach))
+        if len(far):
+            return (f"{where}: {len(far)} of {len(col)} samples have {name} far outside the "
+                    f"trained range [{lo:g}, {hi:g}] (e.g. sample {far[0]}: {col[far[0]]:g}); "
+                    f"values up to the range's width beyond it, [{lo - reach:g}, "
+                    f"{hi + reach:g}], are answered with a warning, farther ones are refused")
+    return ""
+
+
 def _params_from_file(problem, path) -> np.ndarray:
     params, names = h5io.read_params_file(path)
     want = list(problem.param_names)
@@ -74,6 +92,11 @@ def fields_inputs(problem, x, channels, where: str, what: str = "the array",
     """
     names = list(channels or problem.input_channels)
     need = list(problem.input_channels)
+    if channels is None and x.ndim == len(problem.grid) + 1:
+        raise ValueError(f"{where}: {what} has shape {x.shape}, but fields of shape "
+                         f"(N, C, {grid_axes(len(problem.grid))}) are expected, C = {len(need)} "
+                         f"{need}: an axis seems missing, the channel axis (x[:, None] for one "
+                         f"channel) or the sample axis (x[None] for one sample)")
     if x.ndim < 2:
         raise ValueError(f"{where}: {what} has shape {x.shape}: give fields of shape "
                          f"(N, C, {grid_axes(len(problem.grid))}), C = {len(need)} {need}")

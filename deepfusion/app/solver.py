@@ -18,7 +18,8 @@ import torch
 from diffnet.problems import has_answer_residual
 
 from deepfusion.app.fields_run import DEFAULT_SEED
-from deepfusion.app.samples import Samples, check_params, fields_inputs, range_warnings
+from deepfusion.app.samples import (Samples, check_params, fields_inputs, range_refusal,
+                                    range_warnings)
 from deepfusion.engine.predict import service
 from deepfusion.engine.predict.loader import (problem_from_spec, grid_note, grid_text, parse_grid,
                                               resolve_work_grid, work_problem)
@@ -86,7 +87,8 @@ class Solver:
         self.model = (model if dtype is None else model.to(dtype)).requires_grad_(False)
         self.problem, self.meta, self.path = problem, loaded.meta, loaded.path
         self.options = dict(options or {})
-        self.work_grid, self.batch, self.threads = self._grid_text(work_grid), batch, threads
+        self.work_grid, self.threads = self._grid_text(work_grid), threads
+        self.batch = check_batch(batch)
         resolve_work_grid(self.work_grid, self.meta)   # a bad spelling fails here, not at predict
         self.channels_last = loaded.channels_last
         self.module = service.answer_module(self.model, problem)
@@ -163,8 +165,10 @@ class Solver:
         docs/answer-check.md; ValueError, before any work, for a problem without one).
 
         The dtype is the network's (float32 for a bfloat16 network). ValueError naming what is
-        wrong: a wrong channel count or grid axes, non-finite values, a grid the network
-        cannot take as is.
+        wrong: a wrong channel count or grid axes (a missing axis named), non-finite values,
+        a grid the network cannot take as is, ``batch`` not a positive integer, parameters
+        farther outside the trained range than its width. No samples: the empty answer
+        (0, *grid). A non-finite answer: a RuntimeWarning naming the samples.
         """
         from deepfusion.engine.predict.refine import check_refine, refine_batch
 
@@ -172,9 +176,14 @@ class Solver:
         if check and not has_answer_residual(self.problem):
             raise ValueError(f"predict(check=True): problem {self.problem.name!r} has no "
                              f"answer residual (it does not define answer_residual)")
+        batch = self.batch if batch is None else check_batch(batch)
         kind, samples, problem = self._samples(inputs, params, grid)
+        if not samples.n:   # no samples, no work: the empty answer of the kind asked
+            u = self.empty_answer(problem, refine)
+            return u if kind == "torch" else u.numpy()
         problem, work = self._on_grid(problem.grid, work_grid)
-        u = self._run(problem, work, samples, batch or self.batch, threads or self.threads)
+        u = self._run(problem, work, samples, batch, threads or self.threads)
+        warn_nonfinite(u)
         if refine is not None:
             x = samples.inputs(problem, 0, samples.n, torch.float64)
             u, self.last_refine = refine_batch(problem, u, x, refine)
@@ -195,6 +204,9 @@ class Solver:
         if params is not None:
             problem = self._problem(grid)
             p = check_params(problem, params, "predict(params=...)")
+            far = range_refusal(problem, p, "predict(params=...)")
+            if far:   # the network's answer there is noise, often NaN: refused, not warned
+                raise ValueError(far)
             for w in range_warnings(problem, p):
                 warnings.warn(w, stacklevel=3)
             return "numpy", Samples(p), problem
@@ -228,9 +240,13 @@ class Solver:
             self._on[key] = (problem, work)
         return self._on[key]
 
+    def empty_answer(self, problem, refine) -> torch.Tensor:
+        """The answer to no samples: (0, *grid) in the dtype an answer would have."""
+        dtype = torch.float64 if refine is not None else self.dtype
+        dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+        return torch.zeros((0, *problem.grid), dtype=dtype)
+
     def _run(self, problem, work, samples, batch: int, threads) -> torch.Tensor:
-        if isinstance(batch, bool) or int(batch) < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         pipe = service.pipeline(self.model, problem, work=work, channels_last=self.channels_last)
         before = torch.get_num_threads()
         try:
@@ -250,6 +266,24 @@ class Solver:
         if as_grid:
             return parse_grid(value)
         return str(value)
+
+
+def check_batch(batch) -> int:
+    """``batch`` (samples per forward pass) as an int; ValueError unless a positive integer."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    return int(batch)
+
+
+def warn_nonfinite(u: torch.Tensor) -> None:
+    """A warning naming the samples whose answer holds NaN or inf (the network broke down on
+    them: inputs far from what it was trained on, most often)."""
+    bad = (~torch.isfinite(u.reshape(len(u), -1))).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+        warnings.warn(f"predict: the answers of {len(bad)} of {len(u)} samples hold non-finite "
+                      f"values (NaN or inf): samples {shown}; their inputs are likely far from "
+                      f"those the network was trained on", RuntimeWarning, stacklevel=3)
 
 
 def fields_array(inputs) -> tuple[np.ndarray, list | None]:

@@ -6,7 +6,8 @@ site settings a rendered script carries.
   (:func:`deepfusion.app.checks.check_launch`, no probe): a missing config, an unknown key,
   a grid the network refuses or a batch the ranks do not divide is refused with the message
   ``train`` would print after the queue wait. What depends on the compute nodes (their CPU)
-  is left to the job; a literal run directory is judged as the script will start on it.
+  is left to the job; a literal run directory is judged as the script will start on it (one
+  it would resume needs a checkpoint that loads).
 * :func:`refuse_placeholders`: a profile field still holding a ``YOUR_...`` placeholder.
 * :func:`default_setup`: the lines that activate the environment ``jobs render`` runs from.
 * :func:`absolute`: CONFIG and RUN_DIR as absolute paths (``sbatch`` may run elsewhere).
@@ -91,6 +92,8 @@ def check_job(config: str, sets, nodes: int, ranks_per_node: int, threads_per_ra
         if literal:  # the script adds --resume when RUN_DIR/checkpoints exists
             resumes = os.path.isdir(os.path.join(run_dir, "checkpoints"))
             checks.check_run_dir(run_dir, resumes)
+            if resumes:   # a resume that no checkpoint can serve fails at once in the job
+                checks.check_resumable(run_dir)
     except (InputError, ValueError) as e:
         raise ValueError(f"{where} would refuse this job: {e}") from None
     warns = list(done.warnings)

@@ -42,6 +42,7 @@ import re
 import sys
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import h5py
 import torch
@@ -61,6 +62,7 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.h5$")
 _META = "@meta"  # the digest key of the meta attribute (dataset names start with "/")
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _PASSED: set[str] = set()  # sha256 of unsealed bytes whose check passed: find, then load, once
+_HINTING = ContextVar("hinting", default=False)  # inside _alternative: a candidate's refusal needs no hint
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,8 +82,13 @@ def checkpoint_path(run_dir, step: int) -> str:
 
 
 def _step_files(run_dir) -> list[tuple[int, str]]:
-    """(step, path) of every ``step_*.h5`` (temp files excluded), newest first."""
-    d = checkpoint_dir(run_dir)
+    """(step, path) of every ``step_*.h5`` in ``run_dir/checkpoints`` (temp files excluded),
+    newest first."""
+    return _step_files_in(checkpoint_dir(run_dir))
+
+
+def _step_files_in(d) -> list[tuple[int, str]]:
+    """(step, path) of every ``step_*.h5`` in directory ``d``, newest first."""
     try:
         names = os.listdir(d)
     except OSError:
@@ -141,8 +148,9 @@ def _require_hdf5(path, head: bytes) -> None:
 def _contained_check(path: str, sha: str | None = None) -> None:
     """Read the unsealed file ``path`` in a child process (:mod:`.contained`); CheckpointError
     unless HDF5 reads it there (and, with ``sha``, unless the child read those very bytes)."""
-    print(f"deepfusion: checking {path} in a separate process first (it has no whole-file "
-          f"digest: an earlier DeepFusion wrote it)", file=sys.stderr, flush=True)
+    if not _HINTING.get():   # a candidate for a hint is checked unannounced
+        print(f"deepfusion: checking {path} in a separate process first (it has no whole-file "
+              f"digest: an earlier DeepFusion wrote it)", file=sys.stderr, flush=True)
     guard = contained.SECONDS + os.path.getsize(path) * contained.PER_BYTE
     try:
         answer = json.loads(run_contained(["-m", contained.__name__, path], guard))
@@ -289,20 +297,29 @@ def save_checkpoint(path, *, model_state: dict, optim_state: dict, rng_state: di
 
 
 def _alternative(path: str) -> str:
-    """A hint naming an earlier usable checkpoint next to ``path`` (hashing only: a sealed,
-    intact one, else an unsealed one)."""
+    """A hint naming the newest other checkpoint next to ``path`` that passes
+    :func:`verify_checkpoint` (the check a run directory's newest is chosen by), or saying that
+    none does: a hint must never send the user to a file that is itself cut short or empty."""
+    if _HINTING.get():   # a candidate being verified for a hint: its refusal is not shown
+        return "(not the one to use)"
     path = os.path.abspath(path)
     d = os.path.dirname(path)
-    if os.path.basename(d) == "checkpoints":
-        unsealed = []
-        for _, other in _step_files(os.path.dirname(d)):
-            status = "" if os.path.abspath(other) == path else seal_status(other)
-            if status == "sealed":
-                return f"use an earlier one: {other}"
-            unsealed += [other] if status == "unsealed" else []
-        if unsealed:
-            return f"use an earlier one: {unsealed[0]}"
-    return f"no other complete checkpoint found in {d}"
+    m = _STEP_FILE.match(os.path.basename(path))
+    step = int(m.group(1)) if m else None
+    token = _HINTING.set(True)
+    try:
+        for other_step, other in _step_files_in(d):
+            if os.path.abspath(other) == path:
+                continue
+            try:
+                verify_checkpoint(other)
+            except CheckpointError:
+                continue
+            newer = step is not None and other_step > step
+            return f"use {'a newer' if newer else 'an earlier'} one: {other}"
+    finally:
+        _HINTING.reset(token)
+    return f"no other checkpoint in {d} passes its check"
 
 
 def _check_header(f, path: str, sealed: bool) -> int:

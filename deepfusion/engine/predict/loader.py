@@ -147,6 +147,7 @@ def work_problem(model, problem, meta, work_grid, where=None):
     work = None if wg is None or list(wg) == list(problem.grid) else problem_from_spec(
         type(problem), problem.config(), wg, where="--work-grid")
     on = work or problem
+    check_channels(model, problem)
     probe = torch.zeros((1, len(problem.input_channels), *on.grid),
                         dtype=next(model.parameters()).dtype)
     try:
@@ -158,6 +159,21 @@ def work_problem(model, problem, meta, work_grid, where=None):
         raise ValueError(f"{where}: {e}; a network trained on another grid can run on it "
                          f"with --work-grid trained") from None
     return work
+
+
+def check_channels(model, problem) -> None:
+    """ValueError when the problem now builds another number of input channels than the
+    checkpoint's network takes: the problem's code changed since training (a plugin edited),
+    which no grid or work grid can mend."""
+    config = model.config() if hasattr(model, "config") else {}
+    trained = config.get("in_channels")
+    now = list(problem.input_channels)
+    if trained is None or int(trained) == len(now):
+        return
+    raise ValueError(f"the checkpoint's network takes {trained} input channel(s), but problem "
+                     f"{problem.name!r} now builds {len(now)}, {now}: its code changed since "
+                     f"the network was trained (not the grid). Run the problem's code as it was "
+                     f"when trained, or retrain with the problem as it is now")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,22 @@ from deepfusion.engine.run.log import RunLog, plot_loss_curve
 from deepfusion.engine.train.step import LossAndGrad, StepResult
 
 
+def resume_refusal(run_dir, exc) -> InputError:
+    """``train --resume``'s refusal when no checkpoint of ``run_dir`` loads (``exc``: the
+    CheckpointError naming every file tried): one wording for the launch and its checks."""
+    return InputError(f"--resume {run_dir}: {exc}; start over in it with --overwrite (without "
+                      f"--resume), or in another directory with --set run.dir=PATH")
+
+
+def newest_loadable(run_dir) -> str:
+    """The checkpoint ``train --resume`` would start from (the newest that loads), or its
+    refusal (:func:`resume_refusal`) when none does."""
+    try:
+        return ckpt.load_latest(run_dir)[0]
+    except ckpt.CheckpointError as exc:
+        raise resume_refusal(run_dir, exc) from None
+
+
 class Trainer:
     """Fits ``model`` on the problem ``problems(grid)`` of every visit of the plan of ``cfg``
     (one visit on ``problem`` without ``train.levels``)."""
@@ -352,9 +368,7 @@ class Trainer:
         try:
             path, state = self.load_newest()
         except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
-            raise InputError(f"--resume {self.run_dir}: {exc}; start over in it with "
-                             f"--overwrite (without --resume), or in another directory with "
-                             f"--set run.dir=PATH") from None
+            raise resume_refusal(self.run_dir, exc) from None
         meta = state["meta"]
         self.check_plan(meta)
         self.apply(state)
