@@ -25,6 +25,7 @@ from deepfusion.engine.train.plan import plan
 from deepfusion.engine.parallel.memformat import convert_model
 from deepfusion.engine.run.files import clear_run_dir
 from deepfusion.engine.run.identity import ensure_run_id, read_run_id
+from deepfusion.engine.run.resume import resume_refusal
 from deepfusion.app.preflight import holds_run
 from deepfusion.app.problems import check_registry_options
 
@@ -224,8 +225,7 @@ def check_resume(cfg, model, rank: int) -> None:
     try:
         path, state, _skipped = load_latest(d)
     except CheckpointError as exc:
-        raise ValueError(f"--resume {d}: {exc}; start over in it with --overwrite (without "
-                         f"--resume), or in another directory with --set run.dir=PATH") from None
+        raise resume_refusal(d, exc) from None
     meta, ours = state["meta"], read_run_id(d)
     theirs = meta.get("run_id")
     if ours and theirs and ours != theirs:

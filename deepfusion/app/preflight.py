@@ -118,7 +118,7 @@ def check_resumable(run_dir: str) -> str:
     """The checkpoint ``train --resume run_dir`` would start from (the newest that loads:
     every newer one is read and refused first, as train does), or InputError with train's
     message when none loads. Imports torch: after the checks that need none."""
-    from deepfusion.engine.train.trainer import newest_loadable
+    from deepfusion.engine.run.resume import newest_loadable
 
     return newest_loadable(run_dir)
 

@@ -25,6 +25,7 @@ import torch
 from deepfusion.config import config_changes, config_to_dict
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.run import hook, stop
+from deepfusion.engine.run.resume import resume_refusal
 from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
 from deepfusion.engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
 from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
@@ -33,22 +34,6 @@ from deepfusion.engine.train.optimizer import OptimizerSchedule
 from deepfusion.engine.parallel.parallelize import ParallelModel
 from deepfusion.engine.run.log import RunLog, plot_loss_curve
 from deepfusion.engine.train.step import LossAndGrad, StepResult
-
-
-def resume_refusal(run_dir, exc) -> InputError:
-    """``train --resume``'s refusal when no checkpoint of ``run_dir`` loads (``exc``: the
-    CheckpointError naming every file tried): one wording for the launch and its checks."""
-    return InputError(f"--resume {run_dir}: {exc}; start over in it with --overwrite (without "
-                      f"--resume), or in another directory with --set run.dir=PATH")
-
-
-def newest_loadable(run_dir) -> str:
-    """The checkpoint ``train --resume`` would start from (the newest that loads), or its
-    refusal (:func:`resume_refusal`) when none does."""
-    try:
-        return ckpt.load_latest(run_dir)[0]
-    except ckpt.CheckpointError as exc:
-        raise resume_refusal(run_dir, exc) from None
 
 
 class Trainer:
