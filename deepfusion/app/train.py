@@ -7,8 +7,6 @@ create the run directory, make the model parallel, fit, and report the validatio
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -17,8 +15,37 @@ from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
-from deepfusion.app.policy import ExitCode, collective_check, say_note, say_once
+from deepfusion.app.policy import ExitCode, collective_check, run_distributed, say_note, say_once
 from deepfusion.app.preflight import apply_resume, check_run, useful_ranks_warning
+
+
+def register(sub) -> None:
+    t = sub.add_parser("train", help="train a DiffNet generator (any number of MPI ranks)")
+    t.add_argument("config", nargs="?", default=None,
+                   help="TOML config (keys not in it take their defaults; problem.name has none; "
+                        "with --resume, RUN_DIR/config.toml is read if no config is given)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, VALUE in TOML, e.g. train.max_steps=100 or "
+                        "problem.options.c_range=[3, 6] (repeatable; 'deepfusion config' lists "
+                        "the keys)")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest complete checkpoint (on any "
+                        "number of ranks that divides data.global_batch)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run in run.dir")
+    t.set_defaults(run=run_train)
+
+
+def run_train(args) -> int:
+    """The stop-signal handler first (a signal during start-up is kept for the first step),
+    then the command on every rank."""
+    from deepfusion.engine.run import stop
+
+    try:
+        stop.install()
+    except ValueError as e:  # a malformed DEEPFUSION_STOP_DEADLINE / _START_TIMEOUT
+        print(f"deepfusion: error: {e}", file=sys.stderr, flush=True)
+        return ExitCode.INPUT
+    return run_distributed(cmd_train, args)
 
 
 def cmd_train(args, comm) -> int:
@@ -143,42 +170,3 @@ def compile_cache_env(cfg):
     else:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                               os.path.abspath(os.path.join(cfg.run.dir, "compile_cache")))
-
-
-def cmd_demo(args) -> int:
-    """The demo config on mpiexec -n NP, one thread per rank, then the validation error."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    config = os.path.join(root, "configs", "demo.toml")
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
-    cmd = [mpiexec, "-n", str(args.np), sys.executable, "-m", "deepfusion", "train", config,
-           "--set", "parallel.threads_per_rank=1", "--set", f"run.dir={args.run_dir}", "--overwrite"]
-    cmd += sum((["--set", s] for s in (args.set or [])), [])
-    print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
-
-
-def cmd_config(args) -> int:
-    """The resolved config of FILE (checked against the problem and model registries), the
-    list of every key, or (``--markdown``) the reference of every key."""
-    from deepfusion.config import describe, dump_toml
-
-    if args.markdown:
-        if args.config or args.set:
-            raise ValueError("--markdown prints the reference of every key: give no FILE and "
-                             "no --set with it")
-        from deepfusion.config.reference import markdown_reference
-
-        print(markdown_reference(), end="")
-    elif args.config or args.set:
-        from deepfusion.app.problems import check_registry_options
-
-        cfg = load_config(args.config, args.set or [])
-        notes = check_registry_options(cfg)
-        print(dump_toml(cfg))
-        for note in notes:
-            print(f"deepfusion: note: {note}", file=sys.stderr)
-    else:
-        print(describe())
-    return 0
