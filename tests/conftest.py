@@ -1,6 +1,7 @@
 """Fixtures shared by the test files: ``cli`` runs a deepfusion command in the test process;
-the ``bench`` marker (the benchmark harness run end to end: ``make test-bench``); the files
-that launch the most processes run first; each pytest-xdist worker its share of the cores."""
+the ``bench`` marker (the benchmark harness run end to end: ``make test-bench``) and the
+``full`` marker (the breadth ``make test`` leaves to ``make test-full``); the files that launch
+the most processes run first; each pytest-xdist worker its share of the cores."""
 import os
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
@@ -27,6 +28,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "bench: runs a benchmark harness of bench/ end to end at tiny sizes "
         "(`make test-bench`; `make test` leaves it out)")
+    config.addinivalue_line(
+        "markers", "full: more of what `make test` already covers once (another P, layout, "
+        "recipe, fault or example); `make test-full` runs it, CI runs both")
 
 
 def pytest_collection_modifyitems(config, items):
