@@ -11,7 +11,7 @@ import time
 import pytest
 
 from diffnet.problems.families.burgers import Burgers
-from tests.mpi_util import REAL_MPI, deepfusion
+from tests.mpi_util import REAL_MPI, commands, deepfusion
 from tests.tiny_configs import TINY, variant
 
 
@@ -56,23 +56,39 @@ REFUSALS = {  # name: (--set items, extra args of both commands)
 }
 
 
+def flags_of(case: str) -> list[str]:
+    sets, extra = REFUSALS[case]
+    return [a for s in sets for a in ("--set", s)] + extra
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """``mpiexec -n 2 deepfusion train`` of every refusal, the commands in one launch (a
+    refusal ends the command before training, on every rank): {case: (its directory, the
+    config there, train's exit code, train's stderr)}."""
+    home, cases = tmp_path_factory.mktemp("refusals"), sorted(REFUSALS)
+    configs = {}
+    for i, case in enumerate(cases):
+        (home / str(i)).mkdir()
+        configs[case] = (home / str(i), write(home / str(i)))
+    done = commands(2, [["train", configs[c][1], *flags_of(c)] for c in cases], env=REAL_MPI)
+    return {c: (*configs[c], rc, err) for c, (rc, _out, err) in zip(cases, done)}
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_each_refusal_is_trains_message(tmp_path, cli, case):
+def test_each_refusal_is_trains_message(refused, cli, case):
     """The line `check --ranks 2` prints is the line `mpiexec -n 2 deepfusion train` prints,
     rank included; exit 2 both; nothing is written."""
-    sets, extra = REFUSALS[case]
-    config = write(tmp_path)
-    flags = [a for s in sets for a in ("--set", s)] + extra
-    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", *flags])
+    where, config, train_rc, train_err = refused[case]
+    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", *flags_of(case)])
     assert rc == 2 and out == "", (out, err)
     said = error_line(err)
-    train = deepfusion(2, ["train", config, *flags], env=REAL_MPI)
-    assert train.returncode == 2, train.stderr[-2000:]
-    assert said in train.stderr.splitlines(), (said, train.stderr[-2000:])
+    assert train_rc == 2, train_err[-2000:]
+    assert said in train_err.splitlines(), (said, train_err[-2000:])
     if case == "a rank's block":
         assert said.startswith("deepfusion: error: (rank 1) parallel.domain = [1, 2]: this test")
-    assert not (tmp_path / "run").exists()
+    assert not (where / "run").exists()
 
 
 def test_run_directory_states_as_train_judges_them(tmp_path, cli):

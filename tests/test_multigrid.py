@@ -235,7 +235,7 @@ def test_a_level_can_restart_the_problems_progress(mg, tmp_path):
     runs = []
     for extra in ([], [restart]):
         d = str(tmp_path / f"r{len(extra)}")
-        p = train(0, mg, d, smooth, *extra)
+        p = train(None, mg, d, smooth, *extra)  # in this process: the runs, not the launch
         assert p.returncode == 0, p.stderr[-3000:]
         runs.append(losses(d))
     first = visit_at(plan(load_config(mg)), 10).start  # the 64x64 level's first step

@@ -17,7 +17,7 @@ from deepfusion.engine.train.plan import plan, signature
 from diffnet.generators import Prolonged, build_generator
 from diffnet.resample import resample_nodes
 from tests.in_process import deepfusion_here
-from tests.mpi_util import deepfusion
+from tests.mpi_util import commands, deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.test_multigrid import MG
 from tests.tiny_configs import TINY, variant
@@ -299,17 +299,33 @@ def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mg
     assert [r["step"] for r in resumes] == [7] and len(resumes[0]["config_changes"]) == 2
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("correction, needle", [
+BAD_CORRECTIONS = [
     ("{widths=3}", "train.levels[2].prolong: the correction network (model.prolong with "
                    "train.levels[2].correction over it: {'depth': 2, 'base_width': 4, 'widths'"),
     ("{depth=9}", "train.levels[2].grid = [64, 64] does not suit model 'unet' {'depth': 2, "
                   "'base_width': 4}: the correction network on [64, 64]: grid 64x64 is not "
-                  "divisible by 2**depth = 512")])
-def test_a_bad_correction_on_a_level_is_refused_before_training(mgp, tmp_path, correction,
+                  "divisible by 2**depth = 512")]
+
+
+@pytest.fixture(scope="module")
+def bad_corrections(mgp, tmp_path_factory):
+    """``train`` on P = 2 with each bad correction, the commands in one launch (each is refused
+    before training): {correction: (exit code, stderr)}."""
+    home = tmp_path_factory.mktemp("bad")
+    argvs = [["train", mgp, "--set", f"run.dir={home / str(i)}",
+              "--set", f"train.levels[2].correction={correction}"]
+             for i, (correction, _) in enumerate(BAD_CORRECTIONS)]
+    done = commands(2, argvs)
+    return {correction: (rc, err) for (correction, _), (rc, _out, err) in
+            zip(BAD_CORRECTIONS, done)}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("correction, needle", BAD_CORRECTIONS)
+def test_a_bad_correction_on_a_level_is_refused_before_training(bad_corrections, correction,
                                                                  needle):
-    p = train(2, mgp, str(tmp_path / "bad"), f"train.levels[2].correction={correction}")
-    assert p.returncode == 2 and needle in p.stderr, p.stderr[-3000:]
+    rc, err = bad_corrections[correction]
+    assert rc == 2 and needle in err, err[-3000:]
 
 
 @pytest.mark.mpi

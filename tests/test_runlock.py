@@ -1,7 +1,9 @@
 """One live job per run directory (deepfusion.engine.run.lock): a second start of any kind is
 refused naming the live job, a lock left by a dead job is taken over, and racing starters never
 both win. The lock's rules in-process; then racing processes, and real training jobs started,
-refused, killed with -9 and resumed. Timeouts are hang guards only."""
+refused, killed with -9 and resumed (the starts a live job refuses and the resumes after it run
+in the test process: another process than the job's, as a user's is). Timeouts are hang
+guards only."""
 import json
 import os
 import re
@@ -16,7 +18,7 @@ import pytest
 from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.lock import LOCK_NAME, Holder, RunDirInUse, acquire
 from tests.in_process import deepfusion_here
-from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
+from tests.mpi_util import HANG_GUARD, ROOT, mpiexec
 from tests.tiny_configs import TINY
 
 
@@ -233,7 +235,7 @@ def test_a_live_job_refuses_a_start_a_resume_and_an_overwrite(tiny, tmp_path):
     named = f"is in use by a live job: PID {holder['pid']} on host {holder['host']} (2 rank(s))"
     for args in (["train", tiny, "--set", f"run.dir={d}"], ["train", "--resume", d],
                  ["train", tiny, "--set", f"run.dir={d}", "--overwrite"]):
-        p = deepfusion(0, args)
+        p = deepfusion_here(args)  # another process than the live job's, as a user's start is
         assert p.returncode == 2, (args, p.stderr)
         assert named in p.stderr and p.stderr.count("deepfusion: error") == 1, p.stderr
     live.send_signal(signal.SIGUSR1)
@@ -242,7 +244,7 @@ def test_a_live_job_refuses_a_start_a_resume_and_an_overwrite(tiny, tmp_path):
     assert not os.path.exists(os.path.join(d, LOCK_NAME))  # released on the way out
     done = steps(d)
     assert done == list(range(1, len(done) + 1))  # one job's records, in order
-    p = deepfusion(0, ["train", "--resume", d, "--set", f"train.max_steps={len(done) + 2}"])
+    p = deepfusion_here(["train", "--resume", d, "--set", f"train.max_steps={len(done) + 2}"])
     assert p.returncode == 0, p.stderr
     assert steps(d) == list(range(1, len(done) + 3))
 
@@ -270,7 +272,7 @@ def test_a_job_killed_with_9_leaves_a_lock_the_next_start_takes_over(tiny, tmp_p
     job.communicate(timeout=HANG_GUARD)
     left = json.loads(open(os.path.join(d, LOCK_NAME)).read())
     assert left["pid"] == job.pid
-    p = deepfusion(0, ["train", "--resume", d, "--set", "train.max_steps=12"])
+    p = deepfusion_here(["train", "--resume", d, "--set", "train.max_steps=12"])
     assert p.returncode == 0, p.stderr
     assert f"took over the stale lock of PID {job.pid} on host" in p.stderr
     assert "has ended" in p.stderr and not os.path.exists(os.path.join(d, LOCK_NAME))
