@@ -18,10 +18,16 @@ from deepfusion.cli import main  # noqa: E402
 # pytest-xdist's --dist loadfile gives a worker a whole file, so a long file started last keeps
 # one worker busy after the other has run out of files: these start first, in this order (the
 # Makefile passes --no-loadscope-reorder, else xdist orders files by their number of tests).
-FIRST = ("test_docs.py", "test_domain_train.py", "test_multigrid.py", "test_recipes.py",
-         "test_elastic.py", "test_engine_mpi.py", "test_prolong.py", "test_failures.py",
-         "test_check_cli.py", "test_plugin_problems.py", "test_checkpoint_faults.py",
-         "test_compile.py", "test_3d.py")
+# The two selections hold different shares of the files: FIRST orders `make test`'s (-m "not
+# bench and not full"), FIRST_FULL `make test-full`'s (-m full); both longest first.
+FIRST = ("test_docs.py", "test_engine_mpi.py", "test_failures.py", "test_domain_train.py",
+         "test_checkpoint_faults.py", "test_inference.py", "test_multigrid.py", "test_runlock.py",
+         "test_3d.py", "test_prolong.py", "test_stop_signals.py", "test_check_cli.py",
+         "test_problems_on_blocks.py", "test_plugin_problems.py", "test_small_faults.py")
+FIRST_FULL = ("test_prolong.py", "test_elastic.py", "test_recipes.py", "test_multigrid.py",
+              "test_compile.py", "test_docs.py", "test_engine_mpi.py", "test_domain_train.py",
+              "test_runlock.py", "test_failures.py", "test_checkpoint_faults.py",
+              "test_plugin_problems.py", "test_evaluate.py", "test_trainability.py")
 
 
 def pytest_configure(config):
@@ -34,8 +40,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: files stay whole
+    first = FIRST_FULL if config.getoption("markexpr") == "full" else FIRST
+    rank = {name: i for i, name in enumerate(first)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(first)))  # stable: files stay whole
 
 
 @pytest.fixture

@@ -193,6 +193,7 @@ def test_without_a_useful_rank_count_the_batches_limit_is_said(tmp_path, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_train_warns_once_past_the_useful_rank_count(tmp_path, cli):
     """mpiexec -n 2 train with parallel.max_useful_ranks = 1: check's warning line, printed
     once (rank 0), and the run trains."""
@@ -230,6 +231,7 @@ def test_the_probe_measures_each_level(tmp_path, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_the_probe_of_a_domain_split_runs_one_group(tmp_path, cli):
     """parallel.domain = [1, 2] on 4 ranks: 2 data-parallel units of 2 ranks; the probe runs one
     unit, 2 local ranks, at half the global batch."""
@@ -243,6 +245,7 @@ def test_the_probe_of_a_domain_split_runs_one_group(tmp_path, cli):
     assert "(2 ranks, run here as 2 local processes)" in out
 
 
+@pytest.mark.full
 def test_a_failing_probe_is_exit_1_with_its_last_lines(tmp_path, cli):
     """The checks pass (exit 0 with --no-probe); the probe's step fails: exit 1, its last
     lines shown, and the report says so."""

@@ -85,6 +85,7 @@ def test_a_bit_flip_in_json_text_is_detected(tmp_path, text, what):
         load_checkpoint(path)
 
 
+@pytest.mark.full
 def test_files_without_digests(tmp_path):
     """Unsealed files: version 2 loads with a note, version 1 (written before digests) loads
     unverified; a version 2 file that lost its digests is refused (each read in a child first)."""

@@ -116,7 +116,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# one short run and one multigrid schedule run in `make test`; the other recipes in `make test-full`
+EVERYDAY = {"burgers", "burgers_512.toml"}
+
+
+def cases(names):
+    return [n if n in EVERYDAY else pytest.param(n, marks=pytest.mark.full) for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", cases(CASES))
 def test_short_training_lowers_error(tmp_path, name):
     recipe, extra, bound = CASES[name]
     ev = train(tmp_path, recipe, *TINY, *extra)
@@ -189,7 +197,7 @@ MULTIGRID_CASES = {"burgers_512.toml": (MULTIGRID_TINY, MULTIGRID_BOUND),
                    "darcy.toml": (DARCY_TINY + ["train.eval_every_epochs=0"], 0.3)}
 
 
-@pytest.mark.parametrize("recipe", sorted(MULTIGRID_CASES))
+@pytest.mark.parametrize("recipe", cases(MULTIGRID_CASES))
 def test_multigrid_recipe_tiny_schedule_lowers_error(tmp_path, recipe):
     sets, bound = MULTIGRID_CASES[recipe]
     ev = train(tmp_path, recipe, *sets)

@@ -250,6 +250,7 @@ def test_a_live_job_refuses_a_start_a_resume_and_an_overwrite(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_two_starts_at_once_one_runs_and_the_other_is_refused(tiny, tmp_path):
     d = str(tmp_path / "both")
     jobs = [start(0, tiny, d, "train.epochs=50") for _ in range(2)]  # 200 steps
@@ -264,6 +265,7 @@ def test_two_starts_at_once_one_runs_and_the_other_is_refused(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_job_killed_with_9_leaves_a_lock_the_next_start_takes_over(tiny, tmp_path):
     d = str(tmp_path / "killed")
     job = start(0, tiny, d, "train.epochs=100000", "train.checkpoint_every=2")
@@ -290,6 +292,7 @@ def test_an_exception_on_one_rank_leaves_no_lock(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_job_whose_lock_another_job_took_ends_without_writing_more(tiny, tmp_path):
     """Another job judged this one dead and took the lock: at its next heartbeat this job ends
     every rank (exit 1) and leaves the other's lock alone."""
