@@ -1,10 +1,10 @@
 """A warm ``deepfusion`` for the documentation's examples: one server process imports torch,
 the package and its libraries once; every plain ``deepfusion ARGS`` of a shell block (and every
-Python block) then runs in a fork of it instead of a fresh interpreter (~2-4 s of imports each).
+Python block) then runs in a fork of it instead of a fresh interpreter importing them again.
 
-    with WarmServer(tmp_dir) as warm:     # warm.bin: a directory to put first on PATH
-        subprocess.run(["bash", "-c", "deepfusion problems"], env={..., "PATH": warm.path(...)})
-        subprocess.run(warm.python_argv(code), ...)          # `python -c CODE`, warm
+    with WarmServer(tmp_dir, env) as warm:      # warm.env(env): its shims first on PATH
+        subprocess.run(["bash", "-c", "deepfusion problems"], env=warm.env(env))
+        subprocess.run(warm.python_argv(code), env=warm.env(env))    # `python -c CODE`, warm
 
 A fork starts with the argv, environment, working directory and standard streams of the
 command that asked for it, and ends as a fresh interpreter would (its threads joined, atexit
@@ -169,6 +169,43 @@ def _python(code: str):
     exec(compile(code, "<string>", "exec"), main.__dict__)
 
 
+def finish(job) -> None:
+    """Run the job and end the process as the interpreter ends one: the exit status of its
+    SystemExit or uncaught exception, non-daemon threads joined, atexit run, streams flushed,
+    then C's exit (the libraries' own exit handlers). Only the teardown of the modules, which
+    writes nothing and is most of the time a process with torch loaded takes to end, is left
+    to the operating system."""
+    import atexit
+    import ctypes
+    import threading
+
+    code = 0
+    try:
+        job()
+    except SystemExit as e:
+        code = _exit_status(e.code)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught one
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # noqa: SLF001 - the interpreter's own wait for non-daemon threads
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120  # what the interpreter exits with when the flush fails
+    ctypes.CDLL(None).exit(int(code))
+
+
+def _exit_status(code) -> int:
+    """The status of ``sys.exit(code)``: None is 0, an int itself, anything else is printed
+    and 1."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
+
+
 # -- the fixture's side -------------------------------------------------------------------------
 
 class WarmServer:
@@ -211,35 +248,6 @@ class WarmServer:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
-
-
-def finish(job) -> None:
-    """Run the job and end the process as the interpreter ends one: the exit status of its
-    SystemExit or uncaught exception, non-daemon threads joined, atexit run, streams flushed,
-    then C's exit (the libraries' own exit handlers). Only the teardown of the modules, which
-    writes nothing and takes ~2 s with torch loaded, is left to the operating system."""
-    import atexit
-    import ctypes
-    import threading
-
-    code = 0
-    try:
-        job()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (e.code is not None)
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught one
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading._shutdown()  # noqa: SLF001 - the interpreter's own wait for non-daemon threads
-    atexit._run_exitfuncs()  # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = code or 120  # what the interpreter exits with when the flush fails
-    ctypes.CDLL(None).exit(int(code))
 
 
 if __name__ == "__main__":
