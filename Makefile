@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh Linux machine with Python 3.10+:
 #   make demo   install if needed, then train DiffNet on Burgers with mpiexec -n 2
-#   make test   install if needed, then the test suite (the bench harness's runs: make test-bench)
+#   make test   install if needed, then the everyday test suite (the rest: make test-full; the
+#               bench harness's runs: make test-bench)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -21,7 +22,7 @@ NP     ?= 2
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q tests -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: install demo test test-fast test-bench test-lab test-slurm bench clean
+.PHONY: install demo test test-full test-fast test-bench test-lab test-slurm bench clean
 
 install: $(STAMP)
 
@@ -44,18 +45,29 @@ endif
 demo: install
 	$(VENV)/bin/deepfusion demo --np $(NP)
 
-# The suite starts ~365 Python processes (ranks, CLI runs); where PYTHONDONTWRITEBYTECODE is set
+# The suite starts hundreds of Python processes (ranks, CLI runs); where PYTHONDONTWRITEBYTECODE is set
 # (as on CI here) each would compile our modules again, ~0.1 s of its ~2.3 s start-up (most of
 # the rest is importing torch). compileall writes the bytecode once, whatever that variable says.
 BYTECODE := $(PY) -m compileall -q deepfusion diffnet bench tests lab > /dev/null
 
-# The benchmark harness's end-to-end runs (marker `bench`: bench/ at tiny sizes, several
-# processes each) are `make test-bench`, not part of `make test`: they check the measuring
-# tools behind `make bench`, not the product; the harness's pure functions stay in `make test`.
+# The ONNX export tests need the onnx extra: installed if missing, else they skip and say why.
+ONNX_EXTRA := $(PY) -c "import onnx, onnxruntime, onnxscript" 2>/dev/null || $(PIP) install -q -e ".[onnx]" || echo "note: the onnx extra did not install here: the ONNX export tests are skipped"
+
+# `make test` is the everyday suite: every subsystem once with real MPI (its budget: 8 minutes
+# on 2 cores). `make test-full` runs what it leaves out (marker `full`: other rank counts, layouts,
+# recipes, faults and the longer docs examples); CI runs both. The benchmark harness's
+# end-to-end runs (marker `bench`: bench/ at tiny sizes, several processes each) are `make
+# test-bench`, in neither: they check the measuring tools behind `make bench`, not the product;
+# the harness's pure functions stay in `make test`.
 test: install
-	@$(PY) -c "import onnx, onnxruntime, onnxscript" 2>/dev/null || $(PIP) install -q -e ".[onnx]" || echo "note: the onnx extra did not install here: the ONNX export tests are skipped"
+	@$(ONNX_EXTRA)
 	@$(BYTECODE)
-	$(PYTEST) -m "not bench"
+	$(PYTEST) -m "not bench and not full"
+
+test-full: install
+	@$(ONNX_EXTRA)
+	@$(BYTECODE)
+	$(PYTEST) -m full
 
 test-bench: install
 	@$(BYTECODE)
@@ -68,7 +80,7 @@ test-lab: install
 
 test-fast: install
 	@$(BYTECODE)
-	$(PYTEST) -m "not mpi and not slow and not bench"
+	$(PYTEST) -m "not mpi and not slow and not bench and not full"
 
 # The job scripts under a real Slurm: as root with apt-get (or beside a running cluster) it installs
 # slurm-wlm + munge if missing, starts a one-node cluster on localhost in a temporary directory,

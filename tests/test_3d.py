@@ -77,6 +77,7 @@ def test_same_losses_on_one_and_two_ranks_in_either_layout(run3d, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_resume_after_a_failure_continues_the_same_trajectory(run3d, tmp_path):
     """Rank 1 fails during step 6; the resume from the step-4 checkpoint gives the uninterrupted
     run's losses bit for bit (the inputs the resumed run rebuilds are the same bits)."""
@@ -207,6 +208,7 @@ def test_given_3d_fields_and_bad_grids(run3d, tmp_path, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_prolonged_multigrid_schedule_8_to_16(tmp_path, cli):
     """A tiny 8^3 -> 16^3 schedule with prolong on 2 ranks: both levels train, the network
     grows (a 3-D correction U-Net), and infer runs the grown network on 16^3 and its inner

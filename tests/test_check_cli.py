@@ -11,7 +11,7 @@ import time
 import pytest
 
 from diffnet.problems.families.burgers import Burgers
-from tests.mpi_util import REAL_MPI, deepfusion
+from tests.mpi_util import REAL_MPI, commands, deepfusion
 from tests.tiny_configs import TINY, variant
 
 
@@ -56,23 +56,39 @@ REFUSALS = {  # name: (--set items, extra args of both commands)
 }
 
 
+def flags_of(case: str) -> list[str]:
+    sets, extra = REFUSALS[case]
+    return [a for s in sets for a in ("--set", s)] + extra
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """``mpiexec -n 2 deepfusion train`` of every refusal, the commands in one launch (a
+    refusal ends the command before training, on every rank): {case: (its directory, the
+    config there, train's exit code, train's stderr)}."""
+    home, cases = tmp_path_factory.mktemp("refusals"), sorted(REFUSALS)
+    configs = {}
+    for i, case in enumerate(cases):
+        (home / str(i)).mkdir()
+        configs[case] = (home / str(i), write(home / str(i)))
+    done = commands(2, [["train", configs[c][1], *flags_of(c)] for c in cases], env=REAL_MPI)
+    return {c: (*configs[c], rc, err) for c, (rc, _out, err) in zip(cases, done)}
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_each_refusal_is_trains_message(tmp_path, cli, case):
+def test_each_refusal_is_trains_message(refused, cli, case):
     """The line `check --ranks 2` prints is the line `mpiexec -n 2 deepfusion train` prints,
     rank included; exit 2 both; nothing is written."""
-    sets, extra = REFUSALS[case]
-    config = write(tmp_path)
-    flags = [a for s in sets for a in ("--set", s)] + extra
-    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", *flags])
+    where, config, train_rc, train_err = refused[case]
+    rc, out, err = cli(["check", config, "--ranks", "2", "--no-probe", *flags_of(case)])
     assert rc == 2 and out == "", (out, err)
     said = error_line(err)
-    train = deepfusion(2, ["train", config, *flags], env=REAL_MPI)
-    assert train.returncode == 2, train.stderr[-2000:]
-    assert said in train.stderr.splitlines(), (said, train.stderr[-2000:])
+    assert train_rc == 2, train_err[-2000:]
+    assert said in train_err.splitlines(), (said, train_err[-2000:])
     if case == "a rank's block":
         assert said.startswith("deepfusion: error: (rank 1) parallel.domain = [1, 2]: this test")
-    assert not (tmp_path / "run").exists()
+    assert not (where / "run").exists()
 
 
 def test_run_directory_states_as_train_judges_them(tmp_path, cli):
@@ -179,6 +195,7 @@ def test_without_a_useful_rank_count_the_batches_limit_is_said(tmp_path, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_train_warns_once_past_the_useful_rank_count(tmp_path, cli):
     """mpiexec -n 2 train with parallel.max_useful_ranks = 1: check's warning line, printed
     once (rank 0), and the run trains."""
@@ -216,6 +233,7 @@ def test_the_probe_measures_each_level(tmp_path, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_the_probe_of_a_domain_split_runs_one_group(tmp_path, cli):
     """parallel.domain = [1, 2] on 4 ranks: 2 data-parallel units of 2 ranks; the probe runs one
     unit, 2 local ranks, at half the global batch."""
@@ -229,6 +247,7 @@ def test_the_probe_of_a_domain_split_runs_one_group(tmp_path, cli):
     assert "(2 ranks, run here as 2 local processes)" in out
 
 
+@pytest.mark.full
 def test_a_failing_probe_is_exit_1_with_its_last_lines(tmp_path, cli):
     """The checks pass (exit 0 with --no-probe); the probe's step fails: exit 1, its last
     lines shown, and the report says so."""

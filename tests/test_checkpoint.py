@@ -281,6 +281,7 @@ def test_truncated_file_gives_clear_error(tmp_path):
     assert latest_checkpoint(tmp_path) == good
 
 
+@pytest.mark.full
 def test_file_without_marker_is_incomplete(tmp_path):
     """The completion mark is the seal; an unsealed file of an earlier DeepFusion has its
     ``complete`` attribute."""

@@ -62,6 +62,7 @@ def sweep(run, tmp_path, *args, expect: int = 0) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.full
 def test_the_sweep_refuses_every_flip(run, tmp_path):
     """A few hundred seeded flips over the whole file and every bit of the seal: all refused
     or harmless; none silent, unclear, crashed or hung; none after HDF5 parsed the damaged bytes
@@ -112,6 +113,7 @@ def test_a_damaged_list_length_is_refused_not_followed(run, tmp_path):
         ckpt.load_checkpoint(path)
 
 
+@pytest.mark.full
 def test_a_missing_seal_is_refused_and_skipped(run, tmp_path):
     d = copy_run(run, tmp_path)
     unseal(newest(d))

@@ -9,7 +9,7 @@ import pytest
 from tests.in_process import deepfusion_here
 from tests.mpi_util import deepfusion
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 
 ARGS = ["--set", "problem.name=\"burgers\"", "--set", "problem.grid=[16,16]", "--set", "model.options={depth=1, base_width=4}",
         "--set", "data.n_samples=8", "--set", "data.global_batch=4", "--set", "train.max_steps=3",

@@ -90,6 +90,7 @@ EARLIER = {"optimizer": None, "schedule_steps": None, "visit": 0, "level": 0, "e
            "plan": None, "grid": None}
 
 
+@pytest.mark.full
 def test_files_without_digests(tmp_path):
     """Unsealed files: version 2 loads with a note, version 1 (written before digests) loads
     unverified, each with the meta keys it lacks filled; a version 2 file that lost its

@@ -7,7 +7,11 @@
 * A block right after the line ``<!-- test: run -->`` runs: shell blocks with ``bash -e``, Python
   blocks with this interpreter, each in a fresh directory where ``configs``, ``examples`` and
   ``lab`` are the repository's and the virtual environment's ``bin`` comes first on PATH. Only
-  cheap blocks are marked; the others are parsed, not run.
+  cheap blocks are marked; the others are parsed, not run. A plain ``deepfusion`` of a block
+  and a Python block run in a fork of one process that has imported torch and the package
+  (``tests/warm_cli.py``), not in a fresh interpreter each; ``mpiexec``'s ranks start fresh.
+  A block after ``<!-- test: run full -->`` runs in ``make test-full`` (marker ``full``): the
+  longer examples of a page whose quicker one runs in ``make test``.
 * Relative links and images resolve to files of the repository.
 * The README stays a front page: at most 300 lines, no dates, rounds or issue numbers.
 """
@@ -22,17 +26,20 @@ import sys
 
 import pytest
 
+from tests.warm_cli import WarmServer
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 DOCUMENTS = [ROOT / "README.md"] + PAGES
 RUN_MARK = "<!-- test: run -->"
+FULL_RUN_MARK = "<!-- test: run full -->"
 SHELLS = ("sh", "bash", "console", "shell")
 LAUNCHERS = {"mpiexec", "mpirun", "srun", "ibrun", "nohup", "time", "$", "exec"}
 HANG_GUARD = 300  # seconds; a hang guard for the suite, never an assertion about speed
 
 
 def blocks(path: pathlib.Path):
-    """(language, first line number, text, marked to run) of every fenced block of a page."""
+    """(language, first line number, text, run mark or None) of every fenced block of a page."""
     lines = path.read_text().splitlines()
     i = 0
     while i < len(lines):
@@ -45,7 +52,8 @@ def blocks(path: pathlib.Path):
         while i < len(lines) and not lines[i].strip().startswith("```"):
             body.append(lines[i])
             i += 1
-        marked = start > 0 and lines[start - 1].strip() == RUN_MARK
+        mark = lines[start - 1].strip() if start > 0 else ""
+        marked = mark if mark in (RUN_MARK, FULL_RUN_MARK) else None
         yield lang, start + 1, "\n".join(body), marked
         i += 1
 
@@ -156,22 +164,34 @@ def marked_blocks():
     for path in DOCUMENTS:
         for lang, line_no, text, marked in blocks(path):
             if marked:
-                yield pytest.param(lang, text, id=f"{path.relative_to(ROOT)}:{line_no}")
+                yield pytest.param(lang, text, id=f"{path.relative_to(ROOT)}:{line_no}",
+                                   marks=[pytest.mark.full] if marked == FULL_RUN_MARK else [])
 
 
-@pytest.mark.parametrize("lang, text", list(marked_blocks()))
-def test_marked_examples_run(lang, text, tmp_path):
-    for name in ("configs", "examples", "lab"):
-        if (ROOT / name).exists():
-            (tmp_path / name).symlink_to(ROOT / name)
+def example_env() -> dict:
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("DEEPFUSION_NO_MPI", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    with WarmServer(tmp_path_factory.mktemp("warm"), example_env()) as server:
+        yield server
+
+
+@pytest.mark.parametrize("lang, text", list(marked_blocks()))
+def test_marked_examples_run(lang, text, tmp_path, warm):
+    for name in ("configs", "examples", "lab"):
+        if (ROOT / name).exists():
+            (tmp_path / name).symlink_to(ROOT / name)
+    env = warm.env(example_env())
     if lang in SHELLS:
         cmd = ["bash", "-e", "-c", "\n".join(line[2:] if line.startswith("$ ") else line
                                                 for line in text.splitlines())]
     elif lang == "python":
-        cmd = [sys.executable, "-c", text]
+        cmd = warm.python_argv(text)
     else:
         pytest.fail(f"a block marked {RUN_MARK} must be sh/bash/console or python, not {lang!r}")
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD)

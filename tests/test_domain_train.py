@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.in_process import deepfusion_here
-from tests.mpi_util import deepfusion
+from tests.mpi_util import commands, deepfusion
 from tests.test_engine_mpi import train
 from tests.tiny_configs import TINY as ENGINE_TINY, variant
 
@@ -55,7 +55,8 @@ def undivided(tmp_path_factory):
 
 # [2, 1] alone is covered op by op (test_split_unet_mpi, test_split_loss_mpi) and in the
 # multigrid case below; the suite's time budget keeps one training run per other split here.
-@pytest.mark.parametrize("n,domain", [(2, "[1, 2]"), (4, "[2, 2]"), (4, "[1, 2]")])
+@pytest.mark.parametrize("n,domain", [(2, "[1, 2]"), pytest.param(4, "[2, 2]", marks=pytest.mark.full),
+                                      pytest.param(4, "[1, 2]", marks=pytest.mark.full)])
 def test_split_run_logs_the_undivided_losses(undivided, tiny, tmp_path, n, domain):
     d = str(tmp_path / "split")
     p = train(n, tiny, d, f"parallel.domain={domain}")
@@ -81,18 +82,38 @@ def test_checkpoint_of_a_split_resumes_under_another_split(undivided, tiny, tmp_
     same(losses(d), losses(undivided))
 
 
-@pytest.mark.parametrize("n,sets,words", [
+REFUSED = [
     (2, ["parallel.domain=[1, 2, 2]"], ["parallel.domain", "one block count per axis"]),
     (3, ["parallel.domain=[1, 2]"], ["not a multiple of 2", "ranks"]),
     (2, ["parallel.domain=[1, 2]", "problem.grid=[16, 20]"], ["cannot be split", "20"]),
     (2, ["parallel.domain=[1, 2]", "train.compile=true"], ["train.compile", "parallel.domain"]),
-])
-def test_a_split_that_cannot_work_is_refused_before_training(tiny, tmp_path, n, sets, words):
-    d = str(tmp_path / "bad")
-    p = train(n, tiny, d, *sets)
-    assert p.returncode == 2, p.stderr
-    for w in words:
-        assert w in p.stderr, (w, p.stderr)
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """``train`` of each split that cannot work, the commands on the same number of ranks in
+    one launch (each is refused before training): {case: (run dir, exit code, stderr)}."""
+    home = tmp_path_factory.mktemp("refused")
+    cfg = home / "tiny.toml"
+    cfg.write_text(TINY)
+    out = {}
+    for n in sorted({n for n, _, _ in REFUSED}):
+        cases = [i for i, case in enumerate(REFUSED) if case[0] == n]
+        argvs = [["train", str(cfg), "--set", f"run.dir={home / str(i)}"]
+                 + [a for s in REFUSED[i][1] for a in ("--set", s)] for i in cases]
+        for i, (rc, _, err) in zip(cases, commands(n, argvs)):
+            out[i] = (str(home / str(i)), rc, err)
+    return out
+
+
+@pytest.mark.parametrize("case", range(len(REFUSED)),
+                         ids=[f"{n}-sets{i}-words{i}" for i, (n, _, _) in enumerate(REFUSED)])
+def test_a_split_that_cannot_work_is_refused_before_training(refused, case):
+    d, rc, err = refused[case]
+    assert rc == 2, err
+    for w in REFUSED[case][2]:
+        assert w in err, (w, err)
     assert not os.path.exists(os.path.join(d, "metrics.jsonl"))
 
 
@@ -110,6 +131,7 @@ def infer(ranks, run_dir, out, *args):
 
 
 @pytest.mark.parametrize("n,domain", [(4, "2x2")])
+@pytest.mark.full
 def test_infer_split_over_ranks_writes_the_undivided_prediction(undivided, tmp_path, n, domain):
     import h5py
     import numpy as np
@@ -161,6 +183,7 @@ MULTIGRID = variant(TINY, "train.levels=[{grid = [8, 8], steps = 6}, {grid = [16
 
 
 @pytest.mark.parametrize("name,n,domain", [("3d", 2, "[1, 1, 2]"), ("multigrid", 2, "[2, 1]")])
+@pytest.mark.full
 def test_3d_and_multigrid_splits_log_the_undivided_losses(tmp_path, name, n, domain):
     """A 3-D split (blocks of 8x8x4 nodes), and a schedule whose levels change the grid and so
     every rank's block."""

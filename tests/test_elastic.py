@@ -47,6 +47,7 @@ def _resume_on(n, d, where, want):
         assert a == pytest.approx(b, rel=1e-9, abs=0), (n, got, want)
 
 
+@pytest.mark.full
 def test_p2_checkpoint_resumes_bit_for_bit_on_p2_and_on_the_same_trajectory_on_p1_p4(
         tiny, tmp_path, tmp_path_factory):
     full, cut = trained(tmp_path_factory, TINY, 2), str(tmp_path / "cut")
@@ -65,6 +66,7 @@ def _steps(run_dir):
         return [r for r in map(json.loads, f) if r["kind"] == "step"]
 
 
+@pytest.mark.full
 def test_adam_then_lbfgs_resumes_across_the_switch_on_p2_and_elsewhere(tmp_path):
     """Adam for 4 steps, then L-BFGS: killed after the Adam checkpoint (step 3), then after the
     L-BFGS one (step 6, which holds an L-BFGS history); the resumes continue bit for bit on

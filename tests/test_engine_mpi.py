@@ -36,7 +36,7 @@ def train(n, config, run_dir, *extra, **kw):
 
 @pytest.mark.parametrize("n,variants", [
     (2, ["plain", "overlap", "micro", "channels-last", "channels-last+overlap"]),
-    (4, ["overlap", "channels-last"])])
+    pytest.param(4, ["overlap", "channels-last"], marks=pytest.mark.full)])
 def test_allreduced_gradient_equals_full_batch_gradient(n, variants):
     """Reduced after backward, during it (overlap), and over micro-batches of 1: the same
     gradient as one process over the whole global batch (float64, rtol 1e-10; several small
@@ -80,6 +80,7 @@ def test_same_losses_for_any_number_of_ranks(tmp_path_factory):
 LAMB = variant(TINY, "optim.name=\"lamb\"", "optim.lr=1e-2", "optim.weight_decay=1e-3")
 
 
+@pytest.mark.full
 def test_lamb_same_losses_on_1_and_2_ranks_and_a_resume_continues_bit_for_bit(tmp_path_factory,
                                                                               tmp_path):
     """LAMB's trust ratios come from the all-reduced gradient every rank holds, so P = 1 and 2
@@ -112,12 +113,14 @@ def test_bad_config_rejected_cleanly_under_mpiexec(tiny, tmp_path):
     assert "not divisible" in p.stderr and "4" in p.stderr and "8" in p.stderr
 
 
+@pytest.mark.full
 def test_nonfinite_loss_stops_all_ranks(tiny, tmp_path):
     p = train(2, tiny, str(tmp_path / "r"), "optim.name=\"sgd\"", "optim.lr=1e12", "train.dtype=\"float32\"")
     assert p.returncode == 3, p.stderr
     assert "non-finite loss at step" in p.stderr
 
 
+@pytest.mark.full
 def test_stop_signal_checkpoints_then_resume(tiny, tmp_path):
     """SIGUSR1 to the launcher (SLURM's time-limit warning): every rank stops after the same step,
     a checkpoint is written, exit code 99; --resume finishes the run."""

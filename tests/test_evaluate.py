@@ -58,6 +58,7 @@ RITZ = variant(TINY, 'problem.name="darcy"', 'problem.options={family = "fine-sc
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_an_answer_option_replaces_the_checkpoints(tmp_path, cli):
     """--set problem.options.KEY=VALUE changes how the answer is formed (here the Ritz coefficients become fields on
     a 2 x 2 partition) on evaluate and infer, is recorded, and is refused when it names no

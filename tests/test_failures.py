@@ -34,6 +34,7 @@ def checkpoints(run_dir):
     return sorted(n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.endswith(".h5"))
 
 
+@pytest.mark.full
 def test_rollback_lowers_the_rate_until_the_floor_then_stops_with_exit_3(tiny, tmp_path):
     """A failure that recurs before the next checkpoint: every rollback to the same checkpoint
     halves the rate again; below train.rollback_min_lr_scale the run stops (exit 3). No failed
@@ -86,6 +87,7 @@ def _rank_pids(run_dir):
     return sorted(out)
 
 
+@pytest.mark.full
 def test_kill_9_of_one_rank_ends_the_job_and_the_newest_checkpoint_resumes(tiny, tmp_path):
     d = str(tmp_path / "k")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
@@ -113,6 +115,7 @@ def test_kill_9_of_one_rank_ends_the_job_and_the_newest_checkpoint_resumes(tiny,
     assert "resumed from" in p.stdout and newest in p.stdout
 
 
+@pytest.mark.full
 def test_checkpoints_by_time_are_agreed_by_all_ranks(tiny, tmp_path):
     """train.checkpoint_minutes tiny and no checkpoint_every: rank 0's clock says "due"; the
     request travels in the fused allreduce, so both ranks save at the same steps (a

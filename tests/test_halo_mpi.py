@@ -24,6 +24,7 @@ def test_two_ranks_split_along_either_axis_and_undivided():
     run_cases(2, ["8x12:1x2", "8x12:2x1", "8x8:1x1"])
 
 
+@pytest.mark.full
 def test_four_ranks_2d_corners_3d_blocks_and_two_groups():
     # 2x1x2 on 4x8x8: blocks of 2 layers along axis 0, so width 2 == the block's size there
     run_cases(4, ["8x8:2x2", "4x8x8:1x2x2", "4x8x8:2x1x2", "8x12:1x2"])

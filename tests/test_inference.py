@@ -76,6 +76,7 @@ def test_infer_takes_a_run_directory_for_its_newest_checkpoint(ckpt, tmp_path, c
     assert rc != 0 and "no complete checkpoint in" in err and "checkpoints" in err
 
 
+@pytest.mark.full
 def test_given_fields_round_trip(ckpt, tmp_path, cli):
     """--inputs with only the diffusivity nu: log_nu is derived; solve from nu (poisson)."""
     problem = get_problem("poisson", grid=GRID)
@@ -195,6 +196,7 @@ def test_bf16_inference_close_to_fp32_or_refused(ckpt, tmp_path, cli):
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
 
 
+@pytest.mark.full
 def test_work_grid_runs_the_network_on_the_training_grid(ckpt, tmp_path, cli):
     """--work-grid trained on 46x46 (every 3rd node is a 16x16 node, so the resampled inputs
     equal the 16x16 ones; 46 is not even a multiple of 2**depth) = the 16x16 prediction,

@@ -381,6 +381,7 @@ def test_sweep_commands():
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_sweep_end_to_end_p1_p2(tmp_path):
     """Real `deepfusion train` (python -m deepfusion) under mpiexec at P=1 and P=2 through the
     sweep driver (tiny Burgers problem): both layouts run, and the aggregation reports positive

@@ -141,6 +141,7 @@ def test_same_losses_on_any_p_across_level_changes(mg, full, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 @pytest.mark.parametrize("every, fail_at, resumed_at", [(3, 8, 6), (5, 7, 5)])
 def test_kill_mid_level_resumes_in_the_same_level_on_the_same_trajectory(
         mg, full, tmp_path, every, fail_at, resumed_at):
@@ -163,6 +164,7 @@ def test_kill_mid_level_resumes_in_the_same_level_on_the_same_trajectory(
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_sigusr1_mid_level_checkpoints_and_the_resume_finishes_the_cycle(mg, tmp_path):
     sets = ['train.cycle="v"', "train.levels[0].steps=40"]  # levels 2 1 0 1 2: 4+2+40+2+4
     full, d = str(tmp_path / "full"), str(tmp_path / "sig")
@@ -191,6 +193,7 @@ def test_sigusr1_mid_level_checkpoints_and_the_resume_finishes_the_cycle(mg, tmp
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_changed_plan_is_refused_on_resume(mg, tmp_path):
     d = str(tmp_path / "r")
     p = train(2, mg, d, "train.checkpoint_every=3", env=fault_env("raise@5:1"))
@@ -200,6 +203,7 @@ def test_a_changed_plan_is_refused_on_resume(mg, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_finished_run_extended_by_a_level_is_the_run_that_listed_it(mg, tmp_path):
     """--resume under a plan that appends a prolonged level to the finished run's plan: the
     network grows at the new level and every loss equals the run that listed all three levels
@@ -224,6 +228,7 @@ def test_a_finished_run_extended_by_a_level_is_the_run_that_listed_it(mg, tmp_pa
     assert p.returncode == 2 and "another level plan" in p.stderr, p.stderr
 
 
+@pytest.mark.full
 def test_a_level_can_restart_the_problems_progress(mg, tmp_path):
     """train.levels[2].progress = "level": an annealed smoothing (off after half the run)
     starts again on the 64x64 level, so that level's losses change and the levels before it
@@ -235,7 +240,7 @@ def test_a_level_can_restart_the_problems_progress(mg, tmp_path):
     runs = []
     for extra in ([], [restart]):
         d = str(tmp_path / f"r{len(extra)}")
-        p = train(0, mg, d, smooth, *extra)
+        p = train(None, mg, d, smooth, *extra)  # in this process: the runs, not the launch
         assert p.returncode == 0, p.stderr[-3000:]
         runs.append(losses(d))
     first = visit_at(plan(load_config(mg)), 10).start  # the 64x64 level's first step

@@ -124,6 +124,7 @@ def test_an_entry_point_is_a_problem_name(plugin_dist, cli):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_an_entry_point_plugin_trains_and_answers_in_a_new_process(plugin_dist, tmp_path):
     env = {**REAL_MPI, "PYTHONPATH": os.pathsep.join([ROOT, plugin_dist])}
     cfg, d = config(tmp_path, "heat-ep", "train.max_steps=4"), str(tmp_path / "ep")
@@ -138,6 +139,7 @@ def test_an_entry_point_plugin_trains_and_answers_in_a_new_process(plugin_dist, 
 
 # -- the whole workflow on a module-path plugin -------------------------------------------------------
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_plugin_trains_resumes_evaluates_infers_solves_and_compares(tmp_path, cli):
     cfg, d = config(tmp_path, HEAT), str(tmp_path / "heat")
     p = train(2, cfg, d, "train.max_steps=4", env=REAL_MPI)

@@ -309,7 +309,8 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("name", ["poisson", "reaction_diffusion"])
+@pytest.mark.parametrize("name", [pytest.param("poisson", marks=pytest.mark.full),
+                                  "reaction_diffusion"])
 def test_energy_minimiser_solves_pde(name):
     params = np.array([1.5, -2.0, 1.0, 2.5])       # nu from 0.17 to 6.8
     fine = get_problem(name, grid=(129, 129)).reference_solution(params)

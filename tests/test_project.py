@@ -158,6 +158,7 @@ def test_the_gathers_of_a_split_prolonged_level_are_two_allgathers_and_an_allred
     assert gather_time({"chain": [], "channels": [2, 1]}, (2, 2), alpha, beta) == 0
 
 
+@pytest.mark.full
 def test_a_recipe_is_probed_when_no_sample_time_is_given(tmp_path):
     rc, out = recipe(tmp_path)
     assert rc == 0

@@ -17,7 +17,7 @@ from deepfusion.engine.train.plan import plan, signature
 from diffnet.generators import Prolonged, build_generator
 from diffnet.resample import resample_nodes
 from tests.in_process import deepfusion_here
-from tests.mpi_util import deepfusion
+from tests.mpi_util import commands, deepfusion
 from tests.test_engine_mpi import losses, train
 from tests.test_multigrid import MG
 from tests.tiny_configs import TINY, variant
@@ -182,6 +182,7 @@ def test_same_losses_on_any_p_across_growths_and_the_grown_network_answers(mgp, 
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_domain_split_across_growths_logs_the_undivided_losses(mgp, full, tmp_path):
     """Each rank holds half of every grid: the inner networks and the corrections split on
     their own grids, whole fields gathered around the resampling between them."""
@@ -213,6 +214,7 @@ UNEVEN = variant(TINY, "problem.grid=[24, 24]", "model.options={depth = 3, base_
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_split_grown_network_need_not_suit_the_finest_grid_with_its_first_network(tmp_path):
     """Each network is split on the grids it runs on: the first on 16x16 (where it starts, not
     on problem.grid), the grown one's correction on 24x24; a rollback to before the growth
@@ -231,6 +233,7 @@ def test_a_split_grown_network_need_not_suit_the_finest_grid_with_its_first_netw
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("every, fail_at", [(6, 9), (5, 7)])
+@pytest.mark.full
 def test_kill_after_a_growth_resumes_on_the_same_trajectory(mgp, full, tmp_path, every, fail_at):
     """Resumed from inside the grown 32x32 visit (step 6: the grown network's weights), and from
     the 16x16 -> 32x32 boundary (step 5: the growth is replayed on entering)."""
@@ -258,6 +261,7 @@ def frozen(mgp, tmp_path_factory):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, frozen, tmp_path):
     """train_inner = false on the 64x64 level: the 32x32 network it grows from ends the run
     with the weights it had on entering (the step-7 checkpoint), on P = 1 and 2 alike."""
@@ -277,6 +281,7 @@ def test_a_frozen_inner_network_leaves_the_level_unchanged_on_any_p(mgp, frozen,
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mgp, frozen,
                                                                                tmp_path):
     """A kill after the step-7 checkpoint (the 32x32 level done), resumed with a cheaper
@@ -299,22 +304,39 @@ def test_a_level_not_yet_trained_may_change_on_resume_and_the_change_is_named(mg
     assert [r["step"] for r in resumes] == [7] and len(resumes[0]["config_changes"]) == 2
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("correction, needle", [
+BAD_CORRECTIONS = [
     ("{widths=3}", "train.levels[2].prolong: the correction network (model.prolong with "
                    "train.levels[2].correction over it: {'depth': 2, 'base_width': 4, 'widths'"),
     ("{depth=9}", "train.levels[2].grid = [64, 64] does not suit model 'unet' {'depth': 2, "
                   "'base_width': 4}: the correction network on [64, 64]: grid 64x64 is not "
-                  "divisible by 2**depth = 512")])
-def test_a_bad_correction_on_a_level_is_refused_before_training(mgp, tmp_path, correction,
+                  "divisible by 2**depth = 512")]
+
+
+@pytest.fixture(scope="module")
+def bad_corrections(mgp, tmp_path_factory):
+    """``train`` on P = 2 with each bad correction, the commands in one launch (each is refused
+    before training): {correction: (exit code, stderr)}."""
+    home = tmp_path_factory.mktemp("bad")
+    argvs = [["train", mgp, "--set", f"run.dir={home / str(i)}",
+              "--set", f"train.levels[2].correction={correction}"]
+             for i, (correction, _) in enumerate(BAD_CORRECTIONS)]
+    done = commands(2, argvs)
+    return {correction: (rc, err) for (correction, _), (rc, _out, err) in
+            zip(BAD_CORRECTIONS, done)}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("correction, needle", BAD_CORRECTIONS)
+def test_a_bad_correction_on_a_level_is_refused_before_training(bad_corrections, correction,
                                                                  needle):
-    p = train(2, mgp, str(tmp_path / "bad"), f"train.levels[2].correction={correction}")
-    assert p.returncode == 2 and needle in p.stderr, p.stderr[-3000:]
+    rc, err = bad_corrections[correction]
+    assert rc == 2 and needle in err, err[-3000:]
 
 
 @pytest.mark.mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("split", [[], ["parallel.domain=[1, 2]"]])
+@pytest.mark.full
 def test_a_rollback_into_the_level_a_frozen_growth_wraps_trains_that_network_again(mgp, tmp_path,
                                                                                     split):
     """train_inner = false on the 32x32 level freezes the 16x16 network it wraps; a NaN on
@@ -327,6 +349,7 @@ def test_a_rollback_into_the_level_a_frozen_growth_wraps_trains_that_network_aga
     assert len(losses(d)) == 11
 
 
+@pytest.mark.full
 def test_a_rollback_to_before_a_growth_regrows_the_same_network(mgp, tmp_path):
     """A NaN in the first step of the grown 32x32 visit rolls back to the boundary checkpoint
     (the 16x16 network): the network is unwrapped, reloaded, and grown again."""

@@ -1,7 +1,9 @@
 """One live job per run directory (deepfusion.engine.run.lock): a second start of any kind is
 refused naming the live job, a lock left by a dead job is taken over, and racing starters never
 both win. The lock's rules in-process; then racing processes, and real training jobs started,
-refused, killed with -9 and resumed. Timeouts are hang guards only."""
+refused, killed with -9 and resumed (the starts a live job refuses and the resumes after it run
+in the test process: another process than the job's, as a user's is). Timeouts are hang
+guards only."""
 import json
 import os
 import re
@@ -18,7 +20,7 @@ from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.lock import LOCK_NAME, Holder, RunDirInUse, acquire
 from tests.faults.steps import fault_env
 from tests.in_process import deepfusion_here
-from tests.mpi_util import HANG_GUARD, ROOT, deepfusion, mpiexec
+from tests.mpi_util import HANG_GUARD, ROOT, mpiexec
 from tests.tiny_configs import TINY
 
 
@@ -307,7 +309,7 @@ def test_a_live_job_refuses_a_start_a_resume_and_an_overwrite(tiny, tmp_path):
     named = f"is in use by a live job: PID {holder['pid']} on host {holder['host']} (2 rank(s))"
     for args in (["train", tiny, "--set", f"run.dir={d}"], ["train", "--resume", d],
                  ["train", tiny, "--set", f"run.dir={d}", "--overwrite"]):
-        p = deepfusion(0, args)
+        p = deepfusion_here(args)  # another process than the live job's, as a user's start is
         assert p.returncode == 2, (args, p.stderr)
         assert named in p.stderr and p.stderr.count("deepfusion: error") == 1, p.stderr
     live.send_signal(signal.SIGUSR1)
@@ -316,12 +318,13 @@ def test_a_live_job_refuses_a_start_a_resume_and_an_overwrite(tiny, tmp_path):
     assert not os.path.exists(os.path.join(d, LOCK_NAME))  # released on the way out
     done = steps(d)
     assert done == list(range(1, len(done) + 1))  # one job's records, in order
-    p = deepfusion(0, ["train", "--resume", d, "--set", f"train.max_steps={len(done) + 2}"])
+    p = deepfusion_here(["train", "--resume", d, "--set", f"train.max_steps={len(done) + 2}"])
     assert p.returncode == 0, p.stderr
     assert steps(d) == list(range(1, len(done) + 3))
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_two_starts_at_once_one_runs_and_the_other_is_refused(tiny, tmp_path):
     d = str(tmp_path / "both")
     jobs = [start(0, tiny, d, "train.epochs=50") for _ in range(2)]  # 200 steps
@@ -336,6 +339,7 @@ def test_two_starts_at_once_one_runs_and_the_other_is_refused(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_job_killed_with_9_leaves_a_lock_the_next_start_takes_over(tiny, tmp_path):
     d = str(tmp_path / "killed")
     job = start(0, tiny, d, "train.epochs=100000", "train.checkpoint_every=2")
@@ -344,7 +348,7 @@ def test_a_job_killed_with_9_leaves_a_lock_the_next_start_takes_over(tiny, tmp_p
     job.communicate(timeout=HANG_GUARD)
     left = json.loads(open(os.path.join(d, LOCK_NAME)).read())
     assert left["pid"] == job.pid
-    p = deepfusion(0, ["train", "--resume", d, "--set", "train.max_steps=12"])
+    p = deepfusion_here(["train", "--resume", d, "--set", "train.max_steps=12"])
     assert p.returncode == 0, p.stderr
     assert f"took over the stale lock of PID {job.pid} on host" in p.stderr
     assert "has ended" in p.stderr and not os.path.exists(os.path.join(d, LOCK_NAME))
@@ -362,6 +366,7 @@ def test_an_exception_on_one_rank_leaves_no_lock(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_job_whose_lock_another_job_took_ends_without_writing_more(tiny, tmp_path):
     """Another job judged this one dead and took the lock: at its next heartbeat this job ends
     every rank (exit 1) and leaves the other's lock alone."""

@@ -19,5 +19,6 @@ def test_two_ranks_split_either_axis():
     run_cases(2, ["16x16:1x2", "16x16:2x1"])
 
 
+@pytest.mark.full
 def test_four_ranks_split_both_axes_and_3d():
     run_cases(4, ["16x16:2x2", "8x8x8:1x2x2"])

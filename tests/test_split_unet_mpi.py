@@ -22,6 +22,7 @@ def test_two_ranks_split_along_either_axis():
                   "32x32:1x2:instance,nest,ck", "16x16x16:1x1x2:none,nest,frozen,d1"])
 
 
+@pytest.mark.full
 def test_four_ranks_corners_3d_blocks_and_two_groups():
     # 16x16:1x2 on 4 ranks: two domain groups of two ranks each
     run_cases(4, ["16x16:2x2:instance", "16x32:2x2:none,avgpool,transpose",

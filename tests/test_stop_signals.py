@@ -71,6 +71,7 @@ def test_a_term_and_its_copies_still_checkpoint_and_exit_99(tiny, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_a_second_term_ends_a_rank_stuck_in_native_code(tiny, tmp_path):
     d = str(tmp_path / "stuck")
     job = start(0, tiny, d, "train.epochs=100000", env=fault_env("hang@3"))

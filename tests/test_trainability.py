@@ -27,13 +27,20 @@ BATCH = 4
 EXTRA = [("burgers", {"hard_bc": True})]   # option sets worth their own case, if registered
 CASES = [(n, {}) for n in sorted(PROBLEMS) if PROBLEMS[n].dims == 2] + [
     (n, kw) for n, kw in EXTRA if n in PROBLEMS]
+FULL = {"poisson", "reaction_diffusion"}  # the slowest cases: `make test-full` trains them
+
+
+def params():
+    return [pytest.param(n, kw, id=f"{n}{'-hard' if kw else ''}",
+                         marks=[pytest.mark.full] if n in FULL and not kw else [])
+            for n, kw in CASES]
 
 
 def total(problem, u, x):
     return sum(t for t in problem.loss_terms(problem.impose(u, x), x).values())  # (B,)
 
 
-@pytest.mark.parametrize("name,kw", CASES, ids=[f"{n}{'-hard' if k else ''}" for n, k in CASES])
+@pytest.mark.parametrize("name,kw", params())
 def test_training_lowers_loss(name, kw):
     torch.manual_seed(0)
     problem = get_problem(name, grid=GRID, **kw)

@@ -39,6 +39,7 @@ def step_losses(run_dir) -> list[float]:
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 def test_the_tutorial_trains_split_and_undivided_evaluates_and_infers(tmp_path):
     runs = {}
     for label, extra in (("data", []), ("domain", ["parallel.domain=[1, 2]"])):

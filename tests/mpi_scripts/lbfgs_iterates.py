@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lbfgs_common import LinearLSQ, flat_params, lbfgs_cfg, linear_model, make_engine  # noqa: E402
 
-from deepfusion.engine import checkpoint as ckpt  # noqa: E402
+from deepfusion.engine.checkpoint import store as ckpt  # noqa: E402
 from deepfusion.engine.parallel.comm import SerialComm, world  # noqa: E402
 from deepfusion.engine.parallel.data import ShardedPool  # noqa: E402
 from deepfusion.engine.parallel.data import LazyBatch  # noqa: E402
