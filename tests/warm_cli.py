@@ -27,7 +27,8 @@ SOCKET_VAR = "DEEPFUSION_TEST_WARM"
 # variables a launcher sets in each rank: there the real command starts, MPI with it
 LAUNCHED = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 PRELOAD = ("numpy", "scipy.sparse.linalg", "h5py", "torch", "matplotlib.pyplot", "deepfusion.cli",
-           "deepfusion.app.train", "deepfusion.app.inference", "deepfusion.app.solver",
+           "deepfusion.app.train", "deepfusion.app.infer", "deepfusion.engine.predict.service",
+           "deepfusion.app.solver",
            "deepfusion.app.export", "deepfusion.jobs.sweep", "diffnet.problems")
 SHIM = """#!{python} -S
 import sys
