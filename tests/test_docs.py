@@ -118,7 +118,7 @@ def parse(argv: list[str]) -> None:
     if getattr(args, "cmd", None) == "jobs":
         import importlib
 
-        tool = importlib.import_module(f"jobs.{args.tool}")
+        tool = importlib.import_module(f"deepfusion.jobs.{args.tool}")
         tool.build_parser().parse_args(args.rest)
 
 

@@ -1,4 +1,4 @@
-"""jobs/: rendered job scripts (every launcher/profile) and the sweep aggregation."""
+"""deepfusion/jobs/: rendered job scripts (every launcher/profile) and the sweep aggregation."""
 from __future__ import annotations
 
 import csv

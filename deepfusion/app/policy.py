@@ -29,7 +29,8 @@ class ExitCode(IntEnum):
                      # requeue with --resume
 
 
-INPUT_ERRORS = (ValueError, KeyError, TypeError, OSError)
+# InputError too: a check that raises it on one rank must not leave the others in the exchange
+INPUT_ERRORS = (ValueError, KeyError, TypeError, OSError, InputError)
 
 
 def collective_check(comm, fn, *args):
