@@ -60,7 +60,7 @@ def worker() -> int:
     baseline = fingerprint(ckpt.load_checkpoint(job["checkpoint"]))
     contained.SECONDS = job["check_seconds"]
     seen = {"parsed": False, "contained": False}
-    h5_file, contained = h5py.File, ckpt.run_contained
+    h5_file, run_child = h5py.File, ckpt.run_contained
 
     def counting_file(*a, **k):
         seen["parsed"] = True
@@ -68,7 +68,7 @@ def worker() -> int:
 
     def counting_contained(*a, **k):
         seen["contained"] = True
-        return contained(*a, **k)
+        return run_child(*a, **k)
 
     def in_process(args, timeout):  # --uncontained: the check without its child process
         seen["contained"] = True
