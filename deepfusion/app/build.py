@@ -200,10 +200,13 @@ def init_from(model, name: str, path: str) -> None:
     model.load_state_dict({k: v.to(dtype) for k, v in state["model_state"].items()})
 
 
-def network_mismatch(model, name: str, meta: dict) -> str:
+def network_mismatch(model, name: str, meta: dict, *, grown: bool = False) -> str:
     """How the generator a checkpoint's ``meta`` records differs from ``model`` (built as
-    ``name``), "" if it does not."""
+    ``name``), "" if it does not. ``grown``: a network grown from ``model`` (a resume past a
+    prolonged level, which grows the built network again) counts as ``model``."""
     spec = meta.get("model") or {}
+    while grown and "inner" in (spec.get("kwargs") or {}):
+        spec = spec["kwargs"]["inner"]
     ours, theirs = model.config(), spec.get("kwargs")
 
     def arch(kwargs):  # checkpoint_levels changes memory, not the weights
@@ -236,7 +239,7 @@ def check_resume(cfg, model, rank: int) -> None:
                          f"checkpoints, or start a new run from its weights on purpose: "
                          f"deepfusion train CONFIG --set model.init_from={path} "
                          f"--set run.dir=NEW_DIR")
-    differs = network_mismatch(model, cfg.model.name, meta)
+    differs = network_mismatch(model, cfg.model.name, meta, grown=True)
     if differs:
         raise ValueError(f"--resume {d}: its checkpoint {os.path.basename(path)} {differs}: a "
                          f"resume continues the same network. Drop the --set of model.name or "
