@@ -11,7 +11,8 @@ does not import, options the problem refuses, a malformed flag), as every local 
 """
 from __future__ import annotations
 
-from deepfusion.app.options import PREFIX, set_options
+from deepfusion.app.options import set_options
+from deepfusion.config.files import PROBLEM_OPTIONS
 from deepfusion.app.policy import run_local
 
 # As a test runner: 1 when some check failed (2, bad input, comes from the policy).
@@ -57,7 +58,8 @@ def parse_table(text) -> dict:
 
 def given_options(args) -> dict:
     """``--options`` then ``--set`` (the later wins); a bare KEY=VALUE is a problem option."""
-    items = [s if str(s).startswith(PREFIX) else PREFIX + str(s) for s in args.set or []]
+    items = [s if str(s).startswith(PROBLEM_OPTIONS) else PROBLEM_OPTIONS + str(s)
+             for s in args.set or []]
     options = {**parse_table(args.options), **set_options(items, "check-problem")}
     if "grid" in options:
         raise ValueError("the grid is not a problem option here: give --grid HxW (DxHxW)")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from deepfusion.app.options import (ANSWER_SET_HELP, add_set, add_threads, as_set_flags,
-                                    problem_options)
+from deepfusion.app.options import ANSWER_SET_HELP, add_set, add_threads, problem_options
+from deepfusion.config.files import as_set_flags
 from deepfusion.app.outputs import check_output, checkpoint_paths
 from deepfusion.app.policy import collective_check, run_distributed, say_note, say_once
 

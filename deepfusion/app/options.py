@@ -8,9 +8,8 @@ run's ``[problem.options]`` table. Kept light: no torch, no PDE.
 from __future__ import annotations
 
 from deepfusion.config import apply_overrides
-from deepfusion.config.schema import toml_value
+from deepfusion.config.files import PROBLEM_OPTIONS
 
-PREFIX = "problem.options."
 
 SET_HELP = ("a problem option, problem.options.KEY=VALUE, VALUE in TOML as in 'deepfusion "
             "train --set' (repeatable; 'deepfusion problems NAME' lists a problem's options)")
@@ -41,7 +40,7 @@ def set_options(items, command: str) -> dict:
     accepted."""
     for item in items or []:
         key = str(item).partition("=")[0].strip()
-        if not key.startswith(PREFIX) or key == PREFIX or "=" not in str(item):
+        if not key.startswith(PROBLEM_OPTIONS) or key == PROBLEM_OPTIONS or "=" not in str(item):
             raise ValueError(
                 f"--set {item}: {command} takes only problem options, --set "
                 f"problem.options.KEY=VALUE (KEY as in the [problem.options] table of the run's "
@@ -56,8 +55,3 @@ _GRID_HINT = "; the grid is --grid HxW"
 def problem_options(args, command: str) -> dict:
     """The problem options of the command's ``--set`` flags: {KEY: value}."""
     return set_options(args.set, command)
-
-
-def as_set_flags(options: dict) -> str:
-    """``--set problem.options.K=V ...`` of ``options`` (V in TOML), for messages."""
-    return " ".join(f"--set {PREFIX}{k}={toml_value(v)}" for k, v in options.items())

@@ -12,7 +12,7 @@ import re
 import sys
 import typing
 
-from deepfusion.config.schema import ConfigError, describe_sections, dump_tables
+from deepfusion.config.schema import ConfigError, describe_sections, dump_tables, toml_value
 from deepfusion.config.sections import SECTIONS, Config, config_from_dict, config_to_dict
 
 
@@ -176,3 +176,11 @@ _UNSET = object()
 
 def _show(value) -> str:
     return "(unset)" if value is _UNSET else repr(value)
+
+
+PROBLEM_OPTIONS = "problem.options."   # the key prefix of a problem's options in --set
+
+
+def as_set_flags(options: dict) -> str:
+    """``--set problem.options.K=V ...`` of ``options`` (V in TOML), for messages."""
+    return " ".join(f"--set {PROBLEM_OPTIONS}{k}={toml_value(v)}" for k, v in options.items())

@@ -20,10 +20,9 @@ import os
 from dataclasses import dataclass, field
 
 from deepfusion.config import DataConfig
-from deepfusion.config.schema import toml_value
+from deepfusion.config.files import as_set_flags
 
 AS_IS = ("as-is", "none")   # --work-grid spellings of "the network runs on the output grid"
-OPTION_PREFIX = "problem.options."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +276,7 @@ def check_fits(problem, spec: dict, options: dict) -> None:
     from diffnet.problems import get_problem
 
     trained = get_problem(type(problem), **spec["kwargs"])
-    given = " ".join(f"--set {OPTION_PREFIX}{k}={toml_value(v)}" for k, v in options.items())
+    given = as_set_flags(options)
     for what in ("input_channels", "output_channels"):
         if getattr(problem, what) != getattr(trained, what):
             raise ValueError(f"{given} "
