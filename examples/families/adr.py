@@ -52,9 +52,9 @@ class ADR(gt.ResidualFamily):
                    "flow_speed", "g_1", "g_2")
     input_channels = ("log_a", "b_y", "b_x", "phi", "lift", "bubble")
 
-    def __init__(self, *, grid=(64, 64), omega_range=(-0.5, 0.5), max_speed=4.0,
+    def __init__(self, *, grid=(64, 64), norm="l2", omega_range=(-0.5, 0.5), max_speed=4.0,
                  lift_range=(-1.0, 1.0), output_scale=0.25):
-        super().__init__(grid=grid)
+        super().__init__(grid=grid, norm=norm)
         self.omega_range = gt.interval("omega_range", omega_range)
         self.lift_range = gt.interval("lift_range", lift_range)
         self.max_speed, self.output_scale = float(max_speed), float(output_scale)

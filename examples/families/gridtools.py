@@ -23,7 +23,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
-from diffnet.problems import Problem
+from diffnet.problems import Problem, residual_norm
 
 
 def interval(name: str, value) -> tuple[float, float]:
@@ -166,6 +166,16 @@ class ResidualFamily(Problem):
 
     loss_term_names = ("pde",)
     symmetric = False          # True: the operator is symmetric positive definite (3-D: AMG-CG)
+    NORMS = ("l2", "multilevel")
+
+    def __init__(self, *, grid, norm: str = "l2"):
+        super().__init__(grid=grid)
+        if norm not in self.NORMS:
+            raise ValueError(f"norm must be one of {list(self.NORMS)}, got {norm!r}")
+        self.norm = norm
+
+    def config(self) -> dict:
+        return {**super().config(), "norm": self.norm}
 
     @abc.abstractmethod
     def residual(self, u, inputs) -> torch.Tensor:
@@ -184,8 +194,11 @@ class ResidualFamily(Problem):
         return np.zeros(self.grid)
 
     def loss_terms(self, u, inputs):
-        # the norm of r: the mean square over the interior nodes (the walls hold g exactly)
-        return {"pde": self.mean(self.residual(u, inputs).square(), interior=1)}
+        # the walls hold g exactly, so only the interior nodes' residual counts
+        r = self.residual(u, inputs)
+        if self.norm == "multilevel":
+            return {"pde": residual_norm(r, self)}
+        return {"pde": self.mean(r.square(), interior=1)}
 
     def reference_solution(self, params, method: str = "auto") -> np.ndarray:
         x = self.build_input(np.atleast_2d(params), torch.float64)[0].numpy()

@@ -50,9 +50,9 @@ class Helmholtz(gt.ResidualFamily):
                    *(f"c_{i + 1}" for i in range(len(F_MODES))))
     input_channels = ("log_a", "k", "f", "bubble")
 
-    def __init__(self, *, grid=(64, 64), omega_range=(-0.5, 0.5), k_range=(1.0, 100.0),
+    def __init__(self, *, grid=(64, 64), norm="l2", omega_range=(-0.5, 0.5), k_range=(1.0, 100.0),
                  source_range=(-1.0, 1.0), output_scale=0.02):
-        super().__init__(grid=grid)
+        super().__init__(grid=grid, norm=norm)
         self.omega_range = gt.interval("omega_range", omega_range)
         self.k_range = gt.interval("k_range", k_range)
         self.source_range = gt.interval("source_range", source_range)
