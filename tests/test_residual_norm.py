@@ -36,7 +36,13 @@ def norms(block, r, **kw):
     h = spacing_of(block.grid)
     return {"default": residual_norm(r, block, spacing=h),
             "options": residual_norm(r, block, spacing=h, levels=2, weights=(0.5, 2.0),
-                                     interior=(0,) + (1,) * (block.dims - 1))}
+                                     interior=(0,) + (1,) * (block.dims - 1)),
+            "coefficient": residual_norm(r, block, spacing=h, coefficient=_tilt(block, r))}
+
+
+def _tilt(block, r):
+    """A positive coefficient varying along the first axis, by global node index."""
+    return 1.0 + block.indices(0, r).to(r.dtype).view((-1,) + (1,) * (block.dims - 1))
 
 
 @pytest.mark.parametrize("grid,split", CASES, ids=str)
@@ -108,6 +114,11 @@ def test_problem_form_and_refusals_say_the_fix():
         residual_norm(r, p, levels=2, weights=(1.0,))
     with pytest.raises(ValueError, match=r"r must be the residual on the block"):
         residual_norm(r[:, :8], p)
+    with pytest.raises(ValueError, match="positive"):
+        residual_norm(r, p, coefficient=-torch.ones(16, 16))
+    with pytest.raises(ValueError, match="broadcastable"):
+        residual_norm(r, p, coefficient=torch.ones(3, 16))
+    assert torch.allclose(residual_norm(r, p, coefficient=4.0), residual_norm(r, p) / 4)
     with pytest.raises(ValueError, match="residual_norm"):
         get_problem("poisson", grid=(16, 16), loss="residual", residual_norm="h-1")
 

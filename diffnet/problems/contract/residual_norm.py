@@ -59,7 +59,7 @@ def max_levels(grid) -> int:
 
 
 def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = None,
-                  weights=None, interior=1) -> torch.Tensor:
+                  weights=None, interior=1, coefficient=None) -> torch.Tensor:
     """(B,) the multilevel norm squared ||r||_B^2 of a residual r (module docstring: formula,
     when to use it); on a split block, this block's part (the parts sum to the undivided value).
 
@@ -73,6 +73,11 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
         weights: w_l per level (default all 1), non-negative.
         interior: residual nodes closer than this to the boundary (an int, or one per axis)
             count as zero.
+        coefficient: the operator's diffusion coefficient a > 0 at the nodes of the block,
+            broadcastable to r, for -div(a grad u) + ...: r is measured as r / sqrt(a). Where a
+            is smooth, A^-1 ~ a^-1/2 (-Laplacian)^-1 a^-1/2, so the norm stays equivalent to
+            the energy however far a swings; without it a region of large a weighs a times
+            too much and one of small a too little.
 
     Example, the residual of the 5-point Laplacian on a 33 x 33 grid, as a problem's loss
     would write ``pde = residual_norm(r, self)``:
@@ -98,6 +103,8 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
     if r.dim() != d + 2 or tuple(r.shape[2:]) != block.shape:
         raise ValueError(f"r must be the residual on the block, (B, *{list(block.shape)}) or "
                          f"(B, C, *{list(block.shape)}), got {tuple(r.shape)}")
+    if coefficient is not None:
+        r = r * torch.rsqrt(_coefficient(coefficient, r))
     b, c = r.shape[:2]
     r = r.reshape(b * c, 1, *block.shape) * _interior_mask(block, interior, r)
     levels, weights = _levels(block.grid, levels, weights)
@@ -127,6 +134,21 @@ def _where(where, spacing):
         raise ValueError(f"spacing must give a positive spacing per grid axis of "
                          f"{list(block.grid)}, got {spacing!r}")
     return block, spacing
+
+
+def _coefficient(a, r) -> torch.Tensor:
+    """``a`` as a tensor like r, checked positive and broadcastable to r (B, C, *shape)."""
+    a = torch.as_tensor(a, dtype=r.dtype, device=r.device)
+    try:
+        torch.broadcast_shapes(a.shape, r.shape)
+    except RuntimeError:
+        raise ValueError(f"coefficient must be broadcastable to the residual {tuple(r.shape)} "
+                         f"(the coefficient at the block's nodes, e.g. (B, 1, *shape)), got "
+                         f"{tuple(a.shape)}") from None
+    if not bool((a > 0).all()):
+        raise ValueError("coefficient must be positive at every node (it is the diffusion "
+                         "coefficient a of -div(a grad u)); pass exp(log_a) or clamp it")
+    return a
 
 
 def _levels(grid, levels, weights) -> tuple[int, list[float]]:
