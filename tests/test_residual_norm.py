@@ -37,7 +37,8 @@ def norms(block, r, **kw):
     return {"default": residual_norm(r, block, spacing=h),
             "options": residual_norm(r, block, spacing=h, levels=2, weights=(0.5, 2.0),
                                      interior=(0,) + (1,) * (block.dims - 1)),
-            "coefficient": residual_norm(r, block, spacing=h, coefficient=_tilt(block, r))}
+            "coefficient": residual_norm(r, block, spacing=h, coefficient=_tilt(block, r),
+                                         reaction=torch.tensor([0.0, 10.0, 1e3]))}
 
 
 def _tilt(block, r):
@@ -119,6 +120,15 @@ def test_problem_form_and_refusals_say_the_fix():
     with pytest.raises(ValueError, match="broadcastable"):
         residual_norm(r, p, coefficient=torch.ones(3, 16))
     assert torch.allclose(residual_norm(r, p, coefficient=4.0), residual_norm(r, p) / 4)
+    # level 0 with a reaction c weighs the integral of r^2 by 1 / (c + 2 / h^2)
+    h = p.spacing[0]
+    one_level = residual_norm(r, p, reaction=torch.tensor([0.0, 50.0]), levels=1, interior=0)
+    assert torch.allclose(one_level, r.square().sum((1, 2)) * h * h
+                          / torch.tensor([2 / h**2, 50 + 2 / h**2], dtype=r.dtype))
+    with pytest.raises(ValueError, match="reaction"):
+        residual_norm(r, p, reaction=-1.0)
+    with pytest.raises(ValueError, match="per sample"):
+        residual_norm(r, p, reaction=torch.ones(5))
     with pytest.raises(ValueError, match="residual_norm"):
         get_problem("poisson", grid=(16, 16), loss="residual", residual_norm="h-1")
 

@@ -59,7 +59,7 @@ def max_levels(grid) -> int:
 
 
 def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = None,
-                  weights=None, interior=1, coefficient=None) -> torch.Tensor:
+                  weights=None, interior=1, coefficient=None, reaction=None) -> torch.Tensor:
     """(B,) the multilevel norm squared ||r||_B^2 of a residual r (module docstring: formula,
     when to use it); on a split block, this block's part (the parts sum to the undivided value).
 
@@ -78,6 +78,11 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
             is smooth, A^-1 ~ a^-1/2 (-Laplacian)^-1 a^-1/2, so the norm stays equivalent to
             the energy however far a swings; without it a region of large a weighs a times
             too much and one of small a too little.
+        reaction: the zero-order coefficient c of -div(a grad u) + c u, relative to a (c / a,
+            or c without ``coefficient``): a number >= 0 or one per sample (B,). Level l then
+            weighs 1 / (c + sum_a (m_l h_a)^-2) instead of s_l: where c outweighs the level's
+            1 / size^2 the operator is c times the identity there, and its inverse c^-1, not
+            the cell size squared.
 
     Example, the residual of the 5-point Laplacian on a 33 x 33 grid, as a problem's loss
     would write ``pde = residual_norm(r, self)``:
@@ -109,13 +114,14 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
     r = r.reshape(b * c, 1, *block.shape) * _interior_mask(block, interior, r)
     levels, weights = _levels(block.grid, levels, weights)
     vol = math.prod(spacing)
+    react = _reaction(reaction, b, r).repeat_interleave(c)
     out = r.new_zeros(b * c)
     for lev, w in enumerate(weights):
         if w == 0:
             continue
         m = 2 ** lev
-        s = 1.0 / sum((m * h) ** -2 for h in spacing)
-        out = out + (w * s * vol / m ** d) * _level(r, block, m)
+        s = 1.0 / (react + sum((m * h) ** -2 for h in spacing))
+        out = out + (w * vol / m ** d) * s * _level(r, block, m)
     return out.view(b, c).sum(1)
 
 
@@ -149,6 +155,18 @@ def _coefficient(a, r) -> torch.Tensor:
         raise ValueError("coefficient must be positive at every node (it is the diffusion "
                          "coefficient a of -div(a grad u)); pass exp(log_a) or clamp it")
     return a
+
+
+def _reaction(c, b: int, like) -> torch.Tensor:
+    """(B,) the relative reaction per sample, from None, a number or a (B,) tensor, >= 0."""
+    c = torch.as_tensor(0.0 if c is None else c, dtype=like.dtype, device=like.device)
+    if c.dim() > 1 or c.numel() not in (1, b):
+        raise ValueError(f"reaction must be a number or one per sample ({b},), got shape "
+                         f"{tuple(c.shape)}")
+    if not bool((c >= 0).all()):
+        raise ValueError("reaction must be >= 0 (the zero-order coefficient c of -div(a grad "
+                         "u) + c u, relative to a)")
+    return c.reshape(-1).expand(b)
 
 
 def _levels(grid, levels, weights) -> tuple[int, list[float]]:

@@ -75,8 +75,9 @@ class Poisson(DirichletX, KLDiffusionProblem):
         ``FiniteDifference(kind=stencil)`` call. "bc" = bc_weight * mean over the nodes of the two
         walls y = 0, 1 of (du/dy)^2 (the Neumann condition as a soft term).
         ``residual_norm`` measures that residual: "l2" (default) by its mean square as above;
-        "multilevel" by ``residual_norm(r, self)``, its split-exact multilevel norm (H^-1-like:
-        conditioned like the energy instead of its square; :mod:`.contract.residual_norm`).
+        "multilevel" by ``residual_norm(r, self, coefficient=1 / nu)``, its split-exact
+        multilevel norm (H^-1-like: conditioned like the energy instead of its square;
+        :mod:`.contract.residual_norm`), of div(nu grad u) / sqrt(nu).
 
     Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly (``on_block``):
     the interior mean of "residual" follows global node indices and each wall counts on the
@@ -128,8 +129,10 @@ class Poisson(DirichletX, KLDiffusionProblem):
             g2 = du[:, a].square()
             walls += [self.wall_mean(g2, a, "lo"), self.wall_mean(g2, a, "hi")]
         bc = functools.reduce(operator.add, walls) / len(walls)
+        # r is div(nu grad u) / nu; the norm of an operator with coefficient nu weighs its
+        # residual by 1 / sqrt(nu), so r by sqrt(nu): coefficient 1 / nu
         pde = (self.mean(r.square(), interior=1) if self.residual_norm == "l2"
-               else residual_norm(r, self))
+               else residual_norm(r, self, coefficient=1 / inputs[:, 0:1]))
         return {"pde": pde, "bc": self.bc_weight * bc}
 
     def diffusion_options(self) -> dict:
