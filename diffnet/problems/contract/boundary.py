@@ -257,6 +257,8 @@ def field_on_block(problem, value, like: torch.Tensor, what: str = "value") -> t
         value = _values(value(*mesh(problem, block)), block.shape, f"{what}(*coords)")
     t = _tensor(value, like)
     d = block.dims
+    if t.dim() == 0:
+        return t
     if t.dim() in (d, d + 1):
         t = t.reshape(-1, 1, *t.shape[t.dim() - d:])
     if t.dim() != d + 2 or tuple(t.shape[2:]) not in (block.shape, block.grid):
