@@ -3,7 +3,7 @@
 ``cell_means``): what each computes on the whole grid, checked against the formula; split
 [1, 2], [2, 2] and 3-D [2, 2, 2] (blocks in threads of this process, as a real split's ranks):
 the imposed field bit for bit and every term's value and gradient equal to the undivided ones
-in float64; bad arguments refused with the fix."""
+in float64 (and on a real ``mpiexec -n 2`` split); bad arguments refused with the fix."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +14,7 @@ from diffnet.domain import Block
 from diffnet.problems import (Axis, Problem, block_cells, bubble, cell_means, dirichlet, mesh,
                               neumann, normal_derivative, robin, transfinite_lift, wall_names)
 from diffnet.problems.check.split import ThreadSplit, close, run_blocks, terms_and_grads
+from tests.mpi_util import run_script_cases
 
 RTOL = 1e-12
 
@@ -248,3 +249,10 @@ def test_bad_arguments_say_what_is_wrong_and_how_to_fix_it():
     with pytest.raises(ValueError, match="does not hold the wall"):
         normal_derivative(box((8, 8)).on_block(Block((8, 8), (0, 0), (8, 4))), u[..., :4], 1,
                           "hi")
+
+
+@pytest.mark.mpi
+@pytest.mark.full      # the threads' split above is the everyday check; this one with real ranks
+def test_real_mpi_two_ranks():
+    run_script_cases(2, "tests/mpi_scripts/boundary_check.py", ["12x16:1x2", "12x16:2x1",
+                                                                "8x8x12:1x1x2"])
