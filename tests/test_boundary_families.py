@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import pathlib
+import re
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ def test_a_failure_names_the_plugin_file_and_the_line_of_the_method():
     assert line == inspect.getsourcelines(Misshapen.loss_terms)[1]
     where = f"[Misshapen.loss_terms at tests/plugins/broken_loss.py:{line}]"
     assert bad.line().endswith(where), bad.line()
-    with pytest.raises(ProblemCheckFailed, match=__import__("re").escape(where)):
+    with pytest.raises(ProblemCheckFailed, match=re.escape(where)):
         report.assert_ok()
 
 
