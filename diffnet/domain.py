@@ -55,6 +55,19 @@ class Block:
         start: this block's first node per axis (default: all 0).
         shape: this block's node counts per axis (default: the whole grid).
 
+    Attributes (what a problem's ``impose`` and ``loss_terms`` read of ``self.block``):
+        grid, start, shape: the tuples above; the block holds the global nodes
+            ``start[a] .. start[a] + shape[a] - 1`` of axis a, and its part of a field is
+            (B, C, *shape).
+        dims, whole: the number of grid axes; whether the block is the whole grid.
+
+    Geometry (no communication): ``at_lo(a)``, ``at_hi(a)`` (does it hold a global wall),
+    ``indices(a)`` (its global node indices), ``local(field)`` (its part of a global field),
+    ``nodes()`` (the GLOBAL node count), ``at_shape(shape)`` and ``in_grid(grid)`` (the same
+    place on a coarser or another grid). Collectives, which EVERY block of the split must call
+    in the same order (a block that skips one leaves the others waiting): ``halo``, ``sum``,
+    ``gather``, ``gather_whole``.
+
     Subclasses that really split override the collectives ``halo``, ``sum`` and ``gather``;
     the geometry helpers below are shared.
     """
@@ -68,6 +81,7 @@ class Block:
 
     @property
     def dims(self) -> int:
+        """The number of grid axes (1, 2 or 3)."""
         return len(self.grid)
 
     @property

@@ -5,8 +5,11 @@
 (group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
 implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
 head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
-multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`). The
-families are in :mod:`.families`, the problem checker in :mod:`.check`.
+multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`).
+Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g through a lift,
+:func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
+:func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
+(:mod:`.contract.cells`). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ import inspect
 
 from diffnet.validation import keyword_options
 from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.boundary import (bubble, dirichlet, mesh, neumann, normal_derivative,
+                                                robin, transfinite_lift, wall_names)
+from diffnet.problems.contract.cells import block_cells, cell_means
 from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
                                               has_reference, refines, solves_from_inputs)
 from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
@@ -64,4 +70,5 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "QuadraticEnergy", "get_problem", "option_names", "replace_options", "resolve",
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "check_reference", "entry_point_names", "available_text",
-           "residual_norm", "Poisson"]
+           "residual_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
+           "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "Poisson"]

@@ -31,7 +31,7 @@ class Fault(Exception):
     def __init__(self, method: str, got: str = "", expected: str = "",
                  raised: BaseException | None = None):
         super().__init__(method)
-        self.method = method
+        self.method, self.raised = method, raised
         if raised is not None:
             self.detail = f"raised {type(raised).__name__}: {raised}"
         else:

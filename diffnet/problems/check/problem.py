@@ -22,7 +22,8 @@ process and in a few seconds:
   problem with the same options, draws and losses.
 
 It returns a :class:`CheckReport` with one :class:`CheckResult` per check (OK, FAIL naming the
-method at fault and what it returned against what was expected, or SKIP saying why);
+method at fault, what it returned against what was expected and where in the problem's source
+the method is, :mod:`.source`, or SKIP saying why);
 ``report.assert_ok()`` raises for a user's own test. A spec that cannot be resolved or options
 the problem refuses raise :class:`ProblemSpecError` (a ValueError) before any check runs.
 """
@@ -38,6 +39,7 @@ from diffnet.problems.check.methods import (Fault, Skipped, Subject, check_attri
                             check_fields, check_gradient, check_parameters, check_per_sample,
                             check_reference_solution, check_round_trip, check_solve_from_inputs,
                             shapes_check, split_check)
+from diffnet.problems.check.source import locate
 from diffnet.problems.contract.registry import check_class, resolve
 
 DEFAULT_GRIDS = {2: (16, 16), 3: (8, 8, 8)}
@@ -60,10 +62,12 @@ class CheckResult:
     status: str
     method: str = ""
     detail: str = ""
+    source: str = ""
 
     def line(self) -> str:
         if self.status == FAIL:
-            return f"FAIL  {self.check}: {self.method} {self.detail}"
+            where = f" [{self.source}]" if self.source else ""
+            return f"FAIL  {self.check}: {self.method} {self.detail}{where}"
         return f"{self.status:<5} {self.check}" + (f": {self.detail}" if self.detail else "")
 
 
@@ -132,8 +136,10 @@ def subject(spec, grid=None, options=None) -> Subject:
     try:
         s.make()
     except Exception as e:  # noqa: BLE001 -- the user's constructor may fail in any way
+        where = locate(cls, "__init__", e)
         raise ProblemSpecError(f"problem {label!r} cannot be built on grid {list(grid)} with "
-                               f"options {options}: {type(e).__name__}: {e}") from None
+                               f"options {options}: {type(e).__name__}: {e}"
+                               + (f" [{where}]" if where else "")) from None
     return s
 
 
@@ -149,12 +155,14 @@ def check_problem(spec, *, grid=None, options=None,
             detail = check(s) or ""
             result = CheckResult(check=name, status=OK, detail=detail)
         except Fault as f:
-            result = CheckResult(check=name, status=FAIL, method=f.method, detail=f.detail)
+            result = CheckResult(check=name, status=FAIL, method=f.method, detail=f.detail,
+                                 source=locate(s.cls, f.method, f.raised))
         except Skipped as e:
             result = CheckResult(check=name, status=SKIP, detail=str(e))
         except Exception as e:  # noqa: BLE001 -- outside the methods' calls: an attribute
             result = CheckResult(check=name, status=FAIL, method="the problem",
-                                 detail=f"raised {type(e).__name__}: {e}")
+                                 detail=f"raised {type(e).__name__}: {e}",
+                                 source=locate(s.cls, "", e))
         report.results.append(result)
         if on_result is not None:
             on_result(result)

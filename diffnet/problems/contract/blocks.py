@@ -21,6 +21,9 @@ undivided arithmetic is what one would write without a split:
   ``block_coords(problem, b)``: the 1-D node coordinates of the block, so that a field
   evaluated pointwise on them is the whole grid's field cut to the block, bit for bit.
 
+Built from these, also split-exact: boundary data (:mod:`.boundary`: a Dirichlet lift,
+Neumann and Robin terms) and the means of a field over coarse cells (:mod:`.cells`).
+
 A plain per-node sum ``t.sum(dims)`` (a quadrature with weights cut by ``cut``) needs nothing:
 every node lies on exactly one block. Derivatives come from
 ``diffnet.stencils.FiniteDifference(u, block)``, which exchanges the halo itself.
