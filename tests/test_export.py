@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from deepfusion.app.fields_file import write_input_fields
+from deepfusion.cli import main
 from deepfusion.engine.checkpoint.store import save_checkpoint
 from diffnet.generators import build_generator
 from diffnet.problems import Poisson, get_problem
@@ -191,14 +192,59 @@ def test_an_answer_the_trace_gets_wrong_is_refused(tmp_path, cli):
     assert not os.path.exists(tmp_path / "m.pt")
 
 
+def export_fd(capfd, monkeypatch, args) -> tuple[int, str, str]:
+    """``deepfusion export ARGS`` here, with what reaches the file descriptors 1 and 2 (torch
+    writes its dumps through handlers and C++ that Python's redirection does not see)."""
+    monkeypatch.setenv("DEEPFUSION_NO_MPI", "1")
+    capfd.readouterr()
+    rc = main(["export", *args])
+    got = capfd.readouterr()
+    return rc, got.out, got.err
+
+
 @pytest.mark.skipif("onnx" not in FORMATS, reason=NO_ONNX)
-def test_an_answer_head_onnx_cannot_hold_is_refused_with_the_reason(tmp_path, cli):
+def test_an_answer_head_onnx_cannot_hold_is_refused_with_the_reason(tmp_path, capfd,
+                                                                     monkeypatch):
     """Darcy's Ritz head on a partition solves per-sample Gram systems by Cholesky, with a
-    branch on its success: torch.export stops there, naming the line; TorchScript holds it."""
+    branch on its success: the head says so, and the refusal comes before any tracing (which
+    took most of a minute only to stop there, dumping the graph), one line naming the head, the
+    line of code and TorchScript, which holds it."""
     ckpt = checkpoint(tmp_path, "darcy", ritz=True, ritz_partition=2)
-    rc, _, err = cli(["export", ckpt, "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
-    assert rc == 2 and "cannot be exported to ONNX" in err and "solve_gram" in err, err
-    assert "--format torchscript" in err and not os.path.exists(tmp_path / "m.onnx")
-    rc, out, err = cli(["export", ckpt, "--format", "torchscript", "--out",
-                        str(tmp_path / "m.pt")])
+
+    def traced(*a, **k):
+        raise AssertionError("the exporter ran")
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.onnx, "export", traced)
+        rc, out, err = export_fd(capfd, monkeypatch, [ckpt, "--format", "onnx", "--out",
+                                                       str(tmp_path / "m.onnx")])
+    assert rc == 2 and err.count("\n") == 1 and not out, err
+    assert "cannot be exported to ONNX: the answer head Ritz(fields=1, partition=2)" in err
+    assert "solve_gram" in err and "--format torchscript" in err
+    assert not os.path.exists(tmp_path / "m.onnx")
+    rc, out, err = export_fd(capfd, monkeypatch, [ckpt, "--format", "torchscript", "--out",
+                                                   str(tmp_path / "m.pt")])
     assert rc == 0, err
+
+
+class ValueBranch(Poisson):
+    """Poisson that branches on a computed value and does not say so: the exporter itself
+    stops at the branch."""
+
+    def impose(self, u, inputs):
+        u = super().impose(u, inputs)
+        return u if bool(u.mean() < 1e9) else -u
+
+
+@pytest.mark.full
+@pytest.mark.skipif("onnx" not in FORMATS, reason=NO_ONNX)
+def test_the_exporter_refusal_is_one_line_without_its_graph_dump(tmp_path, capfd, monkeypatch):
+    """A branch the head does not declare: torch.export stops there and logs the whole graph
+    (hundreds of lines) through its own handlers; the user sees one line naming the problem,
+    the head, the line of code and TorchScript."""
+    ckpt = checkpoint(tmp_path, f"{__name__}:ValueBranch")
+    rc, out, err = export_fd(capfd, monkeypatch, [ckpt, "--format", "onnx", "--out",
+                                                   str(tmp_path / "m.onnx")])
+    assert rc == 2 and err.count("\n") == 1 and not out, err
+    assert "answer head Plain()) cannot be exported to ONNX: a Python branch on a computed " \
+           "value" in err and "tests/test_export.py" in err and "in impose" in err, err
+    assert "--format torchscript" in err and not os.path.exists(tmp_path / "m.onnx")
