@@ -26,6 +26,7 @@ imports: torch comes in when the command runs.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
@@ -176,7 +177,7 @@ def fixed_branches(caught) -> list[str]:
     return seen
 
 
-def torchscript_file(module, example, info: dict):
+def torchscript_file(module, example, info: dict, label: str = "the answer"):
     """(the TorchScript archive's bytes, run(x) of the archive read back, fixed branches).
 
     Traced with one thread: code that picks a path by the thread count (the Ritz head's Gram
@@ -192,7 +193,7 @@ def torchscript_file(module, example, info: dict):
             warnings.simplefilter("always")
             traced = torch.jit.freeze(torch.jit.trace(module, example, check_trace=False))
     except Exception as e:  # noqa: BLE001 - whatever the tracer cannot follow is a refusal
-        raise ValueError(f"the answer cannot be traced to TorchScript: {type(e).__name__}: "
+        raise ValueError(f"{label} cannot be traced to TorchScript: {type(e).__name__}: "
                          f"{first_line(e)}") from None
     finally:
         torch.set_num_threads(threads)
@@ -205,37 +206,25 @@ def torchscript_file(module, example, info: dict):
     return data, lambda x: loaded(x), fixed
 
 
-def onnx_file(module, example, info: dict):
+def onnx_file(module, example, info: dict, label: str = "the answer"):
     """(the ONNX model's bytes, run(x) in onnxruntime, []), batch axis dynamic.
 
     The exporter is torch.export's (``dynamo=True``, needs onnxscript), the maintained one: it
     stops at a Python branch on a computed value instead of fixing it, and names the line. The
     legacy TorchScript-based exporter is deprecated, and it refuses the same answer heads (an
     operator ONNX lacks, where this one names the branch)."""
-    import contextlib
-    import logging
-
     import onnxruntime
     import torch
     from torch.export import Dim
 
-    # The exporter's progress lines and its notes on optional packages (torchvision) are not
-    # the user's business: its refusal is, and comes as the exception.
-    log = logging.getLogger("torch.onnx")
-    level = log.level
-    log.setLevel(logging.ERROR)
     try:
-        with torch.no_grad(), warnings.catch_warnings(), \
-                contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
+        with torch.no_grad(), quiet():
             program = torch.onnx.export(module, (example,), dynamo=True, external_data=False,
                                         input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                                         dynamic_shapes=({0: Dim("batch")},))
     except Exception as e:  # noqa: BLE001 - whatever the exporter cannot follow is a refusal
-        raise ValueError(f"the answer cannot be exported to ONNX: {onnx_reason(e)}; "
+        raise ValueError(f"{label} cannot be exported to ONNX: {onnx_reason(e)}; "
                          f"--format torchscript may hold it") from None
-    finally:
-        log.setLevel(level)
     proto = program.model_proto
     for key, value in info.items():
         entry = proto.metadata_props.add()
@@ -250,6 +239,53 @@ def onnx_file(module, example, info: dict):
     def run(x):
         return torch.as_tensor(session.run(None, {INPUT_NAME: x.numpy()})[0])
     return data, run, []
+
+
+@contextlib.contextmanager
+def quiet():
+    """torch's own output kept from the terminal while the exporter runs: its progress lines,
+    its notes on optional packages and, on a refusal, its logged dump of the whole graph
+    (hundreds of lines, from loggers with handlers of their own and from C++), so a refusal is
+    the one line of its exception. Logging is off, Python's and the file descriptors' stdout
+    and stderr go to a discarded file, warnings are ignored; all restored after."""
+    import logging
+    import tempfile
+
+    disabled = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = []
+    sink = tempfile.TemporaryFile()
+    try:
+        for fd in (1, 2):
+            try:
+                saved.append((fd, os.dup(fd)))
+                os.dup2(sink.fileno(), fd)
+            except OSError:     # a descriptor that is not open: nothing to keep quiet there
+                pass
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for fd, copy_of in saved:
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        sink.close()
+        logging.disable(disabled)
+
+
+def graph_refusal(problem, fmt: str) -> str:
+    """The message refusing a graph format for an answer head that says it cannot be held in
+    one (``AnswerHead.graph_branch``), before any tracing; "" when it does not say so."""
+    head = getattr(problem, "head", None)
+    why = getattr(head, "graph_branch", None) if fmt == "onnx" else None
+    if not why:
+        return ""
+    return (f"the answer cannot be exported to ONNX: the answer head {head!r} of problem "
+            f"{problem.name!r} cannot be held in a graph: {why}; --format torchscript holds "
+            f"it (the branch fixed to the way the example takes)")
 
 
 def onnx_reason(e: BaseException) -> str:
@@ -330,6 +366,9 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
     loaded = load(path, grid=grid, work_grid=work_grid or "trained", options=options,
                   notes=notes)
     model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta
+    refused = graph_refusal(problem, fmt)
+    if refused:   # known before tracing, which would take long only to stop at the branch
+        raise ValueError(refused)
     ref_dtype = next(model.parameters()).dtype
     dtype = dtype or str(ref_dtype).removeprefix("torch.")
     reference = answer_module(model, problem, work)
@@ -340,7 +379,8 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
     info = describe(problem, work, meta, loaded.path, fmt, dtype)
     example = draws(problem, *EXAMPLE, getattr(torch, dtype))
     make = torchscript_file if fmt == "torchscript" else onnx_file
-    data, run, fixed = make(module, example, info)
+    label = f"the answer (problem {problem.name!r}, answer head {problem.head!r})"
+    data, run, fixed = make(module, example, info, label)
     diff = worst_difference(run, reference, problem, getattr(torch, dtype), ref_dtype)
     if not diff <= TOLERANCE:
         at = f"; the trace fixed the Python branches at {', '.join(fixed)}" if fixed else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diffnet.problems import check_derived_channels
 from diffnet.validation import grid_axes
 
 from deepfusion.engine.predict.pipeline import Samples
@@ -86,7 +87,8 @@ def fields_inputs(problem, x, channels, where: str, what: str = "the array",
     (N, C, *grid) whose channels are named ``channels`` (None: the problem's own, in order).
 
     Which channels the problem needs or derives is the problem's business
-    (``Problem.inputs_from_fields``). ValueError naming ``where`` (the flag and file, or the
+    (``Problem.inputs_from_fields``), and so is how a derived channel follows from the
+    others: a given one that does not is refused (``Problem.derived_channels``). ValueError naming ``where`` (the flag and file, or the
     argument) and ``what`` (the dataset), and the fix (``naming``: how to name channels, for
     a problem that derives some).
     """
@@ -128,6 +130,7 @@ def fields_inputs(problem, x, channels, where: str, what: str = "the array",
     if bad:  # a problem's own check should have said which field; never pass NaN to the network
         raise ValueError(f"{where}: the network inputs made from {what} hold {bad} "
                          f"non-finite value(s) (NaN or inf); give finite fields")
+    check_derived_channels(problem, made, where)
     return problem, made
 
 

@@ -43,7 +43,13 @@ def _build(args):
     opts = problem_options(args, "solve")
     if "grid" in opts:
         raise ValueError("problem.options.grid: give the grid with --grid HxW (DxHxW)")
-    return problem_from_spec(args.problem, opts, parse_grid(args.grid))
+    problem = problem_from_spec(args.problem, opts, parse_grid(args.grid))
+    if args.inputs is not None:   # a problem that cannot solve given fields: said before reading them
+        from diffnet.problems import check_reference
+
+        check_reference(problem, "'deepfusion solve' has no solver to run")
+        problem.check_method(args.method, from_inputs=True)
+    return problem
 
 
 def _solve(args, comm) -> int:

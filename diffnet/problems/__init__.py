@@ -20,8 +20,10 @@ from diffnet.problems.contract.base import Problem
 from diffnet.problems.contract.boundary import (bubble, dirichlet, mesh, neumann, normal_derivative,
                                                 robin, transfinite_lift, wall_names)
 from diffnet.problems.contract.cells import block_cells, cell_means
+from diffnet.problems.contract.derived import check_derived_channels
 from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
-                                              has_reference, refines, solves_from_inputs)
+                                              has_derived_channels, has_reference, refines,
+                                              solves_from_inputs)
 from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
 from diffnet.problems.contract.residual_norm import residual_norm
@@ -69,6 +71,7 @@ def replace_options(name, stored: dict, given: dict) -> dict:
 __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "Ritz",
            "QuadraticEnergy", "get_problem", "option_names", "replace_options", "resolve",
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
-           "has_answer_residual", "check_reference", "entry_point_names", "available_text",
+           "has_answer_residual", "has_derived_channels", "check_derived_channels",
+           "check_reference", "entry_point_names", "available_text",
            "residual_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "Poisson"]

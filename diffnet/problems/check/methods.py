@@ -17,7 +17,9 @@ import torch
 from diffnet.problems.contract.base import Problem
 from diffnet.problems.contract.heads import AnswerHead
 from diffnet.problems.check.split import ThreadSplit, close, compare_split, fmt, split_run, undivided
-from diffnet.problems.contract.family import has_answer_residual, has_reference, solves_from_inputs
+from diffnet.problems.contract.derived import mismatches
+from diffnet.problems.contract.family import (has_answer_residual, has_derived_channels, has_reference,
+                                              solves_from_inputs)
 from diffnet.problems.contract.registry import problem_spec
 
 # A batch of 3 draws of seed 11; losses at training progress 0.25 (a schedule's middle).
@@ -226,7 +228,15 @@ def check_fields(s: Subject) -> str:
     expect(np.allclose(got, x.numpy(), rtol=1e-12, atol=1e-12), "inputs_from_fields",
            "other inputs than build_input's from build_input's own channels",
            "build_input's inputs back")
-    return f"build_input's channels {list(p.input_channels)} give its inputs back"
+    done = f"build_input's channels {list(p.input_channels)} give its inputs back"
+    if not has_derived_channels(p):
+        return done
+    # build_input's own channels must pass the check every prediction from given fields makes
+    bad = call("derived_channels", mismatches, p, x.numpy().astype(np.float64))
+    expect(not bad, "derived_channels",
+           {k: f"differs from build_input's by up to {m['diff']:.3g}" for k, m in bad.items()},
+           "build_input's derived channels recomputed from its other channels")
+    return f"{done}; its derived channels agree with build_input's"
 
 
 def check_per_sample(s: Subject) -> str:

@@ -42,10 +42,11 @@ class Axis:
 class Family(abc.ABC):
     """What a draw of the family is: geometry, parameters, input fields, reference solver.
 
-    The optional methods, ``reference_solution``, ``solve_from_inputs``, ``refine`` and
-    ``answer_residual``, are offered by defining them: :func:`has_reference`,
-    :func:`solves_from_inputs`, :func:`refines` and :func:`has_answer_residual` say which a
-    family defines, and the defaults here refuse, saying what the family lacks.
+    The optional methods, ``reference_solution``, ``solve_from_inputs``, ``refine``,
+    ``answer_residual`` and ``derived_channels``, are offered by defining them:
+    :func:`has_reference`, :func:`solves_from_inputs`, :func:`refines`,
+    :func:`has_answer_residual` and :func:`has_derived_channels` say which a family defines,
+    and the defaults here refuse, saying what the family lacks (``derived_channels``: none).
 
     Class attributes a family sets:
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
@@ -56,6 +57,9 @@ class Family(abc.ABC):
             Read only where the family has a reference solver (:func:`has_reference`).
         fields_hint: optional text for the message of missing channels in
             ``inputs_from_fields``, e.g. which channels are derived from which.
+        derivations: {channel: how it follows from the others, in words}, e.g.
+            {"log_nu": "log(nu)"}, for the message refusing given fields whose channel is not
+            what ``derived_channels`` recomputes; set with ``derived_channels``.
         residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
             be trusted; set by a family that defines ``answer_residual``.
         option_presets: {option: the options its value presets}, e.g. Darcy's {"family":
@@ -70,6 +74,7 @@ class Family(abc.ABC):
     reference_methods: tuple[str, ...] = ("auto",)
     fields_hint: str = ""
     residual_threshold: float | None = None
+    derivations: dict[str, str] = {}
     option_presets: dict[str, tuple[str, ...]] = {}
 
     def __init__(self, *, grid=(64, 64)):
@@ -179,6 +184,19 @@ class Family(abc.ABC):
             raise ValueError(f"problem {self.name!r} needs {need}{self.fields_hint}, got "
                              f"channels {list(fields)} (missing {missing}, unknown {unknown})")
         return np.stack([fields[c] for c in need], axis=1)
+
+    def derived_channels(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """{channel: (N, *grid) float64} each channel of ``input_channels`` that follows from
+        the others (a logarithm, a coordinate, a field repeated along an axis), recomputed
+        from the others of ``inputs`` (N, C, *grid) float64, exactly as ``build_input``
+        makes it.
+
+        Optional: a family whose channels are not independent defines it (and
+        ``derivations``), and every prediction from given fields (``predict(inputs)``,
+        ``infer --inputs``) compares the given channels with these and refuses a mismatch
+        beyond float32 rounding (:mod:`.derived`). This default derives nothing. Keep it
+        cheap: it runs on every given sample."""
+        return {}
 
     def check_sample(self, inputs) -> np.ndarray:
         """One sample's input fields as a finite float64 array (C, *grid) on this grid."""
@@ -313,6 +331,12 @@ def has_answer_residual(problem) -> bool:
     """Whether it measures how far an answer is from the discrete solution: it defines
     ``answer_residual`` (and its ``residual_threshold``)."""
     return defines(problem, "answer_residual")
+
+
+def has_derived_channels(problem) -> bool:
+    """Whether some of its input channels follow from the others and given fields are checked
+    for it: it defines ``derived_channels``."""
+    return defines(problem, "derived_channels")
 
 
 def check_reference(problem, what: str) -> None:

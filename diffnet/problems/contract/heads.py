@@ -27,6 +27,10 @@ class AnswerHead(abc.ABC):
     """Forms the answer (B, 1, *grid) from the ``channels`` imposed fields (B, K, *grid)."""
 
     channels: int = 1
+    # Why a graph format (ONNX) cannot hold this head, in words: a Python branch on a computed
+    # value, which a traced graph cannot keep; None where the head knows of none. Export
+    # refuses before tracing (which takes long and would only stop at the branch).
+    graph_branch: str | None = None
 
     @abc.abstractmethod
     def form(self, u: torch.Tensor, inputs: torch.Tensor, problem) -> torch.Tensor:
@@ -109,6 +113,16 @@ class Ritz(AnswerHead):
 
     def __repr__(self) -> str:
         return f"Ritz(fields={self.channels}, partition={self.partition})"
+
+    @property
+    def graph_branch(self) -> str | None:
+        """One coefficient is a division; more are a Gram solve (``ritz.solve_gram``) that
+        falls back from Cholesky to LU where Cholesky fails to rounding."""
+        if self.channels == 1 and not self.partition:
+            return None
+        return ("its Gram solve (solve_gram in diffnet/problems/contract/ritz.py) falls back "
+                "from Cholesky to LU where Cholesky fails to rounding, a branch on a computed "
+                "value")
 
     def check(self, problem) -> None:
         if not isinstance(problem, QuadraticEnergy):

@@ -126,6 +126,8 @@ class Burgers(FiniteVolumeResiduals, Problem):
     name = "burgers"
     param_names = ("c",)
     input_channels = ("u0", "t")
+    derivations = {"t": "the normalised time of its row, 0 on the first row to 1 on the last",
+                   "u0": "its first row (t = 0) repeated on every row"}
     residual_threshold = 0.06    # of answer_residual: docs/answer-check.md says how chosen
 
     def __init__(self, *, grid=(64, 64), c_range=(3.0, 6.0), bc_weight: float = 10.0,
@@ -212,6 +214,13 @@ class Burgers(FiniteVolumeResiduals, Problem):
         out[:, 0] = u0[:, None, :]
         out[:, 1] = np.linspace(0.0, 1.0, self.grid[0])[None, r0:r0 + h, None]
         return torch.as_tensor(out, dtype=dtype)
+
+    def derived_channels(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """t / T from the grid's rows; u0 from its first row (the network sees it on every
+        row)."""
+        u0 = inputs[:, self.input_channels.index("u0")]
+        t = np.linspace(0.0, 1.0, u0.shape[1])[None, :, None]
+        return {"u0": np.broadcast_to(u0[:, :1], u0.shape), "t": np.broadcast_to(t, u0.shape)}
 
     def _mask(self, like: torch.Tensor):
         """(row-0 mask, row-0-or-column-0 mask), (1, 1, H, W), cached per dtype/device."""

@@ -153,6 +153,7 @@ class DiffusivityInputs:
     input_channels = ("nu", "log_nu")
     reference_methods = ("auto", "direct", "amg")
     fields_hint = " (or 'nu' alone: 'log_nu' is derived from it)"
+    derivations = {"log_nu": "log(nu)"}
 
     def nu_nodes(self, params: np.ndarray) -> np.ndarray:
         """(*grid) float64 nu of one parameter vector (m,)."""
@@ -176,6 +177,12 @@ class DiffusivityInputs:
             check_array("field 'nu' (the diffusivity)", given["nu"], positive=True)
             given.setdefault("log_nu", np.log(given["nu"]))
         return self.stack_fields(given)
+
+    def derived_channels(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """log_nu = log(nu) (NaN where nu <= 0, which never matches)."""
+        nu = inputs[:, self.input_channels.index("nu")]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {"log_nu": np.log(nu)}
 
     def reference_solution(self, params: np.ndarray, method: str = "auto") -> np.ndarray:
         return self.solve_nu(self.nu_nodes(params), method)
