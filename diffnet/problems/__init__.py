@@ -5,19 +5,22 @@
 (group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
 implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
 head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
-multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`). The
-families are in :mod:`.families`, the problem checker in :mod:`.check`.
+multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`); the answer
+residual every problem has from its loss: :func:`loss_residual` (:func:`residual_kind`: the
+family's own or that one). The families are in :mod:`.families`, the problem checker in
+:mod:`.check`.
 """
 from __future__ import annotations
 
 import inspect
 
 from diffnet.validation import keyword_options
-from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.base import Problem, residual_kind
 from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
                                               has_reference, refines, solves_from_inputs)
 from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
+from diffnet.problems.contract.loss_residual import loss_residual
 from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
@@ -64,4 +67,4 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "QuadraticEnergy", "get_problem", "option_names", "replace_options", "resolve",
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "check_reference", "entry_point_names", "available_text",
-           "residual_norm", "Poisson"]
+           "residual_norm", "loss_residual", "residual_kind", "Poisson"]

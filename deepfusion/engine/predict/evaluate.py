@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -29,9 +30,11 @@ from deepfusion.engine.predict.plots import fields_figure, views
 
 @torch.no_grad()
 def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True, domain=None, terms: bool = False) -> tuple:
+            channels_last: bool = True, domain=None, terms: bool = False,
+            check: bool = False) -> tuple:
     """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches
-    through the prediction service in this rank (its unit) alone; with ``terms``, a third
+    through the prediction service in this rank (its unit) alone; with ``check``, a next
+    item: each prediction's answer residual (n,) (:func:`residuals`); with ``terms``, a last
     item: each loss term of each prediction ({name: (n,)}).
 
     Under a domain split (``domain``, ``model`` and ``problem`` on its block) the group's first
@@ -44,21 +47,46 @@ def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: i
                             dtype=dtype, post=loss_terms if terms else None)
     samples = Samples(params)
     model.eval()
+    finish = service.as_arrays(problem, samples)
     done = service.predict_here(pipe, samples, batch, mode=torch.no_grad,
-                                finish=service.as_arrays(problem, samples))
+                                finish=residuals(problem, samples, finish) if check else finish)
     model.train()
     held = done.held()
     out = (np.concatenate([b.inputs for b in held]), np.concatenate([b.u for b in held])) \
         if held else (np.zeros((0,)), np.zeros((0,)))
+    if check:
+        out += (np.concatenate([b.extra["residual"] for b in held]) if held else np.zeros(0),)
     if not terms:
         return out
     ts = [b.extra for b in done.batches]
     return out + ({k: np.concatenate([t[k] for t in ts]) for k in ts[0]} if ts else {},)
 
 
+def residuals(problem, samples, finish):
+    """``finish`` followed by each answer's residual (``Problem.answer_residual``) among the
+    batch's records ("residual"); a residual that fails (a user's loss in float64, say) is
+    NaN with a warning naming the failure, so that an evaluation never fails for its check
+    (and no rank is left waiting for one that did)."""
+    def checked(b):
+        b = finish(b)
+        try:
+            r = problem.answer_residual(b.u, samples.inputs(problem, b.lo, b.hi, torch.float64))
+            r = np.asarray(r, dtype=np.float64)
+        except Exception as e:  # noqa: BLE001 -- any failure of a problem's code
+            warnings.warn(f"the answer residual of problem {problem.name!r} failed on draws "
+                          f"{b.lo}..{b.hi - 1} ({type(e).__name__}: {e}): they are not "
+                          f"checked", RuntimeWarning, stacklevel=2)
+            r = np.full(len(b.u), np.nan)
+        b.extra["residual"] = r
+        return b
+    return checked
+
+
 def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
-             channels_last: bool = True, domain=None) -> dict | None:
+             channels_last: bool = True, domain=None, check: bool = False) -> dict | None:
     """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere.
+    ``check``: each draw's answer residual too ("residual", in draw order), what calibrates
+    the threshold of the answer check (:mod:`.calibration`).
 
     Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.parallelize.Domain`,
     ``problem`` on its block) each group predicts its draws block by block and its first rank
@@ -69,8 +97,9 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
                              channels_last=channels_last, domain=domain)
     idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
-    inputs, preds = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
-                            domain=domain)
+    got = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
+                  domain=domain, check=check)
+    inputs, preds = got[:2]
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports its draws
         idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
@@ -83,6 +112,8 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
              "max_err": max_error(preds, refs, dims=dims).tolist() if len(idx) else [],
              "t_inf": t_inf, "t_ref": t_ref,
              "examples": _examples(idx, inputs, preds, refs)}
+    if check:
+        local["residual"] = got[2].tolist() if len(idx) else []
     parts = comm.gather_obj(local)
     if parts is None:  # not rank 0
         return None
@@ -90,7 +121,9 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
     rel = _in_draw_order([p["rel_l2"] for p in parts], order)
     mx = _in_draw_order([p["max_err"] for p in parts], order)
     params_all = _in_draw_order([p["params"] for p in parts], order)
-    return {"n": int(n), "seed": int(seed), "rel_l2_mean": float(rel.mean()),
+    checked = {"residual": _in_draw_order([p["residual"] for p in parts], order).tolist()} \
+        if check else {}
+    return {**checked, "n": int(n), "seed": int(seed), "rel_l2_mean": float(rel.mean()),
             "rel_l2_median": float(np.median(rel)), "rel_l2_max": float(rel.max()),
             "worst_index": int(rel.argmax()), "max_err_mean": float(mx.mean()),
             "rel_l2": rel.tolist(), "params": params_all.tolist(),
