@@ -177,3 +177,20 @@ def test_calibrate_on_two_ranks_writes_what_one_rank_does(run, tmp_path):
         assert p.returncode == 0, p.stderr
         copies.append(load_checkpoint(latest_checkpoint(copy))["meta"][cal.KEY])
     assert copies[1]["threshold"] == pytest.approx(copies[0]["threshold"], rel=1e-9)
+
+
+@pytest.mark.mpi
+@pytest.mark.full
+def test_a_domain_split_training_calibrates_as_the_undivided_one(run, tmp_path):
+    """The final validation under a [1, 2] split checks the whole answers on each group's
+    first rank, the plugin's residual on a whole-grid copy of its problem."""
+    cfg = tmp_path / "adr.toml"
+    cfg.write_text(ADR)
+    split = str(tmp_path / "split")
+    env = {**REAL_MPI, "PYTHONPATH": f"{FAMILIES}{os.pathsep}{ROOT}"}
+    p = deepfusion(2, ["train", str(cfg), "--set", f"run.dir={split}", "--set",
+                       "parallel.domain=[1, 2]"], env=env)
+    assert p.returncode == 0, p.stderr
+    one, two = (load_checkpoint(latest_checkpoint(d))["meta"][cal.KEY] for d in (run, split))
+    assert two["threshold"] == pytest.approx(one["threshold"], rel=1e-6)
+    assert two["ratio"] == pytest.approx(one["ratio"], rel=1e-6)
