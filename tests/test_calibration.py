@@ -194,3 +194,23 @@ def test_a_domain_split_training_calibrates_as_the_undivided_one(run, tmp_path):
     one, two = (load_checkpoint(latest_checkpoint(d))["meta"][cal.KEY] for d in (run, split))
     assert two["threshold"] == pytest.approx(one["threshold"], rel=1e-6)
     assert two["ratio"] == pytest.approx(one["ratio"], rel=1e-6)
+
+
+def test_a_residual_that_fails_leaves_the_evaluation_whole_and_uncalibrated():
+    """A problem's residual that raises: the evaluation's errors are measured as ever, its
+    residuals are NaN with a warning, and they calibrate nothing (too few usable draws)."""
+    from deepfusion.engine.parallel.comm import SerialComm
+    from deepfusion.engine.predict.evaluate import evaluate
+    from diffnet.generators import build_generator
+
+    problem = get_problem("darcy", grid=(16, 16))
+    model = build_generator("unet", in_channels=2, depth=2, base_width=4)
+
+    def broken(u, inputs):
+        raise RuntimeError("no float64 here")
+    problem.answer_residual = broken
+    with pytest.warns(RuntimeWarning, match="failed on draws 0..3 .*no float64 here"):
+        s = evaluate(model, problem, SerialComm(), n=4, seed=1, channels_last=False, check=True)
+    assert len(s["rel_l2"]) == 4 and np.isnan(s["residual"]).all()
+    with pytest.raises(cal.CalibrationError, match="0 of 4 draws"):
+        cal.calibrate(s["residual"], s["rel_l2"])

@@ -30,11 +30,9 @@ from deepfusion.engine.predict.plots import fields_figure, views
 
 @torch.no_grad()
 def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True, domain=None, terms: bool = False,
-            check: bool = False) -> tuple:
+            channels_last: bool = True, domain=None, terms: bool = False) -> tuple:
     """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches
-    through the prediction service in this rank (its unit) alone; with ``check``, a next
-    item: each prediction's answer residual (n,) (:func:`residuals`); with ``terms``, a last
+    through the prediction service in this rank (its unit) alone; with ``terms``, a third
     item: each loss term of each prediction ({name: (n,)}).
 
     Under a domain split (``domain``, ``model`` and ``problem`` on its block) the group's first
@@ -47,39 +45,35 @@ def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: i
                             dtype=dtype, post=loss_terms if terms else None)
     samples = Samples(params)
     model.eval()
-    finish = service.as_arrays(problem, samples)
     done = service.predict_here(pipe, samples, batch, mode=torch.no_grad,
-                                finish=residuals(problem, samples, finish) if check else finish)
+                                finish=service.as_arrays(problem, samples))
     model.train()
     held = done.held()
     out = (np.concatenate([b.inputs for b in held]), np.concatenate([b.u for b in held])) \
         if held else (np.zeros((0,)), np.zeros((0,)))
-    if check:
-        out += (np.concatenate([b.extra["residual"] for b in held]) if held else np.zeros(0),)
     if not terms:
         return out
     ts = [b.extra for b in done.batches]
     return out + ({k: np.concatenate([t[k] for t in ts]) for k in ts[0]} if ts else {},)
 
 
-def residuals(problem, samples, finish):
-    """``finish`` followed by each answer's residual (``Problem.answer_residual``) among the
-    batch's records ("residual"); a residual that fails (a user's loss in float64, say) is
-    NaN with a warning naming the failure, so that an evaluation never fails for its check
-    (and no rank is left waiting for one that did)."""
-    def checked(b):
-        b = finish(b)
+def answer_residuals(problem, preds: np.ndarray, params: np.ndarray,
+                     batch: int = 8) -> np.ndarray:
+    """(n,) each prediction's answer residual (``Problem.answer_residual``, the inputs
+    rendered in float64 as ``infer`` checks them), in batches; a residual that fails (a
+    user's loss in float64, say) is NaN with a warning naming the failure, so that an
+    evaluation never fails for its check (nor leaves another rank waiting)."""
+    out = np.full(len(params), np.nan)
+    for lo in range(0, len(params), batch):
+        hi = min(lo + batch, len(params))
         try:
-            r = problem.answer_residual(b.u, samples.inputs(problem, b.lo, b.hi, torch.float64))
-            r = np.asarray(r, dtype=np.float64)
+            x = problem.build_input(params[lo:hi], dtype=torch.float64)
+            out[lo:hi] = np.asarray(problem.answer_residual(preds[lo:hi], x), dtype=np.float64)
         except Exception as e:  # noqa: BLE001 -- any failure of a problem's code
             warnings.warn(f"the answer residual of problem {problem.name!r} failed on draws "
-                          f"{b.lo}..{b.hi - 1} ({type(e).__name__}: {e}): they are not "
-                          f"checked", RuntimeWarning, stacklevel=2)
-            r = np.full(len(b.u), np.nan)
-        b.extra["residual"] = r
-        return b
-    return checked
+                          f"{lo}..{hi - 1} of this rank ({type(e).__name__}: {e}): they are "
+                          f"not checked", RuntimeWarning, stacklevel=2)
+    return out
 
 
 def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
@@ -97,9 +91,8 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
                              channels_last=channels_last, domain=domain)
     idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
-    got = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
-                  domain=domain, check=check)
-    inputs, preds = got[:2]
+    inputs, preds = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
+                            domain=domain)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports its draws
         idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
@@ -112,8 +105,8 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
              "max_err": max_error(preds, refs, dims=dims).tolist() if len(idx) else [],
              "t_inf": t_inf, "t_ref": t_ref,
              "examples": _examples(idx, inputs, preds, refs)}
-    if check:
-        local["residual"] = got[2].tolist() if len(idx) else []
+    if check:   # outside the inference time
+        local["residual"] = answer_residuals(problem, preds, params).tolist() if len(idx) else []
     parts = comm.gather_obj(local)
     if parts is None:  # not rank 0
         return None
