@@ -29,8 +29,9 @@ Choices, and why:
   nodes: for an energy loss g = h^d (A u - f), whose nodal norm weighs an error of wavelength
   l by (L / l)^2 more when l is the grid spacing than when l is the domain (network answers
   are rough at the grid scale: the nodal residual of a 1%-accurate answer can exceed the
-  lift's). In the H^-1 norm ||g||_B is the energy norm of the error, the quantity the
-  energy's minimiser is best in, for an energy loss or a loss in this norm; for the plain
+  lift's). In the H^-1 norm ||g||_B is equivalent to the energy norm of the error, the
+  quantity the energy's minimiser is best in, for an energy loss or a loss in this norm
+  (g = A^T B r, B ~ A^-1, is then a residual again); for the plain
   squared residual (g = A^T r, one more operator) roughness still weighs more, and the
   threshold calibrated on the model's own validation answers
   (``deepfusion.engine.predict.calibration``) accounts for how much. The same norm on
