@@ -1,5 +1,5 @@
-"""``deepfusion``: train, demo, evaluate, infer, solve, compare, export, config, problems,
-check-problem, check, status, plot, jobs.
+"""``deepfusion``: train, demo, evaluate, calibrate, infer, solve, compare, export, config,
+problems, check-problem, check, status, plot, jobs.
 
 The top of the package: the parser is built here from every subcommand's own ``register``, the
 application's (:mod:`deepfusion.app`) and the job tools' (:mod:`deepfusion.jobs.cli`); no module
@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepfusion.app import compare, config_command, demo, evaluate, export, infer, solve, train
+from deepfusion.app import (calibrate, compare, config_command, demo, evaluate, export, infer,
+                            solve, train)
 from deepfusion.app import check as check_cli
 from deepfusion.app import check_problem as check_problem_cli
 from deepfusion.app import problems as problems_cli
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.register(sub)
     demo.register(sub)
     evaluate.register(sub)
+    calibrate.register(sub)
     config_command.register(sub)
     infer.register(sub)
     solve.register(sub)

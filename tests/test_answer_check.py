@@ -1,6 +1,6 @@
 """The residual an answer carries (Problem.answer_residual, diffnet.problems.contract.answer_check): the
 zero field with its boundary values reads 1, the reference solution about 0, a perturbed answer
-is flagged; families without one say so."""
+is flagged; a family without its own has its loss's (tests/test_loss_residual.py)."""
 import numpy as np
 import pytest
 import torch
@@ -77,13 +77,22 @@ def test_answer_residual_refuses_wrong_shapes():
         p.answer_residual(np.zeros((3, 17, 17)), x)
 
 
-def test_a_problem_without_a_residual_says_so():
-    from tests.plugins.heat import Heat  # a user's own PDE: it implements no answer residual
+def test_a_problem_of_your_own_has_the_residual_of_its_loss():
+    """A user's PDE that defines no answer residual has the one derived from its loss
+    (diffnet.problems.contract.loss_residual) and no constant threshold: each model's is
+    calibrated."""
+    from diffnet.problems import residual_kind
+    from tests.plugins.heat import Heat
 
     p = Heat(grid=(9, 9))
-    assert not has_answer_residual(p) and p.residual_threshold is None
-    with pytest.raises(NotImplementedError, match="has no answer residual"):
-        p.answer_residual(np.zeros((1, 9, 9)), np.zeros((1, len(p.input_channels), 9, 9)))
+    assert has_answer_residual(p) and p.residual_threshold is None
+    assert residual_kind(p) == "loss" and residual_kind(get_problem("darcy")) == "family"
+    x = p.build_input(p.sample_params(0, range(2)), dtype=torch.float64)
+    lift = p.impose(torch.zeros(2, 1, 9, 9, dtype=torch.float64), x)
+    np.testing.assert_allclose(p.answer_residual(lift, x), 1.0, rtol=1e-12)
+    got = p.check_answers(lift, x)     # no threshold anywhere: only non-finite answers flagged
+    assert not got["flagged"].any()
+    assert p.check_answers(lift, x, threshold=0.5)["flagged"].all()
 
 
 def test_subdomain_sums_telescope_interior_fluxes():
@@ -125,11 +134,12 @@ def test_infer_stores_the_check_and_the_api_returns_it(tmp_path, cli):
     ck = checkpoint(tmp_path, "darcy", (16, 16), 2)
     out = str(tmp_path / "p.h5")
     rc, stdout, err = cli(["infer", ck, "--samples", "3", "--seed", "5", "--out", out])
-    assert rc == 0 and "residual checked: 3 flagged" in stdout
+    assert rc == 0 and "residual checked: 3 flagged (threshold 0.4, the problem's constant" in stdout
     assert "3 of 3 answers have a residual above 0.4" in err     # an untrained network
     got = read_fields(out)
     assert got["residual"].shape == (3,) and got["residual"].dtype == np.float64
     assert got["flagged"].dtype == bool and got["residual_threshold"] == 0.4
+    assert got["residual_threshold_source"] == "family"    # no calibration in the checkpoint
     np.testing.assert_array_equal(got["flagged"], got["residual"] > 0.4)
     p = get_problem("darcy", grid=(16, 16))
     np.testing.assert_allclose(got["residual"], p.answer_residual(got["u"], got["inputs"]),
@@ -137,19 +147,29 @@ def test_infer_stores_the_check_and_the_api_returns_it(tmp_path, cli):
     solver = deepfusion.load(ck)
     solver.predict(params=solver.sample(3, seed=5), check=True)
     np.testing.assert_allclose(solver.last_check["residual"], got["residual"], rtol=1e-6)
-    assert solver.last_check["threshold"] == 0.4
+    assert solver.last_check["threshold"] == 0.4 and solver.last_check["threshold_source"] == "family"
     assert cli(["infer", ck, "--samples", "2", "--no-check", "--out", out])[0] == 0
     with h5py.File(out) as f:
         assert "residual" not in f and "flagged" not in f
 
 
-def test_check_refused_for_a_problem_without_a_residual(tmp_path, cli):
+def test_a_plugin_is_checked_too_without_a_threshold_until_calibrated(tmp_path, cli):
+    """infer checks every problem's answers by default, a plugin's by the residual of its loss;
+    its uncalibrated checkpoint has no threshold, so only non-finite answers are flagged, and
+    the file and the line say so."""
     import deepfusion
+    from deepfusion.app.fields_file import read_fields
 
     ck = checkpoint(tmp_path, "tests.plugins.heat:Heat", (16, 16), 1)
     out = str(tmp_path / "p.h5")
-    rc, _, err = cli(["infer", ck, "--samples", "2", "--check", "--out", out])
-    assert rc != 0 and "--check: problem 'heat' has no answer residual" in err
-    assert cli(["infer", ck, "--samples", "2", "--out", out])[0] == 0   # default: no check
-    with pytest.raises(ValueError, match="has no answer residual"):
-        deepfusion.load(ck).predict(params=np.zeros((1, 2)), check=True)
+    rc, stdout, err = cli(["infer", ck, "--samples", "2", "--out", out])
+    assert rc == 0, err
+    assert "residual checked: 0 flagged (threshold none: only non-finite" in stdout
+    got = read_fields(out)
+    assert got["residual"].shape == (2,) and np.isfinite(got["residual"]).all()
+    assert got["residual_threshold"] is None and got["residual_threshold_source"] == "none"
+    assert got["residual_kind"] == "loss" and not got["flagged"].any()
+    solver = deepfusion.load(ck)
+    solver.predict(params=solver.sample(2), check=True)
+    assert solver.last_check["threshold"] is None and solver.last_check["threshold_source"] == "none"
+    np.testing.assert_allclose(solver.last_check["residual"], got["residual"], rtol=1e-5)

@@ -79,10 +79,12 @@ def cmd_evaluate(args, comm) -> int:
     cl, path, problem = loaded.channels_last, loaded.path, loaded.problem
     dtype = next(loaded.model.parameters()).dtype
     model = convert_model(loaded.model, cl)
-    summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl)
+    summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl,
+                       check=True)
     if summary is None:
         return 0
     summary.pop("_examples")
+    checked = answer_check(summary, loaded.meta, problem)
     out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
                                    f"eval_seed{seed}.json")
     with open(out, "w") as f:
@@ -93,4 +95,30 @@ def cmd_evaluate(args, comm) -> int:
     print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
           f" on {grid_text(problem.grid)}{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)
+    if checked:
+        print(checked, flush=True)
     return 0
+
+
+def answer_check(summary: dict, meta: dict, problem) -> str:
+    """The answer check of the evaluated draws, into ``summary`` ("answer_check": the
+    threshold the checkpoint gives (:func:`~deepfusion.engine.predict.calibration.threshold_for`),
+    where it came from, each draw's flag, how many bad answers (above 5%) and good ones it
+    flags), and its line for the output; "" without a reference solver (no errors)."""
+    import numpy as np
+
+    from deepfusion.engine.predict.calibration import ERROR_LEVEL, threshold_for
+
+    if "residual" not in summary:
+        return ""
+    t = threshold_for(meta, problem)
+    flagged = t.flags(summary["residual"])
+    bad = np.asarray(summary["rel_l2"]) > ERROR_LEVEL
+    counts = {"bad": int(bad.sum()), "bad_flagged": int((flagged & bad).sum()),
+              "good": int((~bad).sum()), "good_flagged": int((flagged & ~bad).sum())}
+    summary["answer_check"] = {"threshold": t.value, "source": t.source, "text": t.text,
+                               "error": ERROR_LEVEL, "flagged": flagged.tolist(), **counts}
+    return (f"answer check: {int(flagged.sum())} of {len(flagged)} answers flagged; "
+            f"{counts['bad_flagged']} of {counts['bad']} with an error above "
+            f"{ERROR_LEVEL:.0%}, {counts['good_flagged']} of {counts['good']} below (threshold "
+            f"{t.text})")

@@ -16,12 +16,12 @@ grids and (D, H, W) on 3-D grids)::
                                             ``infer --refine``: refine_iterations,
                                             refine_residual, refine_initial_residual,
                                             refine_seconds (``deepfusion.engine.predict.refine``)
-    /residual         float64 (N,)          predictions checked (``infer``, by default where
-                                            the problem has one): the answer's residual
+    /residual         float64 (N,)          predictions checked (``infer``, by default):
+                                            the answer's residual
                                             (``Problem.answer_residual``: 0 solves the
                                             discrete equations, 1 is no better than the lift)
-    /flagged          bool (N,)             residual above the problem's threshold, or not
-                                            finite: an answer not to trust
+    /flagged          bool (N,)             residual above the threshold, or not finite: an
+                                            answer not to trust
     root attributes:
         format              "deepfusion-fields", format_version 1
         axes                names of the grid axes of /u (its dimensions after N), in order
@@ -35,7 +35,11 @@ grids and (D, H, W) on 3-D grids)::
         seconds_per_sample  compute seconds per sample (network forward, or solver call),
                             summed over ranks and divided by N; I/O and gathers excluded
         wall_seconds, ranks, batch   the whole command's wall time, MPI ranks, batch size
-        residual_threshold  with /residual: the threshold /flagged compares it with
+        residual_threshold  with /residual: the threshold /flagged compares it with (NaN:
+                            none, only non-finite residuals are flagged)
+        residual_threshold_source  "calibrated" (the model's own, stored in its checkpoint),
+                            "family" (the problem's constant) or "none"
+        residual_kind       "family" (the problem's own residual) or "loss" (its loss's)
         complete            True, written last
 
 Writing is atomic (:class:`deepfusion.engine.checkpoint.atomic.Staged`): the data go to
@@ -196,7 +200,10 @@ def read_fields(path) -> dict:
             out[k] = f[k][()] if k in f else None
         for k in REFINE_DATASETS:  # refined predictions only
             out[k] = f[k][()] if k in f else None
-        out["residual_threshold"] = _attr(f, "residual_threshold")
+        t = _attr(f, "residual_threshold")
+        out["residual_threshold"] = None if t is None or t != t else float(t)   # NaN: none
+        for k in ("residual_threshold_source", "residual_kind"):
+            out[k] = _attr(f, k)
         wg = f.attrs.get("work_grid")  # predictions only: the grid the network ran on
         out["work_grid"] = [int(v) for v in wg] if wg is not None else None
         kw = _attr(f, "problem_kwargs", "{}")

@@ -155,20 +155,36 @@ def execute(comm, args, problem, samples, compute, attrs: dict, domain=None) -> 
                  f"{grid_text(problem.grid)} on {comm.size} rank(s): "
                  f"{busy / samples.n:.4g} s/sample compute{cold}, {wall:.3g} s wall, "
                  f"peak memory {max(peaks):.0f} MiB on the largest rank{refined['text']}"
-                 f"{_check_text(flagged)} -> "
+                 f"{_check_text(flagged, attrs)} -> "
                  f"{os.path.abspath(args.out)} (ParaView: {sidecar_path(os.path.abspath(args.out))})", err=False)
     for w in refined["warnings"]:
         say_once(comm, f"deepfusion: WARNING: {w}")
     if flagged is not None and flagged.any():   # rank 0, which holds the file
         bad = flagged.nonzero()[0].tolist()
-        say_once(comm, f"deepfusion: WARNING: {len(bad)} of {samples.n} answers have a "
-                       f"residual above {attrs['residual_threshold']:g}, the threshold of "
-                       f"problem {problem.name!r}: do not trust them (samples {bad[:10]}"
+        t = attrs["residual_threshold"]
+        above = "a non-finite residual" if t != t else f"a residual above {t:g}"   # NaN: none
+        say_once(comm, f"deepfusion: WARNING: {len(bad)} of {samples.n} answers have "
+                       f"{above}: do not trust them (samples {bad[:10]}"
                        f"{' ...' if len(bad) > 10 else ''}; /residual and /flagged in "
                        f"{os.path.abspath(args.out)}, docs/answer-check.md)")
     return 0
 
 
-def _check_text(flagged) -> str:
-    """The summary line's part on the check (rank 0; empty without one)."""
-    return "" if flagged is None else f"; residual checked: {int(flagged.sum())} flagged"
+# where the threshold came from (deepfusion.engine.predict.calibration.threshold_for), for the
+# summary line; the file's attribute residual_threshold_text says it whole
+THRESHOLD_WORDS = {"calibrated": "calibrated for this model",
+                   "family": "the problem's constant: the checkpoint has none calibrated, "
+                             "'deepfusion calibrate' writes one",
+                   "none": "none: only non-finite answers are flagged; 'deepfusion "
+                           "calibrate' writes one"}
+
+
+def _check_text(flagged, attrs: dict) -> str:
+    """The summary line's part on the check (rank 0; empty without one): how many answers
+    are flagged, and by which threshold."""
+    if flagged is None:
+        return ""
+    t, source = attrs["residual_threshold"], attrs.get("residual_threshold_source")
+    value = "" if t != t else f"{t:.3g}, "
+    return (f"; residual checked: {int(flagged.sum())} flagged (threshold {value}"
+            f"{THRESHOLD_WORDS.get(source, source)})")

@@ -47,10 +47,10 @@ def register(sub) -> None:
                         "iterations and residuals per sample (docs/refine.md); refused for a "
                         "problem without such a solver")
     i.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
-                   help="record each answer's residual and whether it is above the problem's "
-                        "threshold (/residual, /flagged; docs/answer-check.md). Default: on "
-                        "where the problem has an answer residual; --check refuses a problem "
-                        "without one")
+                   help="record each answer's residual and whether it is above the threshold "
+                        "calibrated for the model (else the problem's constant one; "
+                        "/residual, /flagged; docs/answer-check.md). Default: on (every "
+                        "problem has an answer residual, from its loss if not its own)")
     i.add_argument("--domain", metavar="PRxPC|PDxPRxPC",
                    help="split every field over ranks (domain parallelism, exact): blocks per "
                         "axis, e.g. 1x2; the ranks form groups of that many, each group "
@@ -83,7 +83,10 @@ def _load(args):
 
 
 def _infer(args, comm) -> int:
+    from diffnet.problems import residual_kind
+
     from deepfusion.engine.predict import service
+    from deepfusion.engine.predict.calibration import threshold_for
     from deepfusion.engine.predict.loader import grid_text, work_problem
 
     check_out(comm, args, *checkpoint_paths(args.checkpoint))  # before anything is loaded
@@ -110,23 +113,30 @@ def _infer(args, comm) -> int:
         say_once(comm, f"deepfusion: note: {note}")
     warm = service.warmup_pays(samples.n, args.batch, service.unit_of(comm, domain)[1])
     check = collective_check(comm, _check, args, problem)
+    threshold = threshold_for(meta, problem) if check else None
     pipe = service.pipeline(model, problem, work=work, channels_last=loaded.channels_last,
                             domain=domain)
     compute = service.Predictor(pipe, samples, warmup=warm, finish=service.as_arrays(
-        problem, samples, refine=args.refine, check=check))
+        problem, samples, refine=args.refine, check=check,
+        threshold=threshold.value if threshold is not None else None))
     attrs = {"warmup": warm, "source": os.path.abspath(loaded.path), "kind": "prediction",
              "step": loaded.step,
              "work_grid": list((work or problem).grid),
              "domain": list(domain.split) if domain else [],
              "options": args.options}
-    if check:
-        attrs["residual_threshold"] = float(problem.residual_threshold)
+    if threshold is not None:   # NaN: no threshold (only non-finite answers are flagged)
+        attrs["residual_threshold"] = float("nan") if threshold.value is None \
+            else threshold.value
+        attrs["residual_threshold_source"] = threshold.source
+        attrs["residual_threshold_text"] = threshold.text
+        attrs["residual_kind"] = residual_kind(problem)
     return execute(comm, args, problem, samples, compute, attrs, domain)
 
 
 def _check(args, problem) -> bool:
     """Whether infer checks its answers: --check / --no-check, by default where the problem
-    has an answer residual; ValueError for --check on a problem without one."""
+    has an answer residual (every Problem: its own, or its loss's); ValueError for --check on
+    a problem without one."""
     from diffnet.problems import has_answer_residual
 
     if args.check and not has_answer_residual(problem):

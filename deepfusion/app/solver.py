@@ -21,6 +21,7 @@ from deepfusion.app.fields_run import DEFAULT_SEED
 from deepfusion.app.samples import (Samples, check_params, fields_inputs, range_refusal,
                                     range_warnings)
 from deepfusion.engine.predict import service
+from deepfusion.engine.predict.calibration import threshold_for
 from deepfusion.engine.predict.loader import (problem_from_spec, grid_note, grid_text, parse_grid,
                                               resolve_work_grid, work_problem)
 
@@ -160,8 +161,10 @@ class Solver:
         reference solver to that relative residual (``infer --refine``, docs/refine.md) and
         returned in float64; the per-sample iterations and residuals are then on
         ``last_refine`` (ValueError, before any work, for a problem without such a solver).
-        ``check``: the answers' residuals and whether each is above the problem's threshold
-        are then on ``last_check`` ({"residual": (N,), "flagged": (N,), "threshold"},
+        ``check``: the answers' residuals and whether each is above the threshold (the one
+        calibrated for this model, else the problem's constant one) are then on
+        ``last_check`` ({"residual": (N,), "flagged": (N,), "threshold" (None: none, only
+        non-finite answers flagged), "threshold_source", "threshold_text"},
         docs/answer-check.md; ValueError, before any work, for a problem without one).
 
         The dtype is the network's (float32 for a bfloat16 network). ValueError naming what is
@@ -190,8 +193,9 @@ class Solver:
             u = torch.from_numpy(u)
         if check:   # the inputs on the answer's grid (given fields resampled to it)
             x = samples.on_grid(problem, 0, samples.n, torch.float64)
-            self.last_check = {**problem.check_answers(u, x),
-                               "threshold": float(problem.residual_threshold)}
+            t = threshold_for(self.meta, problem)
+            self.last_check = {**problem.check_answers(u, x, t.value), "threshold": t.value,
+                               "threshold_source": t.source, "threshold_text": t.text}
         return u if kind == "torch" else u.numpy()
 
     # -- the steps -------------------------------------------------------------------------------

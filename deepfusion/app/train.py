@@ -133,11 +133,13 @@ def final_validation(cfg, comm, trainer) -> None:
     from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text, write_report
     from deepfusion.engine.predict.loader import grid_text
     from deepfusion.app.build import torch_dtype
+    from deepfusion.app.calibrate import after_training
 
     pmodel, visit, problem = trainer.model, trainer.visit, trainer.problem  # (grown, if prolonged)
+    # with each draw's answer residual: what calibrates the model's answer check (after_training)
     summary = evaluate(pmodel.module, problem, comm, n=cfg.data.eval_samples,
                        seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
-                       channels_last=cfg.model.channels_last, domain=pmodel.domain)
+                       channels_last=cfg.model.channels_last, domain=pmodel.domain, check=True)
     if summary is None:
         return
     summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))
@@ -150,6 +152,7 @@ def final_validation(cfg, comm, trainer) -> None:
               flush=True)
     print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed) {where}: "
           f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
+    after_training(cfg, comm, summary, problem, trainer.step)
 
 
 def on_every_rank(comm):

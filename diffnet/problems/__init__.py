@@ -9,14 +9,15 @@ multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_n
 Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g through a lift,
 :func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
-(:mod:`.contract.cells`). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
+(:mod:`.contract.cells`). The answer residual every problem has from its loss:
+:func:`loss_residual` (:func:`residual_kind`: the family's own or that one). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations
 
 import inspect
 
 from diffnet.validation import keyword_options
-from diffnet.problems.contract.base import Problem
+from diffnet.problems.contract.base import Problem, residual_kind
 from diffnet.problems.contract.boundary import (bubble, dirichlet, mesh, neumann, normal_derivative,
                                                 robin, transfinite_lift, wall_names)
 from diffnet.problems.contract.cells import block_cells, cell_means
@@ -26,6 +27,7 @@ from diffnet.problems.contract.family import (Axis, Family, check_reference, has
                                               solves_from_inputs)
 from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
+from diffnet.problems.contract.loss_residual import loss_residual
 from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
@@ -74,4 +76,5 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "has_answer_residual", "has_derived_channels", "check_derived_channels",
            "check_reference", "entry_point_names", "available_text",
            "residual_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
-           "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "Poisson"]
+           "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
+           "residual_kind", "Poisson"]

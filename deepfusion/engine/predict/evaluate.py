@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -56,9 +57,30 @@ def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: i
     return out + ({k: np.concatenate([t[k] for t in ts]) for k in ts[0]} if ts else {},)
 
 
+def answer_residuals(problem, preds: np.ndarray, params: np.ndarray,
+                     batch: int = 8) -> np.ndarray:
+    """(n,) each prediction's answer residual (``Problem.answer_residual``, the inputs
+    rendered in float64 as ``infer`` checks them), in batches; a residual that fails (a
+    user's loss in float64, say) is NaN with a warning naming the failure, so that an
+    evaluation never fails for its check (nor leaves another rank waiting)."""
+    out = np.full(len(params), np.nan)
+    for lo in range(0, len(params), batch):
+        hi = min(lo + batch, len(params))
+        try:
+            x = problem.build_input(params[lo:hi], dtype=torch.float64)
+            out[lo:hi] = np.asarray(problem.answer_residual(preds[lo:hi], x), dtype=np.float64)
+        except Exception as e:  # noqa: BLE001 -- any failure of a problem's code
+            warnings.warn(f"the answer residual of problem {problem.name!r} failed on draws "
+                          f"{lo}..{hi - 1} of this rank ({type(e).__name__}: {e}): they are "
+                          f"not checked", RuntimeWarning, stacklevel=2)
+    return out
+
+
 def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
-             channels_last: bool = True, domain=None) -> dict | None:
+             channels_last: bool = True, domain=None, check: bool = False) -> dict | None:
     """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere.
+    ``check``: each draw's answer residual too ("residual", in draw order), what calibrates
+    the threshold of the answer check (:mod:`.calibration`).
 
     Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.parallelize.Domain`,
     ``problem`` on its block) each group predicts its draws block by block and its first rank
@@ -83,6 +105,8 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
              "max_err": max_error(preds, refs, dims=dims).tolist() if len(idx) else [],
              "t_inf": t_inf, "t_ref": t_ref,
              "examples": _examples(idx, inputs, preds, refs)}
+    if check:   # outside the inference time
+        local["residual"] = answer_residuals(problem, preds, params).tolist() if len(idx) else []
     parts = comm.gather_obj(local)
     if parts is None:  # not rank 0
         return None
@@ -90,7 +114,9 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
     rel = _in_draw_order([p["rel_l2"] for p in parts], order)
     mx = _in_draw_order([p["max_err"] for p in parts], order)
     params_all = _in_draw_order([p["params"] for p in parts], order)
-    return {"n": int(n), "seed": int(seed), "rel_l2_mean": float(rel.mean()),
+    checked = {"residual": _in_draw_order([p["residual"] for p in parts], order).tolist()} \
+        if check else {}
+    return {**checked, "n": int(n), "seed": int(seed), "rel_l2_mean": float(rel.mean()),
             "rel_l2_median": float(np.median(rel)), "rel_l2_max": float(rel.max()),
             "worst_index": int(rel.argmax()), "max_err_mean": float(mx.mean()),
             "rel_l2": rel.tolist(), "params": params_all.tolist(),

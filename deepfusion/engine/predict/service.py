@@ -114,12 +114,13 @@ class Predictor:
             return self.finish(b)
 
 
-def as_arrays(problem, samples: Samples, *, refine=None, check: bool = False):
+def as_arrays(problem, samples: Samples, *, refine=None, check: bool = False,
+              threshold: float | None = None):
     """A :class:`Predictor`'s ``finish``: the batch's answers and inputs as float32 arrays, as
     a fields file and evaluation keep them. ``refine`` (a tolerance): each answer refined by
     the problem's reference solver (:mod:`.refine`), float64, with its per-sample records.
-    ``check``: each answer's residual and flag (``Problem.check_answers``) among its
-    records."""
+    ``check``: each answer's residual and flag (``Problem.check_answers``: above
+    ``threshold``, default the family's, :mod:`.calibration`) among its records."""
     def finish(b: Batch) -> Batch:
         if refine is not None:
             u, records = refine_batch(problem, b.u, samples.inputs(problem, b.lo, b.hi,
@@ -128,7 +129,7 @@ def as_arrays(problem, samples: Samples, *, refine=None, check: bool = False):
             u, records = b.u.float().contiguous().numpy(), {}
         if check:
             records.update(problem.check_answers(u, samples.inputs(problem, b.lo, b.hi,
-                                                                   torch.float64)))
+                                                                   torch.float64), threshold))
         inputs = b.inputs.float().numpy() if b.inputs is not None else None
         return replace(b, u=u, inputs=inputs, extra={**b.extra, **records})
     return finish

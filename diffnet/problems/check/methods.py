@@ -111,9 +111,10 @@ def check_attributes(s: Subject) -> str:
                                           "with 'auto'")
     if has_answer_residual(p):
         t = p.residual_threshold
-        expect(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0,
-               "class attribute residual_threshold", repr(t), "the answer_residual above "
-               "which an answer is flagged, a number > 0")
+        expect(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0),
+               "class attribute residual_threshold", repr(t), "None (each model's threshold "
+               "is calibrated on its validation draws) or the answer_residual above which an "
+               "answer is flagged when the model has none, a number > 0")
     expect(p.dims == len(s.grid), "class attribute dims", repr(p.dims),
            f"the number of grid axes, {len(s.grid)}")
     expect(isinstance(p.head, AnswerHead) and isinstance(p.head.channels, int)

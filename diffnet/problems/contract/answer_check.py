@@ -35,8 +35,9 @@ solution reads 0 (to rounding). Each sample gets its own number.
   one node off (each node holds a value of one side) and a value between the two states on
   the middle branch of the characteristics that cross there. A smooth error is seen.
 
-``flags(residuals, threshold)``: True where an answer's residual is above the problem's
-``residual_threshold`` (or is not finite), as ``Problem.check_answers`` applies it.
+``flags(residuals, threshold)``: True where an answer's residual is above the threshold (or is
+not finite), as ``Problem.check_answers`` applies it. A family without a residual of its own
+has the one derived from its loss (:mod:`.loss_residual`).
 """
 from __future__ import annotations
 
@@ -134,8 +135,11 @@ def characteristic_residual(problem, u, inputs) -> np.ndarray:
     return torch.where(finite, r / zero, torch.nan).numpy()
 
 
-def flags(residuals, threshold: float) -> np.ndarray:
-    """(B,) bool: the residual is above ``threshold`` or not finite (a NaN answer is flagged)."""
+def flags(residuals, threshold: float | None) -> np.ndarray:
+    """(B,) bool: the residual is above ``threshold`` or not finite (a NaN answer is flagged);
+    ``threshold`` None: only the non-finite ones (no threshold to compare with)."""
     r = np.asarray(residuals, dtype=np.float64)
+    if threshold is None:
+        return ~np.isfinite(r)
     return ~(r <= float(threshold))
 

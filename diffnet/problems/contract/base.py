@@ -13,6 +13,10 @@ of, put together, and the one method the engine calls, ``answer``.
 network's raw output (B, output_channels, *grid) to the solution field (B, 1, *grid). Training,
 validation, inference and export all go through it (``diffnet.answer.Answer``).
 
+``problem.answer_residual(u, inputs)``: how far answers are from the discrete solution, with no
+solver: the family's own where it defines one, else derived from the loss
+(:mod:`.loss_residual`); :func:`residual_kind` says which.
+
 The engine only ever calls the methods of these parts, so a PDE lives in any importable
 module: ``problem.name = "package.module:ClassName"`` or an entry point of group
 ``diffnet.problems`` finds it (``diffnet.problems.contract.registry``), with no edit of this package;
@@ -20,12 +24,14 @@ module: ``problem.name = "package.module:ClassName"`` or an entry point of group
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from diffnet.domain import Block
 from diffnet.problems.contract.family import Family
 from diffnet.problems.contract.heads import AnswerHead, Plain
 from diffnet.problems.contract.loss import Loss
+from diffnet.problems.contract.loss_residual import loss_residual
 
 
 class Problem(Family, Loss):
@@ -60,3 +66,22 @@ class Problem(Family, Loss):
         network's raw output (B, output_channels, *grid): the boundary values imposed on each
         field (``impose``), then the answer head. On a split block, this block's part."""
         return self.head.form(self.impose(raw, inputs), inputs, self)
+
+    def answer_residual(self, u, inputs) -> np.ndarray:
+        """(B,) float64: how far answers u (B, 1, *grid) are from the discrete solution of
+        inputs (B, C, *grid) (numpy or torch, the whole grid): 0 there, 1 at the boundary
+        lift. This default derives it from the loss (:func:`.loss_residual.loss_residual`:
+        the loss's gradient at the free nodes, in the multilevel norm, over the lift's); a
+        family that defines its own overrides it."""
+        return loss_residual(self, u, inputs)
+
+
+RESIDUAL_KINDS = ("family", "loss")
+
+
+def residual_kind(problem) -> str:
+    """Which answer residual ``problem`` (a class or an instance) has: "family" (it defines its
+    own ``answer_residual``) or "loss" (the one derived from its loss). A threshold calibrated
+    for one is not one for the other."""
+    cls = problem if isinstance(problem, type) else type(problem)
+    return "loss" if cls.answer_residual is Problem.answer_residual else "family"

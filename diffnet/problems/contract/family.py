@@ -42,11 +42,12 @@ class Axis:
 class Family(abc.ABC):
     """What a draw of the family is: geometry, parameters, input fields, reference solver.
 
-    The optional methods, ``reference_solution``, ``solve_from_inputs``, ``refine``,
-    ``answer_residual`` and ``derived_channels``, are offered by defining them:
-    :func:`has_reference`, :func:`solves_from_inputs`, :func:`refines`,
-    :func:`has_answer_residual` and :func:`has_derived_channels` say which a family defines,
-    and the defaults here refuse, saying what the family lacks (``derived_channels``: none).
+    The optional methods, ``reference_solution``, ``solve_from_inputs``, ``refine`` and
+    ``derived_channels``, are offered by defining them: :func:`has_reference`,
+    :func:`solves_from_inputs`, :func:`refines` and :func:`has_derived_channels` say which a
+    family defines, and the defaults here refuse, saying what the family lacks
+    (``derived_channels``: none). ``answer_residual`` every Problem has (from its loss); a
+    family may define its own.
 
     Class attributes a family sets:
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
@@ -61,7 +62,8 @@ class Family(abc.ABC):
             {"log_nu": "log(nu)"}, for the message refusing given fields whose channel is not
             what ``derived_channels`` recomputes; set with ``derived_channels``.
         residual_threshold: the ``answer_residual`` above which an answer is flagged as not to
-            be trusted; set by a family that defines ``answer_residual``.
+            be trusted when its model carries no threshold calibrated on its own validation
+            draws (a checkpoint written before calibration); optional, None: no fallback.
         option_presets: {option: the options its value presets}, e.g. Darcy's {"family":
             ("tau", ...)}: an option given anew over stored ones (``--set`` on a checkpoint)
             drops the stored values of those it presets (``replace_options``); default none.
@@ -279,22 +281,25 @@ class Family(abc.ABC):
         holding only the boundary values) reads 1 and the discrete solution 0
         (``answer_check``).
 
-        Optional: a family that has it defines this and sets ``residual_threshold``; this
-        default raises NotImplementedError saying the family has none.
+        Every :class:`~diffnet.problems.Problem` has one, derived from its loss
+        (``Problem.answer_residual``, :mod:`.loss_residual`); a family may define its own,
+        which wins. This default, of a family that is no Problem, raises NotImplementedError.
         """
         raise NotImplementedError(f"problem {self.name!r} has no answer residual (it does not "
                                   f"define answer_residual)")
 
-    def check_answers(self, u, inputs) -> dict:
+    def check_answers(self, u, inputs, threshold: float | None = None) -> dict:
         """{"residual": (B,) float64, "flagged": (B,) bool} of answers ``u`` to ``inputs`` (as
-        ``answer_residual`` takes them): flagged where the residual is above
-        ``residual_threshold`` or not finite. ValueError when the family has no residual."""
+        ``answer_residual`` takes them): flagged where the residual is above ``threshold``
+        (default the family's ``residual_threshold``; neither: no threshold, only non-finite
+        answers are flagged) or not finite. ValueError when the problem has no residual."""
         if not has_answer_residual(self):
             raise ValueError(f"problem {self.name!r} has no answer residual to check its "
                              f"answers with (it does not define answer_residual); run without "
                              f"the check")
         r = self.answer_residual(u, inputs)
-        return {"residual": r, "flagged": flags(r, self.residual_threshold)}
+        return {"residual": r,
+                "flagged": flags(r, self.residual_threshold if threshold is None else threshold)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,7 +334,8 @@ def refines(problem) -> bool:
 
 def has_answer_residual(problem) -> bool:
     """Whether it measures how far an answer is from the discrete solution: it defines
-    ``answer_residual`` (and its ``residual_threshold``)."""
+    ``answer_residual``, as every :class:`~diffnet.problems.Problem` does (derived from its
+    loss, unless the family defines its own: ``residual_kind``)."""
     return defines(problem, "answer_residual")
 
 
