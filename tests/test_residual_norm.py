@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import math
 
 import numpy as np
+
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
@@ -38,7 +40,8 @@ def norms(block, r, **kw):
             "options": residual_norm(r, block, spacing=h, levels=2, weights=(0.5, 2.0),
                                      interior=(0,) + (1,) * (block.dims - 1)),
             "coefficient": residual_norm(r, block, spacing=h, coefficient=_tilt(block, r),
-                                         reaction=torch.tensor([0.0, 10.0, 1e3]))}
+                                         reaction=torch.tensor([0.0, 10.0, 1e3]),
+                                         advection=torch.tensor([3.0, 0.0, 30.0]))}
 
 
 def _tilt(block, r):
@@ -129,6 +132,11 @@ def test_problem_form_and_refusals_say_the_fix():
         residual_norm(r, p, reaction=-1.0)
     with pytest.raises(ValueError, match="per sample"):
         residual_norm(r, p, reaction=torch.ones(5))
+    with pytest.raises(ValueError, match="advection must be >= 0"):
+        residual_norm(r, p, advection=-2.0)
+    k = math.sqrt(2) / h
+    with_flow = residual_norm(r, p, advection=7.0, reaction=3.0, levels=1, interior=0)
+    assert torch.allclose(with_flow, r.square().sum((1, 2)) * h * h / (3 + 7 * k + k * k))
     with pytest.raises(ValueError, match="residual_norm"):
         get_problem("poisson", grid=(16, 16), loss="residual", residual_norm="h-1")
 

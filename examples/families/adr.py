@@ -99,6 +99,12 @@ class ADR(gt.ResidualFamily):
         advection = inputs[:, 1:2] * d[:, 0:1] + inputs[:, 2:3] * d[:, 1:2]
         return gt.flux_divergence(self.fd, self.block, u, a) + advection + REACTION * u - SOURCE
 
+    def norm_options(self, inputs) -> dict:
+        # log a has zero mean, so a is about 1 on average: reaction and speed relative to it
+        flow = inputs[:, 1:3].flatten(2)[:, :, 0]           # constant channels: any node
+        return {"coefficient": inputs[:, :1].exp(), "reaction": REACTION,
+                "advection": flow.square().sum(1).sqrt()}
+
     def source(self, x: np.ndarray) -> np.ndarray:
         return np.full(self.grid, SOURCE)
 

@@ -90,6 +90,10 @@ class Diffusion3D(gt.ResidualFamily):
         a = inputs[:, :1].exp()
         return gt.flux_divergence(self.fd, self.block, u, a) + REACTION * u - SOURCE
 
+    def norm_options(self, inputs) -> dict:
+        # log a has zero mean, so a is about 1 on average: the reaction relative to it
+        return {"coefficient": inputs[:, :1].exp(), "reaction": REACTION}
+
     def source(self, x: np.ndarray) -> np.ndarray:
         return np.full(self.grid, SOURCE)
 

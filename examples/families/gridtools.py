@@ -166,7 +166,7 @@ class ResidualFamily(Problem):
 
     loss_term_names = ("pde",)
     symmetric = False          # True: the operator is symmetric positive definite (3-D: AMG-CG)
-    NORMS = ("l2", "multilevel")
+    NORMS = ("l2", "multilevel", "operator")
 
     def __init__(self, *, grid, norm: str = "l2"):
         super().__init__(grid=grid)
@@ -193,11 +193,18 @@ class ResidualFamily(Problem):
         """(*grid) a field holding the Dirichlet data on the walls: here u = 0."""
         return np.zeros(self.grid)
 
+    def norm_options(self, inputs) -> dict:
+        """The operator's coefficients ``residual_norm`` weighs the levels by (norm
+        "operator"): ``coefficient``, ``reaction``, ``advection``; default none."""
+        return {}
+
     def loss_terms(self, u, inputs):
         # the walls hold g exactly, so only the interior nodes' residual counts
         r = self.residual(u, inputs)
         if self.norm == "multilevel":
             return {"pde": residual_norm(r, self)}
+        if self.norm == "operator":
+            return {"pde": residual_norm(r, self, **self.norm_options(inputs))}
         return {"pde": self.mean(r.square(), interior=1)}
 
     def reference_solution(self, params, method: str = "auto") -> np.ndarray:

@@ -59,7 +59,8 @@ def max_levels(grid) -> int:
 
 
 def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = None,
-                  weights=None, interior=1, coefficient=None, reaction=None) -> torch.Tensor:
+                  weights=None, interior=1, coefficient=None, reaction=None,
+                  advection=None) -> torch.Tensor:
     """(B,) the multilevel norm squared ||r||_B^2 of a residual r (module docstring: formula,
     when to use it); on a split block, this block's part (the parts sum to the undivided value).
 
@@ -83,6 +84,11 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
             weighs 1 / (c + sum_a (m_l h_a)^-2) instead of s_l: where c outweighs the level's
             1 / size^2 the operator is c times the identity there, and its inverse c^-1, not
             the cell size squared.
+        advection: the speed |b| of a first-order term b . grad u, relative to a as
+            ``reaction`` is: a number >= 0 or one per sample (B,). Level l then weighs
+            1 / (c + |b| k_l + k_l^2), k_l^2 = sum_a (m_l h_a)^-2: the size of the operator's
+            symbol at the level's scale, so the levels coarser than the cell Peclet number's
+            a / |b| weigh as a first-order operator's inverse does.
 
     Example, the residual of the 5-point Laplacian on a 33 x 33 grid, as a problem's loss
     would write ``pde = residual_norm(r, self)``:
@@ -114,13 +120,15 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
     r = r.reshape(b * c, 1, *block.shape) * _interior_mask(block, interior, r)
     levels, weights = _levels(block.grid, levels, weights)
     vol = math.prod(spacing)
-    react = _reaction(reaction, b, r).repeat_interleave(c)
+    react = _per_sample("reaction", reaction, b, r).repeat_interleave(c)
+    speed = _per_sample("advection", advection, b, r).repeat_interleave(c)
     out = r.new_zeros(b * c)
     for lev, w in enumerate(weights):
         if w == 0:
             continue
         m = 2 ** lev
-        s = 1.0 / (react + sum((m * h) ** -2 for h in spacing))
+        k2 = sum((m * h) ** -2 for h in spacing)
+        s = 1.0 / (react + speed * math.sqrt(k2) + k2)
         out = out + (w * vol / m ** d) * s * _level(r, block, m)
     return out.view(b, c).sum(1)
 
@@ -157,15 +165,16 @@ def _coefficient(a, r) -> torch.Tensor:
     return a
 
 
-def _reaction(c, b: int, like) -> torch.Tensor:
-    """(B,) the relative reaction per sample, from None, a number or a (B,) tensor, >= 0."""
+def _per_sample(name: str, c, b: int, like) -> torch.Tensor:
+    """(B,) a coefficient (reaction, advection) per sample, from None, a number or a (B,)
+    tensor, >= 0."""
     c = torch.as_tensor(0.0 if c is None else c, dtype=like.dtype, device=like.device)
     if c.dim() > 1 or c.numel() not in (1, b):
-        raise ValueError(f"reaction must be a number or one per sample ({b},), got shape "
+        raise ValueError(f"{name} must be a number or one per sample ({b},), got shape "
                          f"{tuple(c.shape)}")
     if not bool((c >= 0).all()):
-        raise ValueError("reaction must be >= 0 (the zero-order coefficient c of -div(a grad "
-                         "u) + c u, relative to a)")
+        raise ValueError(f"{name} must be >= 0 (a coefficient of -div(a grad u) + b . grad u "
+                         f"+ c u relative to a: c for reaction, |b| for advection)")
     return c.reshape(-1).expand(b)
 
 
