@@ -210,3 +210,13 @@ def test_a_resume_before_the_decision_decides_in_its_own_process(tmp_path):
     (rec,) = records(d, "time_budget")
     assert rec["at_step"] == 4 + DECIDE_AT
     assert [r["lr"] for r in records(d, "step")][:4 + DECIDE_AT] == [3e-3] * (4 + DECIDE_AT)
+
+
+@pytest.mark.mpi
+def test_status_counts_against_the_decided_steps(budget_run):
+    _, d, _ = budget_run
+    n = records(d, "time_budget")[0]["steps"]
+    p = deepfusion_here(["status", d, "--json"])
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["total_steps"] == n and report["state"] == "finished"

@@ -340,7 +340,8 @@ class Config:
                 f"parallel.domain = {self.parallel.domain} must give one block count per axis of "
                 f"problem.grid = {self.problem.grid}, e.g. {[1] * (len(self.problem.grid) - 1) + [2]}",
                 key="parallel.domain")
-        if not self.train.levels and self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
+        if (not self.train.levels and not self.train.time_budget.strip()
+                and self.optim.switch_to_lbfgs_epoch >= self.train.epochs):
             raise ConfigError(
                 f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "
                 f"take effect, got {self.optim.switch_to_lbfgs_epoch}; use -1 for never",

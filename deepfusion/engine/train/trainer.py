@@ -7,11 +7,13 @@ grid, the pool split, the inputs, the loss and a fresh optimiser; the weights ca
 visit that grows the network (a level with ``prolong``) has the application's ``grow`` wrap the
 network so far in a larger one, which is made parallel anew; a resume or rollback replays the
 growths of the plan up to its checkpoint's visit, so the weights load into the same network.
+A time budget's step count is decided by the loop after its first steps (:mod:`.budget`); a
+changed count re-plans the visit's schedule from the current step (:mod:`.schedule`).
 
 Invariants: parameters are equal on every rank (broadcast by ``parallelize``, identical reduced
 gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps); every
 branch is decided on all-reduced or broadcast values (non-finite loss, stop signal, a checkpoint
-due by time, the checkpoint to resume or roll back to), so all ranks take it together and none
+due by time, a time budget's count, the checkpoint to resume or roll back to), so all ranks take it together and none
 is left waiting in a collective. The step counter is advanced here, by the loop, and only after
 a step that was taken: a failed step is never logged, checkpointed or counted.
 """
@@ -88,7 +90,9 @@ class Trainer:
             self.enter(self.visits[0])
             if self.cfg.train.on_nonfinite == "rollback":
                 self.save_checkpoint()  # a rollback needs somewhere to go from the first step on
-        self.install_signal_handlers()
+        # SIGTERM / SIGUSR1 ask for a checkpoint after the step, all ranks together (the request
+        # travels in the fused allreduce); deepfusion train installs them at start-up already
+        stop.install()
         t_epoch = None  # start of the current epoch, if it was run whole
         while self.step < self.total_steps:
             if self.step >= self.visit.end:
@@ -404,13 +408,6 @@ class Trainer:
             why = f"{changed}: {d.text()}" if changed else why
         if same and self.schedule.end != self.visit.steps:
             self.replan(why)
-
-    # -- signals --------------------------------------------------------------------------------
-    def install_signal_handlers(self):
-        """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
-        current step; the request travels in the fused allreduce so all ranks stop together.
-        (``deepfusion train`` installs them at start-up already: :mod:`.stop`.)"""
-        stop.install()
 
 
 def trainable(module: torch.nn.Module) -> list[bool]:
