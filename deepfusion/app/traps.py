@@ -59,15 +59,14 @@ def instance_norm_warning(cfg, problem, model, rank: int = 0) -> str:
         return ""
     listed = ", ".join(repr(c) for c in names)
     one = len(names) == 1
-    return (f"input channel{'' if one else 's'} {listed} of problem {problem.name!r} "
-            f"{'is' if one else 'are'} spatially constant in every draw of the first batch "
-            f"while {'its' if one else 'their'} value changes from draw to draw, and model "
-            f"{cfg.model.name!r} normalises per sample (instance norm), which removes a "
-            f"channel's spatial mean: the number reaches the network only through the zero "
-            f"padding at the walls, so it can hardly learn how the answer depends on it. Give "
-            f"the network a field that carries the number (a ramp whose slope it is, e.g. a "
-            f"constant flow b as the potential b . (x - 1/2); or the number times a fixed "
-            f"field); if the network is not meant to read {'it' if one else 'them'} (the loss "
-            f"and the reference solver only), say so in the problem class: "
-            f"loss_only_channels = ({', '.join(repr(c) for c in names)}{',' if one else ''})"
-            f" (examples/families/README.md, \"Inputs and instance norm\")")
+    they, are, each = ("it", "is", "it") if one else ("they", "are", "each")
+    return (f"input channel{'' if one else 's'} {listed} of problem {problem.name!r} {are} "
+            f"constant in space in every draw of the first batch but differ{'s' if one else ''} "
+            f"between draws, and model {cfg.model.name!r} normalises per sample (instance "
+            f"norm), which removes a channel's spatial mean: the number{'' if one else 's'} "
+            f"reach{'es' if one else ''} the network only through the zero padding at the "
+            f"walls. Give the network a field that carries {each} (a ramp whose slope {they} "
+            f"{are}, e.g. a constant flow b as b . (x - 1/2), or the number times a fixed "
+            f"field); if {they} {are} for the loss and the reference solver only, say so in "
+            f"the problem class: loss_only_channels = ({listed}{',' if one else ''}) "
+            f"(docs/your-own-pde.md)")
