@@ -166,16 +166,25 @@ def test_resume_without_a_loadable_checkpoint_is_bad_input(tiny, tmp_path):
     assert p.stderr.count("deepfusion: error") == 1 and "Traceback" not in p.stderr
 
 
-def test_max_steps_changed_on_resume_keeps_the_schedule_and_says_so(tiny, tmp_path):
-    """The learning-rate schedule is the original run's: a resume that moves the end of the run
-    says so, and the cosine of the first 8 steps is not stretched."""
+def test_max_steps_changed_on_resume_replans_the_schedule_and_says_so(tiny, tmp_path):
+    """A resume that moves the end of the run re-plans the learning-rate schedule from the
+    checkpoint's step, continuing it: the rate at the step is the one the old plan had there,
+    and the cosine reaches optim.min_lr (0) on the new last step, not the old one. One log
+    line and a metrics record say so."""
     d = str(tmp_path / "cut")
     p = train(None, tiny, d, "optim.schedule=\"cosine\"", "train.max_steps=8",
-              "train.checkpoint_every=4")
+              "train.checkpoint_every=4", "train.keep_checkpoints=5")
     assert p.returncode == 0, p.stderr
+    os.remove(os.path.join(d, "checkpoints", "step_00000008.h5"))  # resume from step 4
     p = deepfusion_here(["train", "--resume", d, "--set", "train.max_steps=12"])
     assert p.returncode == 0, p.stderr
-    assert "keeps the original run's length of 8 steps" in p.stdout
+    assert "train.max_steps 8 -> 12: the learning-rate schedule, planned to end after 8 " \
+           "steps, is re-planned to end after 12" in p.stdout
     lr = [r["lr"] for r in records(d, "step")]
-    assert lr[:8] == pytest.approx([1.5e-3 * (1 + math.cos(math.pi * s / 8)) for s in range(8)])
-    assert lr[8:] == [0.0] * 4  # the 8-step cosine had ended
+    assert len(lr) == 12
+    assert lr[:4] == pytest.approx([1.5e-3 * (1 + math.cos(math.pi * s / 8)) for s in range(4)])
+    # from step 4 the 8-step cosine's remaining half (4 -> 8) runs over the 8 steps left
+    v = [4 + (s - 4) * (8 - 4) / (12 - 4) for s in range(4, 12)]
+    assert lr[4:] == pytest.approx([1.5e-3 * (1 + math.cos(math.pi * x / 8)) for x in v])
+    (rec,) = records(d, "replan")
+    assert rec["step"] == 4 and rec["end"] == 12 and rec["schedule_warp"] == [4, 4.0, 12]

@@ -151,8 +151,11 @@ def check_grids(model, cfg, problem, grow) -> None:
             if split:
                 check_generator_split(net, grid, split)
         except ValueError as e:
+            k = cfg.train.coarse_to_fine
+            why = (f" (train.coarse_to_fine = {k} wrote this level: use fewer levels, or a "
+                   f"shallower network)" if k >= 2 else "")
             raise ValueError(f"{key} = {grid} does not suit model {cfg.model.name!r} "
-                             f"{cfg.model.options}: {e}") from None
+                             f"{cfg.model.options}: {e}{why}") from None
 
 
 def check_splits(cfg, problems, rank: int) -> None:

@@ -126,11 +126,13 @@ def check_launch(config, sets, size: int, *, resume: bool = False, overwrite: bo
             done.notes.append(f"resumes from {check_resumable(cfg.run.dir)}")
     else:
         one(check_batches, cfg, size)
-    from deepfusion.app.build import build_checked  # torch: after the checks that need none
+    from deepfusion.app.build import build_checked, first_grid  # torch: after the checks
+    from deepfusion.app.traps import instance_norm_warning       # that need none
 
-    build_checked(cfg, simulated(size, cfg.parallel.blocks()))
+    _, model, _, problems = build_checked(cfg, simulated(size, cfg.parallel.blocks()))
     past = useful_ranks_warning(cfg, size)
-    done.warnings += ([past] if past else []) + batch_warnings(cfg, size)
+    trap = instance_norm_warning(cfg, problems(first_grid(cfg)), model)
+    done.warnings += ([past] if past else []) + batch_warnings(cfg, size) + ([trap] if trap else [])
     return done
 
 

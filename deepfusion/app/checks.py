@@ -48,7 +48,13 @@ def check_lock(run_dir: str, ranks: int) -> str:
 
 
 def level_plan(cfg) -> list:
-    """The visits of the config's plan, in the order ``train`` takes them."""
+    """The visits of the config's plan, in the order ``train`` takes them. A time budget's
+    step count is the run's own decision: refused, naming the setting to give instead."""
+    if cfg.train.time_budget.strip():
+        raise ValueError(f"train.time_budget = {cfg.train.time_budget!r}: the run decides its "
+                         f"step count from its own step time, so there is no plan to project; "
+                         f"give the steps instead (--set train.time_budget='' --set "
+                         f"train.max_steps=N)")
     return plan(cfg)
 
 

@@ -25,6 +25,7 @@ import time
 from deepfusion.config import load_config
 from deepfusion.engine.run import lock as runlock
 from deepfusion.engine.run.eta import eta_text, format_duration
+from deepfusion.engine.train.budget import UNDECIDED
 from deepfusion.engine.train.plan import plan, visit_at
 from deepfusion.engine.run.log import plot_loss_curve, read_metrics
 from deepfusion.app.policy import run_local
@@ -139,6 +140,8 @@ def summarise(run_dir: str) -> dict:
     ckpt, skipped = newest_checkpoint(run_dir, notes)
     step = max((last or {}).get("step", 0), (ckpt or {}).get("step") or 0)
     total = visits[-1].end if visits else None
+    if total is not None and total >= UNDECIDED:  # a time budget's: decided by the run, if yet
+        total = (last_of(recs, "time_budget") or {}).get("steps")
     visit = visit_at(visits, max(0, step - 1)) if visits else None
     out = {"run_dir": run_dir, "problem": problem,
            "grids": [list(v.grid) for v in visits], "step": step, "total_steps": total,

@@ -103,6 +103,13 @@ def train_locked(args, comm, cfg) -> int:
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
+    if not args.resume:  # a known trap of this problem with this network, said once
+        from deepfusion.app.traps import instance_norm_warning
+
+        trap = collective_check(comm, instance_norm_warning, cfg, problems(first_grid(cfg)),
+                                model, comm.rank)
+        if trap:
+            say_once(comm, f"deepfusion: warning: {trap}")
     if args.resume:  # this run's checkpoint, this network: before anything is written
         collective_check(comm, check_resume, cfg, model, comm.rank)
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)

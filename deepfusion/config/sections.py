@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from deepfusion.config.levels import CYCLES, check_levels
+from deepfusion.config.plans import budget_seconds, expand_coarse_to_fine
 from deepfusion.config.schema import ConfigError, Section, describe_value, option, unknown_key
 
 
@@ -197,8 +198,44 @@ class TrainConfig(Section):
     cycle: str = option("", "how train.levels are visited: \"\" as listed; \"half-v\" coarse "
                             "to fine; \"v\" finest, down to the coarsest, back up; \"f\" the "
                             "F-cycle (levels then listed coarse to fine)", choices=CYCLES)
+    coarse_to_fine: int = option(0, "K >= 2: a multigrid schedule of K levels from one setting, "
+                                    "written into train.levels when the config is resolved: "
+                                    "each level halves the grid of the next finer one, the "
+                                    "last is problem.grid; train.epochs' steps split 2:1 from "
+                                    "each level to the next finer one; every finer level grows "
+                                    "the network (prolong) at half the learning rate of the "
+                                    "one below; 0 or 1 = off", ge=0)
+    time_budget: str = option("", "wall time the training is planned to end within, e.g. "
+                                  "\"15m\", \"1.5h\" or seconds (900): the run times its "
+                                  "steps after the first few and sets its step count (and "
+                                  "the learning-rate schedule over it) to fit, keeping a "
+                                  "reserve for validations and checkpoints; train.epochs is "
+                                  "then not used, train.max_steps caps the count; a single "
+                                  "grid only; empty = off")
+
+    def __post_init__(self):
+        # a budget given as a number (TOML 900, --set train.time_budget=900) is seconds
+        if isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool):
+            self.time_budget = f"{self.time_budget:g}"
+        super().__post_init__()
+
+    def budget_seconds(self) -> float:
+        """``time_budget`` in seconds, 0 without one."""
+        return budget_seconds(self.time_budget) if self.time_budget.strip() else 0.0
 
     def _validate(self):
+        if self.time_budget.strip():
+            try:
+                self.budget_seconds()
+            except ValueError as e:
+                raise self._err("time_budget", str(e)) from None
+            if self.levels or self.coarse_to_fine >= 2:
+                what = "train.coarse_to_fine" if self.coarse_to_fine >= 2 else "train.levels"
+                raise self._err("time_budget", f"plans a single grid's step count from its "
+                                               f"measured step time, but {what} trains "
+                                               f"several grids, whose steps take different "
+                                               f"times: give the levels' lengths in steps or "
+                                               f"epochs, or drop {what}")
         # Whether this CPU has bf16 instructions is the engine's question (engine.layout), asked
         # when the run is built: the configuration never probes the hardware.
         if self.precision in ("bf16", "auto") and self.dtype != "float32":
@@ -296,13 +333,15 @@ class Config:
             elif not isinstance(value, cls):
                 raise ConfigError(f"{name} must be a {cls.__name__} (or a [{name}] table), "
                                   f"{describe_value(value)}", key=name)
+        expand_coarse_to_fine(self)  # train.levels from train.coarse_to_fine, before their checks
         check_levels(self)
         if self.parallel.domain and len(self.parallel.domain) != len(self.problem.grid):
             raise ConfigError(
                 f"parallel.domain = {self.parallel.domain} must give one block count per axis of "
                 f"problem.grid = {self.problem.grid}, e.g. {[1] * (len(self.problem.grid) - 1) + [2]}",
                 key="parallel.domain")
-        if not self.train.levels and self.optim.switch_to_lbfgs_epoch >= self.train.epochs:
+        if (not self.train.levels and not self.train.time_budget.strip()
+                and self.optim.switch_to_lbfgs_epoch >= self.train.epochs):
             raise ConfigError(
                 f"optim.switch_to_lbfgs_epoch must be < train.epochs ({self.train.epochs}) to "
                 f"take effect, got {self.optim.switch_to_lbfgs_epoch}; use -1 for never",

@@ -34,12 +34,9 @@ class RunLog:
     """Rank-0 writer of metrics.jsonl and the console; a no-op elsewhere."""
 
     def __init__(self, run_dir: str, *, rank: int, log_every: int, progress: str,
-                 visits: list, term_names: tuple[str, ...]):
+                 visits: list, term_names: tuple[str, ...], known_total: bool = True):
         self.run_dir, self.rank, self.log_every = run_dir, rank, max(1, log_every)
         self.term_names = tuple(term_names)
-        total_steps = visits[-1].end
-        self.clock, self.step_width = StepClock(visits), len(str(total_steps))
-        self.total_steps = total_steps
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.run_id = read_run_id(run_dir) if rank == 0 else None   # in every record
         use_bar = progress == "bar" or (progress == "auto" and sys.stdout.isatty())
@@ -47,8 +44,22 @@ class RunLog:
         if rank == 0 and use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(unit="step", dynamic_ncols=True)
+        self.clock = None
+        self.set_plan(visits, known_total)
         self._header_done = False
+
+    def set_plan(self, visits: list, known_total: bool = True):
+        """The plan the log counts against (``known_total`` false: its length is not decided
+        yet, a time budget's first steps: the total and the ETA show as "?")."""
+        total_steps = visits[-1].end
+        if self.clock is None:
+            self.clock = StepClock(visits)
+        self.clock.visits, self.known_total = list(visits), known_total  # (keeps its times)
+        self.total_steps, self.step_width = total_steps, len(str(total_steps)) if known_total else 1
+        if self.bar is not None:
+            self.bar.total = total_steps if known_total else None
+            self.bar.refresh()
 
     def truncate_after(self, step: int):
         """On resume: drop records past the checkpoint, so the file reads as one run. A line
@@ -88,7 +99,7 @@ class RunLog:
             return
         t = res.times
         self.clock.tick(visit, t["step"])
-        eta, scaled = self.clock.eta(step)
+        eta, scaled = self.clock.eta(step) if self.known_total else (None, False)
         rec = {"kind": "step", "step": step, "epoch": epoch, "level": visit.level,
                "grid": list(visit.grid), "loss": res.loss,
                **res.terms, "terms": res.terms, "grad_norm": res.grad_norm, "lr": res.lr,
@@ -115,7 +126,7 @@ class RunLog:
                 self._header_done = True
             terms = " ".join(f"{rec[n]:10.3e}" for n in self.term_names)
             grid = "x".join(str(g) for g in rec["grid"])
-            where = f"{rec['step']:>{w}d}/{self.total_steps}"
+            where = f"{rec['step']:>{w}d}/{self.total_steps if self.known_total else '?'}"
             eta = eta_text(rec["eta_s"], rec["eta_scaled"])
             print(f"{where:>{max(7, 2 * w + 1)}} {grid:>9} {rec['loss']:11.4e} {terms} "
                   f"{rec['grad_norm']:10.3e} {rec['lr']:9.2e} {rec['time_step']:8.3f} "

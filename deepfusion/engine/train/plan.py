@@ -2,7 +2,8 @@
 
 A run is a sequence of level *visits*. Without ``train.levels`` it is one visit on
 ``problem.grid`` for ``train.epochs`` (capped by ``train.max_steps``), exactly the single-grid
-run. With ``train.levels`` the listed levels are visited as listed (``train.cycle = ""``) or in
+run (with ``train.time_budget`` its length is decided by the run: :mod:`.budget`). With
+``train.levels`` the listed levels are visited as listed (``train.cycle = ""``) or in
 a multigrid cycle's order; levels are then listed coarse to fine, 0 the coarsest, n-1 the
 finest:
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deepfusion.config.levels import build_levels, level_optim
+from deepfusion.engine.train.budget import UNDECIDED
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ def plan(cfg, *, cut: bool = True) -> list[Visit]:
     max_steps = t.max_steps if cut else 0
     if not t.levels:
         spe = d.n_samples // d.global_batch
-        total = t.epochs * spe
+        # a time budget's count is decided by the run (Trainer): until then, max_steps or none
+        total = UNDECIDED if t.time_budget.strip() else t.epochs * spe
         steps = min(total, max_steps) if max_steps > 0 else total
         return [Visit(0, 0, tuple(cfg.problem.grid), 0, steps, d.global_batch, t.micro_batch,
                       cfg.optim, 0, spe)]

@@ -80,12 +80,16 @@ class FirstOrderStepper(Stepper):
         return res
 
 
-def lr_at(step: int, total_steps: int, cfg) -> float:
-    """Learning rate at global ``step`` (0-based) of ``total_steps``: linear warm-up, then the
-    schedule named by ``cfg.schedule``."""
+def lr_at(step, total_steps: int, cfg) -> float:
+    """Learning rate at ``step`` (0-based; a float where the schedule was re-planned:
+    :mod:`.schedule`) of ``total_steps``: linear warm-up, then the schedule named by
+    ``cfg.schedule``. ``total_steps`` 0: not decided yet (a time budget's first steps), the
+    rate holds at ``optim.lr`` after the warm-up."""
     base = cfg.lr
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return base * (step + 1) / cfg.warmup_steps
+    if total_steps <= 0:
+        return base
     s = step - cfg.warmup_steps
     span = max(1, total_steps - cfg.warmup_steps)
     if cfg.schedule == "constant":

@@ -7,11 +7,13 @@ grid, the pool split, the inputs, the loss and a fresh optimiser; the weights ca
 visit that grows the network (a level with ``prolong``) has the application's ``grow`` wrap the
 network so far in a larger one, which is made parallel anew; a resume or rollback replays the
 growths of the plan up to its checkpoint's visit, so the weights load into the same network.
+A time budget's step count is decided by the loop after its first steps (:mod:`.budget`); a
+changed count re-plans the visit's schedule from the current step (:mod:`.schedule`).
 
 Invariants: parameters are equal on every rank (broadcast by ``parallelize``, identical reduced
 gradients after; checked by an all-reduced checksum every ``train.checksum_every`` steps); every
 branch is decided on all-reduced or broadcast values (non-finite loss, stop signal, a checkpoint
-due by time, the checkpoint to resume or roll back to), so all ranks take it together and none
+due by time, a time budget's count, the checkpoint to resume or roll back to), so all ranks take it together and none
 is left waiting in a collective. The step counter is advanced here, by the loop, and only after
 a step that was taken: a failed step is never logged, checkpointed or counted.
 """
@@ -19,18 +21,24 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import torch
 
-from deepfusion.config import config_changes, config_to_dict
+from deepfusion.config import config_to_dict
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.run import hook, stop
 from deepfusion.engine.run.resume import resume_refusal
 from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
-from deepfusion.engine.errors import InputError, NonFiniteLoss, ParametersDiverged, Preempted
+from deepfusion.engine.errors import NonFiniteLoss, ParametersDiverged, Preempted
 from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
+from deepfusion.engine.train.budget import Decision, TimeBudget
 from deepfusion.engine.train.plan import Visit, growths, plan, signature, visit_at
 from deepfusion.engine.train.optimizer import OptimizerSchedule
+from deepfusion.engine.train.resuming import (check_plan, elastic_note, length_change,
+                                              newest_checkpoint, report_changes)
+from deepfusion.engine.train.schedule import Schedule, describe_replan
+from deepfusion.engine.train.stepper import lr_at
 from deepfusion.engine.parallel.parallelize import ParallelModel
 from deepfusion.engine.run.log import RunLog, plot_loss_curve
 from deepfusion.engine.train.step import LossAndGrad, StepResult
@@ -58,7 +66,10 @@ class Trainer:
         self.visit: Visit | None = None  # entered by the loop (enter), with everything below
         self.problem = problem
         self.pool, self.inputs, self.loss_and_grad, self.optim = None, None, None, None
-        self.schedule_steps = 0  # the current visit's schedule length (kept by a resume)
+        self.schedule = Schedule(0)  # the current visit's (a resume keeps or re-plans it)
+        # train.time_budget: the step count is decided after the first steps (None: no budget)
+        seconds = cfg.train.budget_seconds()
+        self.budget = TimeBudget(seconds, cfg.train.max_steps) if seconds else None
         terms = tuple(problem.loss_term_names)
         self.step_hook = hook.load(comm.rank)  # None in a real run: tests only
         self.step, self.lr_scale = 0, 1.0
@@ -68,7 +79,8 @@ class Trainer:
         self.rolled_back = ("", 0)  # (checkpoint, rollbacks to it in a row)
         self.last_save = time.perf_counter()
         self.log = RunLog(self.run_dir, rank=comm.rank, log_every=cfg.train.log_every,
-                          progress=cfg.run.progress, visits=self.visits, term_names=terms)
+                          progress=cfg.run.progress, visits=self.visits, term_names=terms,
+                          known_total=self.budget is None)
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict:
@@ -78,7 +90,9 @@ class Trainer:
             self.enter(self.visits[0])
             if self.cfg.train.on_nonfinite == "rollback":
                 self.save_checkpoint()  # a rollback needs somewhere to go from the first step on
-        self.install_signal_handlers()
+        # SIGTERM / SIGUSR1 ask for a checkpoint after the step, all ranks together (the request
+        # travels in the fused allreduce); deepfusion train installs them at start-up already
+        stop.install()
         t_epoch = None  # start of the current epoch, if it was run whole
         while self.step < self.total_steps:
             if self.step >= self.visit.end:
@@ -93,6 +107,10 @@ class Trainer:
                 continue
             self.step += 1
             self.log_step(epoch, res)
+            if self.budget is not None and self.budget.tick():  # (the same step on every rank)
+                decided = self.budget.decide(self.comm, self.step, self.elapsed_before)
+                self.set_length(decided)
+                self.replan(decided.text())
             self.check_in_sync()
             self.maybe_checkpoint(res)
             if s == self.visit.steps_per_epoch - 1:
@@ -126,7 +144,8 @@ class Trainer:
                                          channels_last=c.model.channels_last,
                                          precision=c.train.precision)
         self.optim = OptimizerSchedule(self.model.parameters(), visit.optim, self.loss_and_grad)
-        self.schedule_steps = visit.steps
+        undecided = self.budget is not None and self.budget.decision is None
+        self.schedule = Schedule(0 if undecided else visit.steps)  # held until decided
         if len(self.visits) > 1:  # (step records carry level and grid: the plots read those)
             self.log.info(f"entering {visit.describe()}")
 
@@ -162,8 +181,31 @@ class Trainer:
         of the step, so every rank and a resumed run see the same loss."""
         v = self.visit
         if v.progress == "level":
-            return (self.step - v.start) / self.schedule_steps
-        return self.step / (self.total_steps - v.steps + self.schedule_steps)
+            return self.schedule.progress(self.step - v.start)
+        return self.schedule.progress(self.step - v.start, v.start, self.total_steps - v.end)
+
+    # -- the step count -------------------------------------------------------------------------
+    def set_length(self, d: Decision, record: bool = True):
+        """Make the time budget's decided count the run's (one visit); said in metrics.jsonl
+        and in every checkpoint from here."""
+        self.visits = [replace(self.visits[0], steps=d.steps)]
+        self.visit, self.total_steps = self.visits[0], d.steps
+        self.log.set_plan(self.visits)
+        if record:
+            self.log.record({"kind": "time_budget", "step": self.step, **d.record()})
+
+    def replan(self, why: str):
+        """Re-plan the schedule of the current visit from this step to its (new) end,
+        continuing where it stands: one log line, and a metrics record."""
+        v, k = self.visit, self.step - self.visit.start
+        if k >= v.steps:
+            return self.log.info(f"{why}: the run ends here")
+        old, self.schedule = self.schedule, self.schedule.replan(k, v.steps, v.optim.warmup_steps)
+        rate = [lr_at(self.schedule.at(s), self.schedule.length, v.optim) * self.lr_scale
+                for s in (k, v.steps - 1)]
+        self.log.info(describe_replan(old, self.schedule, k, *rate, why))
+        self.log.record({"kind": "replan", "step": self.step, "end": v.end, "lr": rate[0],
+                         **self.schedule.state()})
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, epoch: int, s: int) -> StepResult:
@@ -181,8 +223,8 @@ class Trainer:
         self.loss_and_grad.flags["time_limit"] = float(self.passed(self.t_start,
                                                                    t.time_limit_minutes))
         batch = LazyBatch(self.inputs, self.pool.local_indices(epoch, s), v.micro_batch)
-        res = stepper.step(batch, step=self.step - v.start, schedule_steps=self.schedule_steps,
-                           lr_scale=self.lr_scale)
+        res = stepper.step(batch, step=self.schedule.at(self.step - v.start),
+                           schedule_steps=self.schedule.length, lr_scale=self.lr_scale)
         res.times["step"] = time.perf_counter() - t0
         return res
 
@@ -197,7 +239,7 @@ class Trainer:
         if t.on_nonfinite != "rollback":
             raise NonFiniteLoss(f"{where}. {fix}")
         try:
-            path, state = self.load_newest()
+            path, state = newest_checkpoint(self.comm, self.run_dir, self.log)
         except ckpt.CheckpointError as exc:
             raise NonFiniteLoss(f"{where}, and no checkpoint to roll back to: {exc}") from None
         n = self.rolled_back[1] + 1 if self.rolled_back[0] == path else 1
@@ -304,32 +346,14 @@ class Trainer:
 
     def meta(self) -> dict:
         v = self.visit
+        decided = self.budget.decision if self.budget is not None else None
         return {"step": self.step, "lr_scale": self.lr_scale, "world_size": self.comm.size,
-                "schedule_steps": self.schedule_steps, "optimizer": self.optim.current.name,
+                **self.schedule.state(), "optimizer": self.optim.current.name,
+                "time_budget": decided.record() if decided is not None else None,
                 "visit": v.index, "level": v.level, "grid": list(v.grid),
                 "elapsed_s": self.elapsed(),
                 "plan": self.plan_signature, "run_id": self.log.run_id,
                 "config": config_to_dict(self.cfg), **self.specs}
-
-    def load_newest(self) -> tuple[str, dict]:
-        """The newest loadable checkpoint, found and read by rank 0 only and broadcast, so every
-        rank restores the same state and a file system decision is taken once."""
-        found = error = None
-        if self.comm.rank == 0:
-            try:
-                notes = []
-                path, state, skipped = ckpt.load_latest(self.run_dir, notes)
-                for why in skipped:
-                    self.log.warn(f"skipped checkpoint {why}; using {os.path.basename(path)}")
-                for note in notes:  # a checkpoint of an earlier DeepFusion, without a seal
-                    self.log.warn(note)
-                found = (path, state)
-            except ckpt.CheckpointError as exc:
-                error = str(exc)
-        found, error = self.comm.bcast_obj((found, error))
-        if error is not None:
-            raise ckpt.CheckpointError(error)
-        return found
 
     def apply(self, state: dict):
         """Restore weights, step, the visit of the step, its optimiser (the stepper that wrote
@@ -351,64 +375,39 @@ class Trainer:
 
     def resume(self):
         try:
-            path, state = self.load_newest()
+            path, state = newest_checkpoint(self.comm, self.run_dir, self.log)
         except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
             raise resume_refusal(self.run_dir, exc) from None
         meta = state["meta"]
-        self.check_plan(meta)
+        check_plan(self.cfg, self.plan_signature, meta, self.log)
         self.apply(state)
+        self.log.truncate_after(self.step)
         # the trajectory's time: the segments before this one, up to the checkpoint (a rollback
         # keeps counting instead: its lost steps took time in this segment)
         self.elapsed_before, self.t_start = float(meta["elapsed_s"]), time.perf_counter()
-        old = meta["world_size"]
-        if old != self.comm.size:
-            self.log.info(f"elastic resume: checkpoint written on P = {old} ranks, continuing on "
-                          f"P = {self.comm.size}; the data order and the global batch are "
-                          f"unchanged, so the run continues the same trajectory")
-        planned = int(meta["schedule_steps"] or self.schedule_steps)
-        if int(meta["visit"]) == self.visit.index and planned != self.schedule_steps:
-            self.log.info(f"note: train.epochs / train.max_steps now end the run at step "
-                          f"{self.total_steps}; the learning-rate schedule keeps the original "
-                          f"run's length of {planned} steps")
-            self.schedule_steps = planned
-        self.log.truncate_after(self.step)
+        if meta["world_size"] != self.comm.size:
+            self.log.info(elastic_note(meta["world_size"], self.comm.size))
         self.log.info(f"resumed from {path} at step {self.step}")
-        self.report_changes(meta["config"])
+        self.continue_plan(meta)
+        report_changes(self.cfg, meta["config"], self.step, self.log)
 
-    def report_changes(self, theirs: dict | None):
-        """Name every config key the resume changed (a --set, another config file): the
-        settings of a visit not yet trained leave the run so far as it was; anything else
-        changes the trajectory from this step. Logged and kept in metrics.jsonl."""
-        changes = config_changes(theirs, config_to_dict(self.cfg)) if theirs else []
-        if changes:
-            self.log.info(f"the config differs from the checkpoint's in {len(changes)} key(s): "
-                          f"{'; '.join(changes)}")
-            self.log.record({"kind": "resume", "step": self.step, "config_changes": changes})
-
-    def check_plan(self, meta: dict):
-        """A multigrid run resumes only under the plan it was written with, or under that plan
-        extended by further visits after its last (a finished run trained on: the visits so
-        far are unchanged, so is the trajectory). train.max_steps may change: it cuts the
-        plan, it does not change it."""
-        if not self.cfg.train.levels or meta["plan"] is None:
-            return
-        ours, theirs = self.plan_signature, meta["plan"]
-        if ours[:len(theirs)] != theirs:
-            raise InputError(f"--resume {self.run_dir}: the checkpoint was written under another "
-                             f"level plan ([level, grid, first step, steps, batch] per visit: "
-                             f"{theirs}, now {ours}); resume with the run's own "
-                             f"train.levels and train.cycle (further levels may follow its "
-                             f"last), or start a new run with model.init_from")
-        if len(ours) > len(theirs):
-            self.log.info(f"the plan extends the checkpoint's: {len(ours) - len(theirs)} more "
-                          f"visit(s) after its {len(theirs)}, from step {ours[len(theirs)][2]}")
-
-    # -- signals --------------------------------------------------------------------------------
-    def install_signal_handlers(self):
-        """SIGTERM / SIGUSR1 (SLURM's time-limit warning) ask for a checkpoint at the end of the
-        current step; the request travels in the fused allreduce so all ranks stop together.
-        (``deepfusion train`` installs them at start-up already: :mod:`.stop`.)"""
-        stop.install()
+    def continue_plan(self, meta: dict):
+        """The checkpoint's step count and schedule, unless the count changed (train.max_steps,
+        train.epochs, the time budget), which re-plans the schedule from here. A budget not yet
+        decided is decided in this process; the schedule is kept as it is until then."""
+        same = int(meta["visit"]) == self.visit.index  # (else: this visit starts afresh)
+        if same:
+            self.schedule = Schedule.from_state(meta, self.schedule.length)
+        why = length_change(self.cfg, meta)
+        if self.budget is not None:
+            d, changed = self.budget.resumed(Decision.from_record(meta.get("time_budget")),
+                                             self.step, self.elapsed_before)
+            if d is None:
+                return
+            self.set_length(d, record=bool(changed))
+            why = f"{changed}: {d.text()}" if changed else why
+        if same and self.schedule.end != self.visit.steps:
+            self.replan(why)
 
 
 def trainable(module: torch.nn.Module) -> list[bool]:

@@ -94,7 +94,8 @@ def check_array(method: str, v, kind, shape, dtype) -> None:
 
 def check_attributes(s: Subject) -> str:
     p = s.make()
-    for attr in ("param_names", "input_channels", "loss_term_names", "reference_methods"):
+    for attr in ("param_names", "input_channels", "loss_only_channels", "loss_term_names",
+                 "reference_methods"):
         v = getattr(p, attr, None)
         expect(isinstance(v, tuple) and all(isinstance(c, str) for c in v),
                f"class attribute {attr}", repr(v), "a tuple of names")
@@ -102,6 +103,9 @@ def check_attributes(s: Subject) -> str:
            "the name the problem is known by")
     expect(bool(p.input_channels), "class attribute input_channels", "()", "a channel name "
            "per channel of build_input")
+    stray = [c for c in p.loss_only_channels if c not in p.input_channels]
+    expect(not stray, "class attribute loss_only_channels", repr(p.loss_only_channels),
+           f"names among input_channels {list(p.input_channels)} (not {stray})")
     names = p.loss_term_names
     expect(bool(names) and len(set(names)) == len(names), "class attribute loss_term_names",
            repr(names), "distinct names of the loss terms")

@@ -52,6 +52,11 @@ class Family(abc.ABC):
     Class attributes a family sets:
         param_names: names of the k entries of a parameter vector, e.g. ("c",).
         input_channels: names of the C channels ``build_input`` returns, e.g. ("u0",) or ("nu",).
+        loss_only_channels: those of ``input_channels`` the network is not meant to read, there
+            for the loss and the reference solver only (e.g. a constant flow's components
+            when the network sees the flow as a potential field); ``train`` does not warn
+            that a network with instance norm loses them when they are spatially constant.
+            Default none.
         dims: the number of grid axes (2: (H, W); 3: (D, H, W)).
         reference_methods: the ``method`` values ``reference_solution`` and
             ``solve_from_inputs`` accept; "auto" (the solver's own choice) always comes first.
@@ -72,6 +77,7 @@ class Family(abc.ABC):
     name: str = ""
     param_names: tuple[str, ...] = ()
     input_channels: tuple[str, ...] = ()
+    loss_only_channels: tuple[str, ...] = ()
     dims: int = 2
     reference_methods: tuple[str, ...] = ("auto",)
     fields_hint: str = ""

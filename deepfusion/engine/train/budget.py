@@ -1,0 +1,123 @@
+"""``train.time_budget``: the step count that ends the training within a wall-time budget,
+decided once from the run's own step time.
+
+The run times its steps in this process: the first ``SKIP`` are not counted (the first step
+fills the allocator's pools, the input cache and the network's lazy state; the second can
+still pay for some of it), the next ``MEASURE`` are, as the wall time between the ends of two
+steps (so logging and the checks between steps count), and their median is the step time
+(a median: an evaluation or a checkpoint among them does not swing it). Each rank measures its
+own; rank 0 takes the slowest rank's, computes the count from the time left on its clock and
+broadcasts the decision, so every rank stops at the same step. The count fills the time left
+less a reserve (``RESERVE`` of it) for what the loop does besides steps: the validations, the
+checkpoints, the final one. ``train.max_steps``, if set, caps it.
+
+The decision is logged once, recorded in ``metrics.jsonl`` (``{"kind": "time_budget"}``) and
+in every checkpoint, so a resume continues the same count; a resume under another budget or
+another ``train.max_steps`` decides again from the recorded step time and the run's time at
+the checkpoint. Until the count is decided the learning-rate schedule is held at its start
+(:mod:`.schedule`).
+
+Pure Python (the communicator is passed in): no torch.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+SKIP = 2        # steps of this process not timed: warm-up of the allocator, caches, lazy state
+MEASURE = 8     # steps timed after them
+RESERVE = 0.1   # share of the time left kept for validations and checkpoints
+UNDECIDED = 2 ** 40  # a budget run's step count until decided (the loop's bound, never reached)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decided step count and what it was decided from."""
+
+    budget_s: float     # train.time_budget, seconds
+    max_steps: int      # train.max_steps then (0: none), the cap
+    step_s: float       # the measured step time (the slowest rank's median)
+    at_step: int        # the step after which it was decided
+    elapsed_s: float    # the run's training time then (resumed segments included)
+    steps: int          # the run's step count
+
+    def record(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, rec: dict | None) -> Decision | None:
+        return None if not rec else cls(**rec)
+
+    def text(self) -> str:
+        left = max(0.0, self.budget_s - self.elapsed_s)
+        cap = f", capped by train.max_steps = {self.max_steps}" if self.steps == self.max_steps \
+            else ""
+        return (f"time budget {self.budget_s:g} s: {self.step_s:.3g} s per step (measured, the "
+                f"slowest rank's), {left:.0f} s left at step {self.at_step} less a "
+                f"{RESERVE:.0%} reserve for validations and checkpoints -> {self.steps} steps"
+                f"{cap}")
+
+
+def decide(budget_s: float, max_steps: int, step_s: float, at_step: int,
+           elapsed_s: float) -> Decision:
+    """The step count that fits ``budget_s`` at ``step_s`` per step, decided after
+    ``at_step`` steps and ``elapsed_s`` seconds: never fewer than ``at_step`` (a spent budget
+    ends the run where it is), at most ``max_steps`` if that is set."""
+    left = max(0.0, budget_s - elapsed_s) * (1.0 - RESERVE)
+    steps = at_step + (int(left // step_s) if step_s > 0 else 0)
+    if max_steps > 0:
+        steps = min(steps, max(max_steps, at_step))
+    return Decision(float(budget_s), int(max_steps), float(step_s), int(at_step),
+                    float(elapsed_s), int(steps))
+
+
+class TimeBudget:
+    """The measuring side: step ends in this process, and the collective decision."""
+
+    def __init__(self, seconds: float, max_steps: int, clock=time.perf_counter):
+        self.seconds, self.max_steps = float(seconds), int(max_steps)
+        self.clock = clock  # (a test's hook may put its own clock here, and t0 from it)
+        self.t0 = clock()
+        self.ends: list[float] = []
+        self.decision: Decision | None = None
+
+    def tick(self) -> bool:
+        """A step ended: whether the count is now due to be decided (on every rank alike:
+        every rank takes the same steps)."""
+        if self.decision is not None:
+            return False
+        self.ends.append(self.clock())
+        return len(self.ends) == SKIP + MEASURE
+
+    def step_seconds(self) -> float:
+        """The median wall time of the timed steps."""
+        ends = self.ends[SKIP - 1:]
+        return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+    def decide(self, comm, step: int, elapsed_before: float) -> Decision:
+        """The decision after global step ``step`` (collective): the slowest rank's step
+        time, rank 0's clock, rank 0's arithmetic, broadcast."""
+        times = comm.gather_obj(self.step_seconds())
+        d = None
+        if times is not None:  # rank 0
+            elapsed = elapsed_before + self.clock() - self.t0
+            d = decide(self.seconds, self.max_steps, max(times), step, elapsed)
+        self.decision = comm.bcast_obj(d)
+        return self.decision
+
+    def resumed(self, recorded: Decision | None, step: int, elapsed_s: float) -> tuple:
+        """(decision, why it changed or "") for a run resumed at ``step`` whose checkpoint
+        recorded ``recorded`` (None: not decided yet, then it is decided in this process).
+        The same budget and cap keep the recorded count; another decides again from the
+        recorded step time and the run's time at the checkpoint."""
+        if recorded is None:
+            return None, ""
+        if (recorded.budget_s, recorded.max_steps) == (self.seconds, self.max_steps):
+            self.decision = recorded
+            return recorded, ""
+        self.decision = decide(self.seconds, self.max_steps, recorded.step_s, step, elapsed_s)
+        what = (f"train.time_budget {recorded.budget_s:g} s -> {self.seconds:g} s"
+                if recorded.budget_s != self.seconds else
+                f"train.max_steps {recorded.max_steps} -> {self.max_steps}")
+        return self.decision, f"{what}: decided again from the recorded step time"
