@@ -51,6 +51,7 @@ class ADR(gt.ResidualFamily):
     param_names = (*(f"omega_{i + 1}" for i in range(len(A_MODES))), "flow_angle",
                    "flow_speed", "g_1", "g_2")
     input_channels = ("log_a", "b_y", "b_x", "phi", "lift", "bubble")
+    loss_only_channels = ("b_y", "b_x")       # constant fields: the loss's, not the network's
 
     def __init__(self, *, grid=(64, 64), norm="l2", omega_range=(-0.5, 0.5), max_speed=4.0,
                  lift_range=(-1.0, 1.0), output_scale=0.25):

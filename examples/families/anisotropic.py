@@ -54,9 +54,10 @@ class Anisotropic(gt.ResidualFamily):
     name = "anisotropic"
     param_names = ("theta", "eps", *(f"c_{i + 1}" for i in range(len(F_MODES))))
     input_channels = ("K_yy", "K_xy", "K_xx", "kq", "f", "bubble")
+    loss_only_channels = ("K_yy", "K_xy", "K_xx")     # constant: the loss reads them, not the net
 
-    def __init__(self, *, grid=(64, 64), norm="l2", eps_range=(0.05, 1.0), source_range=(-1.0, 1.0),
-                 output_scale=0.04):
+    def __init__(self, *, grid=(64, 64), norm="l2", eps_range=(0.05, 1.0),
+                 source_range=(-1.0, 1.0), output_scale=0.04):
         super().__init__(grid=grid, norm=norm)
         self.eps_range = gt.interval("eps_range", eps_range)
         self.source_range = gt.interval("source_range", source_range)

@@ -52,8 +52,8 @@ class Diffusion3D(gt.ResidualFamily):
     input_channels = ("log_a", "lift", "bubble")
     symmetric = True
 
-    def __init__(self, *, grid=(32, 32, 32), norm="l2", omega_range=(-0.5, 0.5), lift_range=(-1.0, 1.0),
-                 output_scale=0.25):
+    def __init__(self, *, grid=(32, 32, 32), norm="l2", omega_range=(-0.5, 0.5),
+                 lift_range=(-1.0, 1.0), output_scale=0.25):
         super().__init__(grid=grid, norm=norm)
         self.omega_range = gt.interval("omega_range", omega_range)
         self.lift_range = gt.interval("lift_range", lift_range)
