@@ -13,6 +13,7 @@ import pytest
 
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.parallel import commstats
+from deepfusion.jobs import project
 from tests.faults.steps import SLOW_S, fault_env
 from tests.mpi_util import REAL_MPI, commands
 from tests.tiny_configs import TINY, variant
@@ -74,6 +75,19 @@ def test_a_late_rank_is_waited_for_by_the_other_and_nothing_numerical_changes(tm
     # bit, with the accounting on (and a rank made late) or off.
     assert [r["loss"] for r in off] == [r["loss"] for r in steps(runs["plain"])]
     assert [r["grad_norm"] for r in off] == [r["grad_norm"] for r in steps(runs["plain"])]
+
+    # jobs project takes the overlap from the two runs (one with, one without) and the skew
+    study = tmp_path / "study.json"
+    study.write_text(json.dumps({"arms": [{"family": "f", "batch": 16, "rule": "sqrt",
+                                           "steps_to_target": 100}]}))
+    assert project.main(["--study", str(study), "--family", "f", "--t-sample", "0.01",
+                         "--grid", "64x64", "--nodes", "1,4", "--overlap", "--measured",
+                         runs["plain"], "--measured", runs["overlap"],
+                         "--out", str(tmp_path / "project")]) == 0
+    doc = json.loads((tmp_path / "project" / "project.json").read_text())
+    m = doc["inputs"]["allreduce_model"]
+    assert m["overlap_from"].startswith("measured") and m["hidden_share"] >= 0
+    assert m["skew_share"] >= 0 and "2 ranks, with overlap" in m["skew_from"]
 
 
 def test_wait_is_the_first_calls_excess_over_the_last_arrival():
