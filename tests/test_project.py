@@ -228,6 +228,15 @@ def test_the_overlap_and_the_skew_are_taken_from_a_bench_measurement(tmp_path, c
             assert y["hours"] >= x["hours"]
     out = capsys.readouterr().out
     assert "all-reduce overlapped: h = 0.0833" in out and "measured" in out
+    # a bench.json from before the per-rank accounting, or without its comm part: refused
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    doc["comm"]["overlap"]["overlap"]["wait_s"] = None
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert run(tmp_path / "c", "--measured", str(tmp_path / "old.json"))[0] == 2
+    assert "run make bench again" in capsys.readouterr().err
+    (tmp_path / "none.json").write_text(json.dumps({"step": {}}))
+    assert run(tmp_path / "d", "--measured", str(tmp_path / "none.json"))[0] == 2
+    assert "no 'overlap' part" in capsys.readouterr().err
 
 
 def test_every_projection_says_what_limits_it_at_16_nodes(tmp_path):
