@@ -8,7 +8,10 @@ Parts (every MPI part is an ``mpiexec -n P python -m bench.comm_bench --worker .
   buckets    GradSync.reduce() of the default generator's gradient for several parallel.bucket_mb;
   overlap    P=2 x 1 thread training steps with parallel.overlap off / on / on without
              GradSync's progress polling (interleaved): the step time and the share of it
-             spent blocked in the allreduce; again in a second launch with MPICH's
+             spent blocked in the allreduce, and per rank the gradient all-reduce's wait for
+             the other rank, its move and what the step waits for after backward (exposed;
+             the step record's allreduce_* fields, deepfusion/engine/parallel/commstats.py),
+             medians over the steps; again in a second launch with MPICH's
              asynchronous progress thread (MPICH_ASYNC_PROGRESS=1, which needs
              MPI_THREAD_MULTIPLE: the record says the thread level granted);
   layout     P=2 ranks x 1 thread against P=1 x 2 threads on the same global batch: launches
@@ -109,12 +112,16 @@ def _engine(comm, grid, global_batch, *, overlap, bucket_mb, generator="unet", p
                            global_batch=global_batch, poll=poll)
 
 
+# The step record's per-rank lists (commstats) a record of the overlap part keeps, as medians.
+PER_RANK = ("enter_s", "wait_s", "move_s", "exposed_s", "progress_s")
+
+
 def worker_overlap(comm, grid, global_batch, steps, bucket_mb) -> dict:
     engines = {"no_overlap": _engine(comm, grid, global_batch, overlap=False, bucket_mb=bucket_mb),
                "overlap": _engine(comm, grid, global_batch, overlap=True, bucket_mb=bucket_mb),
                "overlap_no_poll": _engine(comm, grid, global_batch, overlap=True,
                                           bucket_mb=bucket_mb, poll=False)}
-    rec = {k: {"step": [], "allreduce": []} for k in engines}
+    rec = {k: {"step": [], "allreduce": [], "compute": [], "comm": []} for k in engines}
     for r in range(steps + 1):
         for k, f in engines.items():
             comm.barrier()
@@ -124,13 +131,30 @@ def worker_overlap(comm, grid, global_batch, steps, bucket_mb) -> dict:
             if r:
                 rec[k]["step"].append(dt)
                 rec[k]["allreduce"].append(f.times["allreduce"])
+                rec[k]["compute"].append(f.times["forward"] + f.times["backward"])
+                rec[k]["comm"].append(dict(f.comm))
     out = {}
     for k, v in rec.items():
         s, a = median(v["step"]), median(v["allreduce"])
         # the interleaved rounds' own times: "the step falls" is judged round by round (run.py)
         out[k] = {"step_s": s, "allreduce_s": a, "allreduce_share": a / s,
-                  "step_s_rounds": v["step"]}
+                  "step_s_rounds": v["step"], "compute_s": median(v["compute"]),
+                  **per_rank(v["comm"], s)}
     return out
+
+
+def per_rank(records: list[dict], step_s: float) -> dict:
+    """The gradient all-reduce of the steps' records (``allreduce_*`` fields): per rank the
+    median of each list over the steps, the bytes, and the exposed share of the step (the mean
+    over ranks of the exposed seconds, median over steps, over the median step); None each
+    where nothing was accounted (one rank)."""
+    if not records or not all(records):
+        return {**{k: None for k in PER_RANK}, "bytes": None, "exposed_share": None}
+    out = {k: [median(col) for col in zip(*(r[f"allreduce_{k}"] for r in records))]
+           for k in PER_RANK}
+    exposed = median([sum(r["allreduce_exposed_s"]) / len(r["allreduce_exposed_s"])
+                      for r in records])
+    return {**out, "bytes": records[0]["allreduce_bytes"], "exposed_share": exposed / step_s}
 
 
 def thread_level() -> str:
@@ -236,6 +260,10 @@ def run(grid=64, batch=16, steps=6, repeats=3, sizes_mb="5.43,7.8", bucket_mbs="
 
 def _shares(overlap: dict) -> str:
     return ", ".join(f"{k} {v['allreduce_share']:.1%} of {v['step_s'] * 1e3:.0f} ms"
+                     + (f" (exposed {v['exposed_share']:.1%}: wait "
+                        f"{'/'.join(f'{x * 1e3:.1f}' for x in v['wait_s'])} ms, move "
+                        f"{'/'.join(f'{x * 1e3:.1f}' for x in v['move_s'])} ms per rank)"
+                        if v.get("exposed_share") is not None else "")
                      for k, v in overlap.items())
 
 

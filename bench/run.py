@@ -12,7 +12,9 @@ Writes OUT/bench.json and prints a short table:
     in one process (same allocator), and each in its own process with its own allocator, as
     `deepfusion train` and a plain script run (bench/allocator_bench.py);
   * P=2 ranks x 1 thread against P=1 x 2 threads; the allreduce share of a step with and
-    without overlap; our allreduce against gloo (bench/comm_bench.py);
+    without overlap, side by side, and per rank the gradient all-reduce's wait for the other
+    rank, its move and the exposed time the step waits after backward; our allreduce against
+    gloo (bench/comm_bench.py);
   * peak RSS per rank at 256^2 .. 1024^2 with and without activation checkpointing
     (bench/memory_bench.py);
   * with --with-domain, domain parallelism (bench/domain_bench.py): peak RSS per rank of one
@@ -40,7 +42,12 @@ GOALS = {"gemm_ratio": 0.60,           # fp32 step's FLOP rate / fp32 GEMM rate,
          "bf16_vs_plain_fp32": 2.0,    # bf16 step against the plain fp32 loop (AMX/AVX512-BF16)
          "s_per_sample_1024": 3.0,     # fp32 1024^2 training step, 2 threads, seconds per sample
          "p2x1_vs_p1x2": 1.0,          # P=2 x 1 thread against P=1 x 2 threads
-         "allreduce_share_p2": 0.02}   # with overlap, whose step must also be faster
+         "exposed_allreduce_p2": 0.05}  # with overlap, whose step must also be faster
+
+
+# What the exposed-allreduce goal line shows of each overlap record (bench/comm_bench.py).
+SIDE_BY_SIDE = ("step_s", "allreduce_share", "exposed_share", "wait_s", "move_s", "exposed_s",
+                "progress_s", "bytes")
 
 
 def _goal(value, goal, met) -> dict:
@@ -98,24 +105,24 @@ def _comm_goals(comm: dict) -> dict:
     ov = comm.get("overlap", {})
     if {"overlap", "no_overlap"} <= set(ov):
         on, off = ov["overlap"], ov["no_overlap"]
-        g = GOALS["allreduce_share_p2"]
+        g = GOALS["exposed_allreduce_p2"]
         faster, rounds = _faster_rounds(on, off)
+        share = on.get("exposed_share")
         # Overlap counts only if the step itself gets faster, not just the time spent waiting,
         # and faster in most rounds, not by a median inside the spread.
-        out["allreduce_share_p2_overlap"] = {
-            **_goal(on["allreduce_share"], g,
-                    on["allreduce_share"] <= g and 4 * faster > 3 * rounds),
-            "step_s": on["step_s"], "step_s_no_overlap": off["step_s"],
-            "share_no_overlap": off["allreduce_share"],
-            "overlap_faster_rounds": f"{faster}/{rounds}"}
-        if "overlap_no_poll" in ov:  # the overlap without GradSync's progress polling
-            out["allreduce_share_p2_overlap"]["step_s_overlap_no_poll"] = \
-                ov["overlap_no_poll"]["step_s"]
+        goal = _goal(share, g, share is not None and share <= g and 4 * faster > 3 * rounds)
+        if share is None:
+            goal.update(met=None, why="no per-rank all-reduce accounting in this record "
+                                      "(a bench.json from before it)")
+        out["exposed_allreduce_p2_overlap"] = {
+            **goal, "step_s": on["step_s"], "step_s_no_overlap": off["step_s"],
+            "overlap_faster_rounds": f"{faster}/{rounds}",
+            # wait against move against exposed, per rank, with and without overlap
+            "side_by_side": {k: {f: v.get(f) for f in SIDE_BY_SIDE} for k, v in ov.items()}}
         asy = comm.get("overlap_async_progress", {})
         if {"overlap", "no_overlap"} <= set(asy):  # beside the goal: the default launch decides
-            out["allreduce_share_p2_overlap"]["async_progress"] = {
-                k: {"step_s": asy[k]["step_s"], "share": asy[k]["allreduce_share"]}
-                for k in ("overlap", "no_overlap")}
+            out["exposed_allreduce_p2_overlap"]["async_progress"] = {
+                k: {f: asy[k].get(f) for f in SIDE_BY_SIDE} for k in ("overlap", "no_overlap")}
     return out
 
 
@@ -183,7 +190,8 @@ def table(res: dict) -> str:
     for key, label in (("overlap", ""), ("overlap_async_progress", ", async progress")):
         for k, v in comm.get(key, {}).items():
             lines.append(f"P=2x1 {k}{label}: step {v['step_s'] * 1e3:.0f} ms, allreduce "
-                         f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}")
+                         f"{v['allreduce_s'] * 1e3:.1f} ms = {v['allreduce_share']:.1%}"
+                         + _per_rank_text(v))
     lay = comm.get("layout", {})
     for k in ("P1xT2", "P2xT1"):
         if k in lay:
@@ -208,6 +216,17 @@ def table(res: dict) -> str:
         lines.append(f"goal {k}: {g['value']:.3g} (goal {g['goal']}) "
                      f"{'MET' if g['met'] else 'not met'}")
     return "\n".join(lines)
+
+
+def _per_rank_text(v: dict) -> str:
+    """Per rank, ms: exposed = wait for the other rank + move (+ enter), and the hooks' time."""
+    if v.get("exposed_share") is None:
+        return ""
+
+    def ms(key):
+        return "/".join(f"{x * 1e3:.1f}" for x in v[key])
+    return (f"; per rank exposed {ms('exposed_s')} ms ({v['exposed_share']:.1%}) = wait "
+            f"{ms('wait_s')} + move {ms('move_s')}, hooks {ms('progress_s')}")
 
 
 def _want_bf16(mode: str, quick: bool) -> bool:

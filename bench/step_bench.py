@@ -122,7 +122,9 @@ def make_deepfusion(problem, model, x, *, channels_last=True, comm=None, bucket_
                     overlap=False, global_batch=None, precision="fp32", poll=True):
     """The engine's step as Trainer.train_step runs it (minus data loading and logging):
     :func:`engine_step`; ``poll=False`` turns off GradSync's progress polling (an ablation of
-    the overlap)."""
+    the overlap). ``step.times`` holds the last step's times, ``step.comm`` its gradient
+    all-reduce per rank on several ranks (the step record's ``allreduce_*`` fields, as
+    ``parallel.allreduce_stats`` writes them)."""
     from deepfusion.config import ParallelConfig
     from deepfusion.engine.parallel.comm import SerialComm
     from deepfusion.engine.parallel.parallelize import parallelize
@@ -133,16 +135,18 @@ def make_deepfusion(problem, model, x, *, channels_last=True, comm=None, bucket_
     pm.grads.poll = poll
     lg = LossAndGrad(pm, problem, global_batch=global_batch or x.shape[0],
                      term_names=problem.loss_term_names, channels_last=channels_last,
-                     precision=precision)
+                     precision=precision, allreduce_stats=comm.size > 1)
     trained = engine_step(lg, model.parameters(), x)
-    last = {}
+    last, last_comm = {}, {}
 
     def step():
         res = trained()
         last.update(res.times)
+        last_comm.clear()
+        last_comm.update(res.comm)
         return res.loss
 
-    step.times = last
+    step.times, step.comm = last, last_comm
     return step
 
 

@@ -192,3 +192,104 @@ def test_projections_are_combined_side_by_side(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert project.main(["--combine", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 2
     assert "not a project.json" in capsys.readouterr().err
+
+
+# -- the all-reduce from a measurement (--measured) and what limits the speed-up -------------
+def bench_json(path, *, t_full=0.008, move=0.002, hooks=0.001, compute=0.06, wait=0.003):
+    """A bench JSON's overlap part (bench/comm_bench.py) with per-rank seconds: without
+    overlap the whole transfer ``t_full`` is moved after backward; with it ``move`` + ``hooks``
+    stay exposed. Each rank waits ``wait`` in one of the two modes' records."""
+    def rec(mv, pr):
+        return {"step_s": compute + mv + wait, "compute_s": compute, "bytes": 5_000_000,
+                "wait_s": [2 * wait, 0.0], "move_s": [mv, mv], "progress_s": [pr, pr],
+                "exposed_s": [2 * wait + mv, mv], "enter_s": [0.0, 0.0],
+                "step_s_rounds": [compute + mv + wait] * 3}
+    path.write_text(json.dumps({"comm": {"overlap": {"no_overlap": rec(t_full, 0.0),
+                                                     "overlap": rec(move, hooks)}}}))
+    return str(path)
+
+
+def test_the_overlap_and_the_skew_are_taken_from_a_bench_measurement(tmp_path, capsys):
+    measured = bench_json(tmp_path / "bench.json")
+    rc, assumed = run(tmp_path / "a", "--overlap")
+    rc2, got = run(tmp_path / "b", "--overlap", "--measured", measured)
+    assert rc == rc2 == 0
+    a, b = (json.loads((d / "project.json").read_text()) for d in (assumed, got))
+    m = b["inputs"]["allreduce_model"]
+    # h = (transfer without overlap - what stayed exposed with it) / compute; skew = wait / compute
+    assert m["hidden_share"] == pytest.approx((0.008 - 0.003) / 0.06)
+    assert m["skew_share"] == pytest.approx(0.003 / 0.06)
+    assert m["overlap_from"] == "measured" and m["sources"] == [measured]
+    assert a["inputs"]["allreduce_model"]["overlap_from"] == "assumed bound"
+    assert "measured" in b["inputs"]["allreduce"] and "bound" in a["inputs"]["allreduce"]
+    # less hidden than the 2/3 bound, and the skew on top: never sooner than assumed
+    for name in a["projection"]:
+        for x, y in zip(a["projection"][name], b["projection"][name]):
+            assert y["hours"] >= x["hours"]
+    out = capsys.readouterr().out
+    assert "all-reduce overlapped: h = 0.0833" in out and "measured" in out
+    # a bench.json from before the per-rank accounting, or without its comm part: refused
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    doc["comm"]["overlap"]["overlap"]["wait_s"] = None
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert run(tmp_path / "c", "--measured", str(tmp_path / "old.json"))[0] == 2
+    assert "run make bench again" in capsys.readouterr().err
+    (tmp_path / "none.json").write_text(json.dumps({"step": {}}))
+    assert run(tmp_path / "d", "--measured", str(tmp_path / "none.json"))[0] == 2
+    assert "no 'overlap' part" in capsys.readouterr().err
+
+
+def test_every_projection_says_what_limits_it_at_16_nodes(tmp_path):
+    rc, out = run(tmp_path, "--measured", bench_json(tmp_path / "bench.json"))
+    assert rc == 0
+    doc = json.loads((out / "project.json").read_text())
+    assert set(doc["limits"]) == set(doc["projection"])
+    for name, lim in doc["limits"].items():
+        row = doc["projection"][name][-1]
+        assert lim["nodes"] == 16 == row["nodes"] and lim["speedup"] == row["speedup"]
+        assert sum(lim["shares"].values()) == pytest.approx(1.0)
+        assert lim["shares"]["skew"] > 0 and lim["shares"]["halo"] == 0   # measured; no split
+        assert lim["speedup_if_free"] >= lim["speedup"]
+        assert lim["limited_by"] in (None, "compute", "halo", "allreduce", "skew")
+        assert (lim["limited_by"] is None) == (lim["speedup"] >= 10)
+    text = (out / "project.md").read_text()
+    assert "stampede2 at 16 nodes:" in text and "arrival skew" in text
+
+
+def test_a_split_recipe_is_limited_by_its_halo_or_compute_and_says_so(tmp_path):
+    rc, out = recipe(tmp_path, "", "--t-sample", "0.01,0.04")
+    assert rc == 0
+    doc = json.loads((out / "project.json").read_text())
+    lim, row = doc["limits"]["stampede2"], doc["projection"]["stampede2"][1]
+    assert doc["inputs"]["nodes"] == [1, 16, 64] and lim["nodes"] == row["nodes"] == 16
+    assert row["domain"] and lim["shares"]["halo"] > 0   # 16 nodes split the batch-4 samples
+    assert lim["shares"]["skew"] == 0                    # not measured: not modelled
+    assert lim["limited_by"] in ("compute", "halo", "allreduce")
+    assert lim["shares"] == row["parts"] and row["parts"]["compute"] > 0
+
+
+def test_a_measured_run_directory_gives_its_one_mode(tmp_path, capsys):
+    """A run without overlap measures the skew; the overlap stays the assumed bound (said)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    recs = [{"kind": "step", "step": s, "time_forward": 0.02, "time_backward": 0.04,
+             "allreduce_overlap": False, "allreduce_bytes": 800,
+             "allreduce_wait_s": [0.006, 0.0], "allreduce_move_s": [0.002, 0.002],
+             "allreduce_progress_s": [0.0, 0.0], "allreduce_exposed_s": [0.008, 0.002],
+             "allreduce_enter_s": [0.0, 0.0]} for s in (1, 2, 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs)
+                                           + '{"kind": "st')   # a line being written
+    rc, out = run(tmp_path / "p", "--overlap", "--measured", str(run_dir))
+    assert rc == 0
+    m = json.loads((out / "project.json").read_text())["inputs"]["allreduce_model"]
+    assert m["skew_share"] == pytest.approx(0.003 / 0.06)
+    assert m["overlap_from"] == "assumed bound" and m["hidden_share"] == pytest.approx(2 / 3)
+    assert "no step with overlap" in m["note"]
+    # refused: nothing there, or a run without the accounting (one rank, or switched off)
+    assert run(tmp_path / "q", "--measured", str(tmp_path / "nowhere"))[0] == 2
+    assert "no such run directory or file" in capsys.readouterr().err
+    for r in recs:
+        r.pop("allreduce_wait_s")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert run(tmp_path / "q", "--measured", str(run_dir))[0] == 2
+    assert "parallel.allreduce_stats" in capsys.readouterr().err

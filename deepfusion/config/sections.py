@@ -254,6 +254,14 @@ class ParallelConfig(Section):
     overlap: bool = option(False, "overlap the gradient allreduce with backward (bucketed, "
                               "non-blocking)")
     bucket_mb: float = option(4.0, "gradient bucket size in MB when parallel.overlap is on", gt=0.0)
+    allreduce_stats: str = option("auto", "write the gradient allreduce's seconds per rank into "
+                                  "every step record of metrics.jsonl: waiting for the other "
+                                  "ranks (allreduce_wait_s), moving the bytes (allreduce_move_s), "
+                                  "what the step waits for after backward (allreduce_exposed_s); "
+                                  "they travel in the step's loss allreduce, 4 numbers per rank, "
+                                  "no extra collective; \"auto\" = on from 2 to 16 ranks (the "
+                                  "record holds one number per rank)",
+                                  choices=("auto", "on", "off"))
     reuse_memory: str = option("auto", "keep freed memory in the process for the next step "
                                "instead of returning it to the OS and faulting it in again "
                                "(glibc malloc: no mmap for large blocks, no trimming): faster "
@@ -271,6 +279,12 @@ class ParallelConfig(Section):
                                       "warn when P is larger, they do not refuse; 0 = not "
                                       "stated (check then gives the batches' data-parallel "
                                       "limit)", ge=0)
+
+    def allreduce_stats_on(self, ranks: int) -> bool:
+        """Whether a run of ``ranks`` ranks accounts its gradient allreduce per rank."""
+        if ranks < 2 or self.allreduce_stats == "off":
+            return False
+        return self.allreduce_stats == "on" or ranks <= 16
 
     def reuses_memory(self) -> bool:
         """Whether freed memory is kept for reuse (``reuse_memory``, "auto" resolved)."""

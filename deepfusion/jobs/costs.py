@@ -40,15 +40,17 @@ def allreduce_time(p: int, nbytes: float, alpha: float, beta: float) -> tuple[fl
 BACKWARD_SHARE = 2.0 / 3.0
 
 
-def gradient_wait(t_allreduce: float, t_compute: float, overlap: bool) -> float:
+def gradient_wait(t_allreduce: float, t_compute: float, overlap: bool,
+                  hidden_share: float = BACKWARD_SHARE) -> float:
     """Seconds a step waits for its gradient all-reduce after ``t_compute`` of forward and
     backward: all of it, or with ``parallel.overlap`` (buckets all-reduced as the backward pass
-    fills them) only what outlasts the backward pass. The overlapped figure is a bound: it
-    assumes the network moves the messages while every core computes (an RDMA interconnect),
-    which a rank on a core of its own does not give (docs/performance.md)."""
+    fills them) only what outlasts ``hidden_share`` of the compute. The default (the backward
+    pass) is a bound: it assumes the network moves the messages while every core computes (an
+    RDMA interconnect), which a rank on a core of its own does not give (docs/performance.md);
+    ``deepfusion.jobs.measured`` measures it instead."""
     if not overlap:
         return t_allreduce
-    return max(0.0, t_allreduce - BACKWARD_SHARE * t_compute)
+    return max(0.0, t_allreduce - hidden_share * t_compute)
 
 
 def link_params(prof: dict, nodes: int) -> tuple[float, float]:

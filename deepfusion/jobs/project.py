@@ -3,7 +3,7 @@
 
     deepfusion jobs project --study STUDY.json --family FAMILY --t-sample S --grid 64x64 \
         [--t-sample-threads 1] [--nodes 1,4,16,64] [--clusters stampede2,azure-hc44,aws-c5n] \
-        [--domain] --out DIR
+        [--domain] [--overlap] [--measured RUN_OR_BENCH_JSON ...] --out DIR
 
 For every cluster, node count, global batch B the study reached the target with (its steps
 S(B), the fewest over the study's learning-rate rules) and layout (ranks per node r dividing the
@@ -14,8 +14,10 @@ divide B):
     t_sample(k)  = deepfusion.jobs.domain_model.domain_step's compute + halo + norm time of one sample on k
                    ranks (k = 1: amdahl(t_sample, T)),
     T_step       = C + allreduce(P, 4 * params),  C = ceil(B / G) * t_sample(k)
-                   (with --overlap: C + max(0, allreduce - 2/3 C), the all-reduce hidden
-                   behind the backward pass as ``parallel.overlap`` does: a bound)
+                   (with --overlap: C + max(0, allreduce - h C), the all-reduce hidden
+                   behind the backward pass as ``parallel.overlap`` does; h = 2/3, a bound,
+                   or measured with --measured, which also adds the measured arrival skew:
+                   deepfusion.jobs.measured)
     time         = S(B) * T_step
 
 and the projection is the fastest (B, layout). Measured: S(B) (the study, on two cores) and
@@ -28,7 +30,9 @@ With ``--config RECIPE`` instead of a study, the recipe's own plan is projected 
 (so at its measured test error), domain splits carrying it past the batch
 (``deepfusion.jobs.project_recipe``); ``--t-sample`` is then optional, one figure per level, and measured
 by ``deepfusion check``'s probe when left out. ``--combine A/project.json B/project.json``
-puts projections side by side (``deepfusion.jobs.project_summary``).
+puts projections side by side (``deepfusion.jobs.project_summary``). Every projection says
+which all-reduce model it used and, per cluster, what limits its speed-up at 16 nodes
+(``deepfusion.jobs.project_limits``: compute, halo, all-reduce or skew).
 """
 from __future__ import annotations
 
@@ -39,9 +43,11 @@ from pathlib import Path
 
 from deepfusion.app.checks import check_output_dir
 from deepfusion.engine.errors import InputError
+from deepfusion.jobs import project_limits
 from deepfusion.jobs import project_recipe as pr
-from deepfusion.jobs.costs import allreduce_time, amdahl, gradient_wait, link_params
+from deepfusion.jobs.costs import allreduce_time, amdahl, link_params
 from deepfusion.jobs.domain_model import Net, choose_split, domain_step, parse_grid
+from deepfusion.jobs.measured import measured_model
 from deepfusion.jobs.model import DEFAULT_SERIAL_FRACTION
 from deepfusion.jobs.profiles import get_profile, load_profiles, node_layouts
 from deepfusion.jobs.project_summary import combine
@@ -69,16 +75,18 @@ def steps_to_target(study: dict, family: str) -> dict[int, dict]:
 
 
 def sample_time(net: Net, grid, k: int, r: int, t_rank: float, prof: dict, depth: int):
-    """(seconds of one sample on k ranks, split or None); None when no valid split exists."""
+    """(seconds of one sample on k ranks, of them exchanges, split or None); None when no valid
+    split exists."""
     if k == 1:
-        return t_rank, None
+        return t_rank, 0.0, None
     split = choose_split(grid, k, depth)
     if split is None:
         return None
     row = domain_step(net, grid, split, min(r, k), t_rank, prof, params=0)
     if row is None:
         return None
-    return row["t_compute"] + row["t_halo"] + row["t_norm"], list(split)
+    return row["t_compute"] + row["t_halo"] + row["t_norm"], row["t_halo"] + row["t_norm"], \
+        list(split)
 
 
 def best_plan(prof: dict, nodes: int, steps: dict, args, net: Net) -> dict | None:
@@ -97,18 +105,32 @@ def best_plan(prof: dict, nodes: int, steps: dict, args, net: Net) -> dict | Non
                 if b % groups:
                     continue
                 compute = (b // groups) * per[0]
-                t_step = compute + gradient_wait(t_grad, compute, args.overlap)
+                wait = args.allreduce.wait(t_grad, compute, args.overlap)
+                skew = args.allreduce.skew(compute)
+                t_step = compute + wait + skew
+                halo = (b // groups) * per[1]
+                parts = project_limits.shares({"compute": compute - halo, "halo": halo,
+                                               "allreduce": wait, "skew": skew})
                 row = dict(nodes=nodes, batch=b, rule=s["rule"], steps=s["steps"],
-                           ranks_per_node=r, threads_per_rank=threads, ranks=p, domain=per[1],
-                           t_step=t_step, hours=s["steps"] * t_step / 3600)
+                           ranks_per_node=r, threads_per_rank=threads, ranks=p, domain=per[2],
+                           t_step=t_step, hours=s["steps"] * t_step / 3600, parts=parts)
                 if best is None or row["hours"] < best["hours"]:
                     best = row
     return best
 
 
+def finish(doc: dict, args) -> dict:
+    """The projection with the all-reduce model it used and what limits it, per cluster."""
+    doc["inputs"].update(allreduce=args.allreduce.describe(args.overlap),
+                         allreduce_model=args.allreduce.as_dict())
+    doc["limits"] = project_limits.limits(doc)
+    return doc
+
+
 def project(args) -> dict:
+    args.allreduce = measured_model(args.measured, args.overlap)
     if args.config:
-        return project_recipe(args)
+        return finish(project_recipe(args), args)
     with open(args.study) as f:
         study = json.load(f)
     steps = steps_to_target(study, args.family)
@@ -118,14 +140,14 @@ def project(args) -> dict:
     for name in args.clusters:
         prof = get_profile(name, profiles)
         out[name] = speedups([best_plan(prof, n, steps, args, net) for n in args.nodes])
-    return {"inputs": {"study": args.study, "family": args.family, "steps": steps,
+    return finish({"inputs": {"study": args.study, "family": args.family, "steps": steps,
                        "nodes": args.nodes,
                        "t_sample": args.t_sample, "t_sample_threads": args.t_sample_threads,
                        "grid": list(args.grid), "params": args.params, "domain": args.domain,
                        "overlap": args.overlap,
                        "measured": "steps to target (the study) and t_sample (this machine)",
                        "modelled": "step times on the clusters (alpha-beta links, Amdahl)"},
-            "projection": out}
+                   "projection": out}, args)
 
 
 def project_recipe(args) -> dict:
@@ -229,8 +251,13 @@ def build_parser(prog: str = "deepfusion jobs project") -> argparse.ArgumentPars
                    help="also consider splitting each sample over ranks (parallel.domain)")
     p.add_argument("--overlap", action="store_true",
                    help="model the gradient all-reduce overlapped with the backward pass "
-                   "(parallel.overlap = true): a bound, the network moving messages while the "
-                   "cores compute")
+                   "(parallel.overlap = true): hidden behind 2/3 of the compute, a bound, "
+                   "unless --measured measures it")
+    p.add_argument("--measured", action="append", default=[], metavar="RUN_OR_JSON",
+                   help="take the overlap and the arrival skew of the gradient all-reduce from "
+                   "a measurement: a run directory (its metrics.jsonl's allreduce_* fields, 2+ "
+                   "ranks) or a bench JSON (make bench's bench.json); repeatable, e.g. a run "
+                   "with and one without parallel.overlap")
     p.add_argument("--combine", nargs="+", metavar="PROJECT_JSON",
                    help="instead of projecting: put these project.json files side by side "
                    "(summary.md, summary.png in --out)")
@@ -289,11 +316,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "project.json").write_text(json.dumps(doc, indent=1))
-    (out / "project.md").write_text(table(doc) + "\n")
+    text = "\n".join([table(doc), "", *project_limits.lines(doc)])
+    (out / "project.md").write_text(text + "\n")
     plot(doc, out / "project.png")
-    print(table(doc))
+    print(text)
     print(f"-> {out}/project.json, project.md, project.png (modelled step times; measured steps "
-          f"and t_sample)")
+          f"and t_sample{', and the all-reduce' if args.measured else ''})")
     return 0
 
 

@@ -22,7 +22,8 @@ G = P / k groups, G dividing every level's batch, and
 e_l: loss evaluations per step (1; under L-BFGS :func:`evaluations_per_step`),
 
 wait = deepfusion.jobs.costs.gradient_wait: the whole all-reduce, or with ``--overlap`` what outlasts
-the backward pass.
+the share of the compute that hides it (2/3, a bound; or measured, ``deepfusion.jobs.measured``,
+which also adds the measured arrival skew to every step).
 
 Measured: t_sample_l, by ``deepfusion check``'s probe on this host (or ``--t-sample``, one per
 level); modelled: the rest, as in ``deepfusion.jobs.project``.
@@ -34,7 +35,8 @@ from dataclasses import replace
 
 from deepfusion.app import checks
 from deepfusion.engine.errors import InputError
-from deepfusion.jobs.costs import allreduce_time, amdahl, gradient_wait, link_params
+from deepfusion.jobs.costs import allreduce_time, amdahl, link_params
+from deepfusion.jobs import project_limits
 from deepfusion.jobs.domain_model import Net, choose_split, domain_step, param_count, valid_split
 from deepfusion.jobs.profiles import node_layouts
 
@@ -138,35 +140,46 @@ class Splits:
 
 
 def level_sample_time(net: Net, lv: dict, split, r: int, t_rank: float, prof: dict):
-    """Seconds of one sample of level ``lv`` on the ranks of ``split`` (() = one rank); None
-    if the model has no row for it (the split's ranks do not fill whole nodes)."""
+    """(seconds of one sample of level ``lv`` on the ranks of ``split`` (() = one rank), of them
+    exchanges); None if the model has no row for it (the split's ranks do not fill whole
+    nodes)."""
     if not split:
-        return t_rank
+        return t_rank, 0.0
     row = domain_step(net, lv["grid"], split, min(r, math.prod(split)), t_rank, prof, params=0)
     if row is None:
         return None
     alpha, beta = link_params(prof, -(-math.prod(split) // r))  # the nodes one sample spans
-    return row["t_compute"] + row["t_halo"] + row["t_norm"] + gather_time(lv, split, alpha, beta)
+    gather = gather_time(lv, split, alpha, beta)
+    return (row["t_compute"] + row["t_halo"] + row["t_norm"] + gather,
+            row["t_halo"] + row["t_norm"] + gather)
 
 
 def plan_time(prof, nodes, r, threads, k, split, levels, t_samples, args, net):
-    """(hours, per-level step seconds) of the recipe on one layout; None if it cannot run."""
+    """(hours, per-level step seconds, seconds of the run per part of a step) of the recipe on
+    one layout (parts: ``deepfusion.jobs.project_limits``); None if it cannot run."""
     p = nodes * r
     groups = p // k
     if any(lv["batch"] % groups for lv in levels):
         return None
     alpha, beta = link_params(prof, nodes)
     t_grad = allreduce_time(p, 4.0 * args.params, alpha, beta)[0]
-    steps_s = []
+    steps_s, parts = [], dict.fromkeys(("compute", "halo", "allreduce", "skew"), 0.0)
     for lv, ts in zip(levels, t_samples):
         t_rank = amdahl(ts, args.t_sample_threads, threads, args.serial_fraction)
         per = level_sample_time(net, lv, split, r, t_rank, prof)
         if per is None:
             return None
-        compute = (lv["batch"] // groups) * per
-        steps_s.append(lv["evals"] * (compute + gradient_wait(t_grad, compute, args.overlap)))
+        compute = (lv["batch"] // groups) * per[0]
+        wait = args.allreduce.wait(t_grad, compute, args.overlap)
+        skew = args.allreduce.skew(compute)
+        steps_s.append(lv["evals"] * (compute + wait + skew))
+        halo = (lv["batch"] // groups) * per[1]
+        n = lv["steps"] * lv["evals"]
+        for key, v in (("compute", compute - halo), ("halo", halo), ("allreduce", wait),
+                       ("skew", skew)):
+            parts[key] += n * v
     hours = sum(lv["steps"] * s for lv, s in zip(levels, steps_s)) / 3600
-    return hours, steps_s
+    return hours, steps_s, parts
 
 
 def best_recipe_plan(prof: dict, nodes: int, levels, t_samples, args, net, splits) -> dict | None:
@@ -184,7 +197,8 @@ def best_recipe_plan(prof: dict, nodes: int, levels, t_samples, args, net, split
             row = dict(nodes=nodes, batch="/".join(str(lv["batch"]) for lv in levels),
                        rule="recipe", steps=sum(lv["steps"] for lv in levels),
                        ranks_per_node=r, threads_per_rank=threads, ranks=p,
-                       domain=list(split) or None, t_step=max(got[1]), hours=got[0])
+                       domain=list(split) or None, t_step=max(got[1]), hours=got[0],
+                       parts=project_limits.shares(got[2]))
             if best is None or row["hours"] < best["hours"]:
                 best = row
     return best

@@ -14,7 +14,8 @@ from pathlib import Path
 
 def load(paths: list[str]) -> list[dict]:
     """The projections, each with its ``name``: the directory of its project.json (else the
-    recipe's or study family's file stem), marked when the all-reduce was overlapped."""
+    recipe's or study family's file stem), marked when the all-reduce was overlapped and when
+    it was modelled from a measurement (``--measured``)."""
     docs = []
     for p in paths:
         with open(p) as f:
@@ -28,6 +29,8 @@ def load(paths: list[str]) -> list[dict]:
                        Path(p).parent.name else Path(str(doc["inputs"].get("family") or p)).stem)
         if doc["inputs"].get("overlap"):
             doc["name"] += " (overlap)"
+        if doc["inputs"].get("allreduce_model", {}).get("sources"):
+            doc["name"] += " (measured all-reduce)"
         docs.append(doc)
     return docs
 

@@ -12,7 +12,9 @@ each fired at most once per process as global step STEP starts, numbered as the 
 * ``hang@7:1``    rank 1 blocks for good during step 7 in a C call that holds the GIL (as
   MPI_Init waiting for peers, or a parser looping on a damaged file): no Python code of that
   process runs again, so only the stop watchdog (``deepfusion.engine.run.stop``) or SIGKILL
-  ends it.
+  ends it;
+* ``slow@3:1``    rank 1 sleeps :data:`SLOW_S` seconds during step 3 after its backward pass,
+  before its gradient all-reduce (a rank late to the all-reduce: the others wait for it there).
 
 A launch gets both variables from :func:`fault_env`. A malformed value is refused as bad input
 by ``deepfusion train`` on every rank before anything is built (the hook is loaded there).
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass, field
 
 from deepfusion.engine.run.hook import ENV as HOOK
 
 ENV = "DEEPFUSION_FAULT"
-KINDS = ("raise", "nan", "hang")
+KINDS = ("raise", "nan", "hang", "slow")
+SLOW_S = 0.5  # seconds a ``slow`` fault delays its rank's gradient all-reduce
 
 
 class InjectedFailure(RuntimeError):
@@ -59,14 +63,16 @@ class Faults:
 
     rank: int
     planned: list[tuple[str, int, int]] = field(default_factory=list)
+    slow: bool = False  # a ``slow`` fault is due in the step just started
 
     def fire(self, taken: int) -> bool:
         """Called as the loop starts a step, with ``taken`` the steps taken before it (so the
         step is logged as ``taken + 1``): raise a planned ``raise`` fault for that step on this
         rank; True if a ``nan`` fault is due (the caller poisons the loss). Each fault fires
-        once."""
+        once. A ``slow`` fault due is left in :attr:`slow` for the caller."""
         step = taken + 1
         poison = False
+        self.slow = False
         for fault in list(self.planned):
             kind, at, on = fault
             if at != step or on != self.rank:
@@ -77,6 +83,9 @@ class Faults:
                                       f"({ENV})")
             if kind == "hang":
                 hang_in_native_code()
+            if kind == "slow":
+                self.slow = True
+                continue
             poison = True
         return poison
 
@@ -91,7 +100,19 @@ def step_hook(rank: int):
     def at_step(trainer) -> None:
         if faults.fire(trainer.step):
             poison_next_loss(trainer.loss_and_grad)
+        if faults.slow:
+            delay_next_reduce(trainer.loss_and_grad.gs, SLOW_S)
     return at_step
+
+
+def delay_next_reduce(grads, seconds: float) -> None:
+    """Sleep ``seconds`` before the next gradient reduction of ``grads`` (a GradSync) on this
+    rank: after its backward pass has ended, so the delay is this rank's late arrival."""
+    def once():
+        del grads.reduce  # the class's own method again from the next call on
+        time.sleep(seconds)
+        grads.reduce()
+    grads.reduce = once
 
 
 def poison_next_loss(loss_and_grad) -> None:

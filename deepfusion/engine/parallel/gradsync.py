@@ -16,6 +16,11 @@ inside MPI calls, so without them it would all happen in the final ``wait``. Wit
 default) every hook also tests the oldest unfinished request, which drives MPI's progress
 engine from the backward pass (``python -m bench.comm_bench``, ``overlap`` lines: steps with
 overlap and polling, overlap without polling, and no overlap).
+
+Every reduction leaves this rank's durations in ``times``: from the end of backward
+(:meth:`GradSync.backward_done`) to the reduction, blocked in it, and in the backward hooks; how
+they separate waiting for the other ranks from moving the bytes:
+:mod:`deepfusion.engine.parallel.commstats`.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import time
 import torch
 
 from deepfusion.engine.parallel.comm import Communicator
+from deepfusion.engine.parallel.commstats import ReduceTimes
 from deepfusion.engine.parallel.memformat import is_dense
 
 
@@ -40,6 +46,10 @@ class GradSync:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = self._make_buckets(self.params, bucket_mb)
         self.seconds = 0.0  # time blocked in communication during the last reduce
+        self.times = ReduceTimes()  # this rank's durations of the last reduce (commstats)
+        self.nbytes = sum(b["flat"].numel() * b["flat"].element_size() for b in self.buckets)
+        self._t_ready = None    # when backward ended (backward_done), for times.enter
+        self._progress = 0.0    # seconds in the overlap hooks since the step's zero_
         self._hooks = []
         self._enabled = True
         if self.overlap:
@@ -86,6 +96,7 @@ class GradSync:
             b["flat"].zero_()
             b["ready"], b["req"] = 0, None
         self._next = 0
+        self._t_ready, self._progress = None, 0.0
 
     def check_views(self):
         """Invariant: every .grad is still a view into its bucket (an optimiser's
@@ -122,6 +133,7 @@ class GradSync:
     def _on_ready(self, i):
         if not self._enabled:
             return
+        t0 = time.perf_counter()
         b = self.buckets[i]
         b["ready"] += 1
         # Launch every complete bucket in index order, so all ranks issue the same sequence.
@@ -133,15 +145,23 @@ class GradSync:
         # Drive MPI's progress engine from the backward pass (it makes none of its own).
         while self.poll and self._done < self._next and self.buckets[self._done]["req"].Test():
             self._done += 1
+        self._progress += time.perf_counter() - t0
 
     def accumulate_only(self, flag: bool):
         """While True, backward passes only accumulate (micro-batches before the last one)."""
         self._enabled = not flag
 
     # -- reduce -------------------------------------------------------------------------------
+    def backward_done(self):
+        """Mark the end of this step's backward pass: the time to enter the reduction
+        (``times.enter``) runs from here to :meth:`reduce`."""
+        self._t_ready = time.perf_counter()
+
     def reduce(self):
-        """Complete the global gradient sum on every rank; records blocked seconds."""
+        """Complete the global gradient sum on every rank; records blocked seconds and this
+        rank's durations (``times``)."""
         t0 = time.perf_counter()
+        first = None
         if self.comm.size > 1:
             if self.overlap:
                 for b in self.buckets[self._next:]:  # buckets whose params got no gradient
@@ -154,7 +174,13 @@ class GradSync:
             else:
                 for b in self.buckets:
                     self.comm.allreduce_(b["flat"])
+                    if first is None:  # the arrival skew lands in the first (commstats)
+                        first = time.perf_counter() - t0
         self.seconds = time.perf_counter() - t0
+        enter = t0 - self._t_ready if self._t_ready is not None else 0.0
+        self.times = ReduceTimes(enter=enter, first=self.seconds if first is None else first,
+                                 inside=self.seconds, progress=self._progress)
+        self._t_ready, self._progress = None, 0.0
 
     def grad_norm(self) -> float:
         """L2 norm of the (already reduced, hence rank-identical) gradient."""

@@ -106,7 +106,7 @@ class RunLog:
                **{f"time_{k}": v for k, v in t.items()},
                "samples_per_s": visit.global_batch / t["step"] if t["step"] > 0 else 0.0,
                "elapsed_s": elapsed, "segment_s": segment, "eta_s": eta, "eta_scaled": scaled,
-               **res.metrics}
+               **res.metrics, **res.comm}
         self.record(rec)
         self.show(rec)
 

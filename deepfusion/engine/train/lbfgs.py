@@ -51,6 +51,7 @@ import time
 
 import torch
 
+from deepfusion.engine.parallel import commstats
 from deepfusion.engine.parallel.data import LazyBatch
 from deepfusion.engine.train.stepper import Stepper
 from deepfusion.engine.train.step import LossAndGrad, StepResult
@@ -152,6 +153,7 @@ class LBFGSStepper(Stepper):
         finite = [e.loss for e in evals if e.finite]
         res.times = {k: sum(e.times.get(k, 0.0) for e in evals) for k in evals[0].times}
         res.flags = {k: max(e.flags[k] for e in evals) for k in evals[0].flags}
+        res.comm = commstats.combine([e.comm for e in evals])
         res.metrics = {"optimizer": "lbfgs", "func_evals": len(evals), "lbfgs_iters": iters,
                        "samples_evaluated": len(evals) * self.lg.global_batch,
                        "loss_after": min(finite) if finite else float("nan"),

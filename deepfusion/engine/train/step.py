@@ -6,7 +6,10 @@
      (local sum / global batch) -- so gradients accumulate the local share of the global mean;
   3. reduce the gradient buckets (SUM over ranks -> the global-mean gradient on every rank);
   4. one fused allreduce of [loss-term sums..., non-finite counts..., flags...], so every rank
-     sees the global loss and takes the same branch on "is it finite?" and "stop requested?".
+     sees the global loss and takes the same branch on "is it finite?" and "stop requested?";
+     with ``allreduce_stats`` every rank's durations of step 3 ride in it too (4 numbers per
+     rank: :mod:`~deepfusion.engine.parallel.commstats`), and the result carries the gradient
+     all-reduce's wait, move and exposed seconds per rank (``StepResult.comm``).
 
 The problem is any object with ``answer(y, x)`` (the network's output y to the answer field)
 and ``loss_terms(u, x) -> {name: (B,)}``; the engine knows nothing of the PDE behind it. The
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepfusion.engine.parallel import commstats
 from deepfusion.engine.parallel.data import LazyBatch
 from deepfusion.engine.parallel.memformat import as_format
 from deepfusion.engine.parallel.parallelize import ParallelModel
@@ -42,6 +46,7 @@ class StepResult:
     times: dict[str, float] = field(default_factory=dict)
     lr: float = float("nan")                        # the learning rate the step was taken with
     metrics: dict = field(default_factory=dict)     # optimiser-specific extras (L-BFGS counts)
+    comm: dict = field(default_factory=dict)        # the gradient all-reduce per rank (commstats)
 
     @property
     def finite(self) -> bool:
@@ -54,7 +59,7 @@ class LossAndGrad:
 
     def __init__(self, model: ParallelModel, problem, *, global_batch: int,
                  term_names: tuple[str, ...], micro_batch: int = 0, channels_last: bool = True,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", allreduce_stats: bool = False):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.model, self.problem, self.comm, self.gs = model, problem, model.comm, model.grads
@@ -62,8 +67,14 @@ class LossAndGrad:
         self.micro_batch, self.channels_last = micro_batch, channels_last
         self.precision = precision
         self.flags = {k: 0.0 for k in FLAGS}
-        # [term sums | non-finite counts per term | flags] in one float64 buffer, one allreduce.
-        self._buf = torch.zeros(2 * len(self.term_names) + len(FLAGS), dtype=torch.float64)
+        # Each rank's gradient all-reduce durations, in its own slots of the fused buffer (a
+        # sum over ranks of one non-zero each is exact); none on one rank (nothing reduced).
+        self.stats = allreduce_stats and self.comm.size > 1
+        # [term sums | non-finite counts per term | flags | per-rank durations] in one float64
+        # buffer, one allreduce.
+        self._head = 2 * len(self.term_names) + len(FLAGS)
+        per_rank = len(commstats.FIELDS) * self.comm.size if self.stats else 0
+        self._buf = torch.zeros(self._head + per_rank, dtype=torch.float64)
 
     def forward_terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-sample loss terms of the model's prediction for inputs x (B, C, *grid): (B, C,
@@ -100,6 +111,7 @@ class LossAndGrad:
             t2 = time.perf_counter()
             sums += local.detach().double()
             t_fwd, t_bwd = t_fwd + (t1 - t0), t_bwd + (t2 - t1)
+        self.gs.backward_done()
         self.gs.accumulate_only(False)
         self.gs.reduce()
         t_ar = self.gs.seconds
@@ -122,11 +134,20 @@ class LossAndGrad:
         nonfinite = ~torch.isfinite(sums)
         buf[:n] = torch.where(nonfinite, torch.zeros_like(sums), sums)
         buf[n:2 * n] = nonfinite.double()
-        buf[2 * n:] = torch.tensor([self.flags[k] for k in FLAGS], dtype=torch.float64)
+        buf[2 * n:self._head] = torch.tensor([self.flags[k] for k in FLAGS], dtype=torch.float64)
+        if self.stats:
+            k, r = len(commstats.FIELDS), self.comm.rank
+            buf[self._head:] = 0.0
+            buf[self._head + k * r:self._head + k * (r + 1)] = torch.tensor(
+                self.gs.times.row(), dtype=torch.float64)
         self.comm.allreduce_(buf)
         terms = {name: float(buf[i]) / self.global_batch for i, name in enumerate(self.term_names)}
         bad = [name for i, name in enumerate(self.term_names) if buf[n + i] > 0]
         flags = {k: float(buf[2 * n + i]) for i, k in enumerate(FLAGS)}
         loss = float("nan") if bad else sum(terms.values())
+        comm = {}
+        if self.stats:
+            comm = commstats.attribute(buf[self._head:].view(self.comm.size, -1).tolist(),
+                                       nbytes=self.gs.nbytes, overlap=self.gs.overlap)
         # The reduced gradient is bit-identical on all ranks, so its norm (and finiteness) is too.
-        return StepResult(loss, terms, bad, self.gs.grad_norm(), flags)
+        return StepResult(loss, terms, bad, self.gs.grad_norm(), flags, comm=comm)

@@ -142,7 +142,9 @@ class Trainer:
                                          term_names=tuple(self.problem.loss_term_names),
                                          micro_batch=visit.micro_batch,
                                          channels_last=c.model.channels_last,
-                                         precision=c.train.precision)
+                                         precision=c.train.precision,
+                                         allreduce_stats=c.parallel.allreduce_stats_on(
+                                             self.model.comm.size))
         self.optim = OptimizerSchedule(self.model.parameters(), visit.optim, self.loss_and_grad)
         undecided = self.budget is not None and self.budget.decision is None
         self.schedule = Schedule(0 if undecided else visit.steps)  # held until decided
