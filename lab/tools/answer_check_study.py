@@ -33,9 +33,9 @@ import argparse
 import sys
 
 import numpy as np
-import torch
 
 from bench.common import command_line, emit_json
+from lab.tools.residual_flags import Family
 
 
 def parse(argv):
@@ -69,27 +69,8 @@ def parse(argv):
     return args
 
 
-class Model:
-    """The checkpoint's network answering one problem (its options replaced by ``options``)."""
-
-    def __init__(self, run: str, options: dict):
-        from deepfusion.engine.predict.loader import checkpoint_file, load_model
-        from diffnet.answer import Answer
-
-        self.path = checkpoint_file(run)
-        model, self.problem, _, self.meta = load_model(self.path, options=options or None)
-        self.answer = Answer(model, self.problem).eval()
-        self.dtype = next(model.parameters()).dtype
-
-    def answers(self, params: np.ndarray, batch: int):
-        """(u (N, 1, *grid) float64, inputs (N, C, *grid) float64)."""
-        us, xs = [], []
-        with torch.inference_mode():
-            for lo in range(0, len(params), batch):
-                x = self.problem.build_input(params[lo:lo + batch], dtype=self.dtype)
-                us.append(self.answer(x).double())
-                xs.append(x.double())
-        return torch.cat(us), torch.cat(xs)
+# the checkpoint's network answering one problem: the one residual_flags reads
+Model = Family
 
 
 def widened_draws(problem, seed: int, n: int, widen: float) -> np.ndarray:
@@ -108,7 +89,7 @@ def draws(m: Model, params: np.ndarray, batch: int, threshold) -> dict:
     from diffnet.problems import loss_residual, residual_kind
 
     p = m.problem
-    u, x = m.answers(params, batch)
+    u, x, _ = m.answers(params, batch)
     residual = np.asarray(p.answer_residual(u, x), dtype=np.float64)
     ref = np.stack([p.reference_solution(q) for q in params])
     got = u[:, 0].numpy()

@@ -19,3 +19,9 @@ def report_ok(world, text: str) -> None:
     world.barrier()
     if world.rank == 0:
         print(f"OK P={world.size} {text}", flush=True)
+
+
+def grid_and_split(case: str) -> tuple[list[int], list[int]]:
+    """A case ``GRIDxSPLIT`` such as ``12x16:1x2`` as ([12, 16], [1, 2])."""
+    grid_s, split_s = case.split(":")
+    return [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]

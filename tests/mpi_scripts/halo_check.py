@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from deepfusion.engine.parallel.comm import world
-from tests.mpi_scripts.cases import report_ok, run_cases
+from tests.mpi_scripts.cases import grid_and_split, report_ok, run_cases
 from deepfusion.engine.parallel.halo import MPIBlock, domain_groups, make_block
 from diffnet.domain import Block
 
@@ -202,8 +202,7 @@ def check_refusals(dom, grid, split, case):
 
 
 def run(case):
-    grid_s, split_s = case.split(":")
-    grid, split = [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]
+    grid, split = grid_and_split(case)
     dom, across, group, n_groups = domain_groups(WORLD, split)
     assert across.size == n_groups and across.rank == group
     assert across.allgather_obj(WORLD.rank) == [WORLD.rank % dom.size + k * dom.size

@@ -11,7 +11,7 @@ from deepfusion.engine.parallel.comm import world
 from deepfusion.engine.parallel.halo import domain_groups, make_block
 from diffnet.domain import Block
 from diffnet.problems import residual_norm
-from tests.mpi_scripts.cases import report_ok, run_cases
+from tests.mpi_scripts.cases import grid_and_split, report_ok, run_cases
 
 torch.set_num_threads(1)
 WORLD = world()
@@ -19,8 +19,7 @@ RTOL = 1e-12
 
 
 def run(case):
-    grid_s, split_s = case.split(":")
-    grid, split = [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]
+    grid, split = grid_and_split(case)
     dom, _, _, _ = domain_groups(WORLD, split)
     block = make_block(dom, grid, split)
     h = tuple(1.0 / (n - 1) for n in grid)

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from deepfusion.engine.parallel.comm import world
-from tests.mpi_scripts.cases import report_ok, run_cases
+from tests.mpi_scripts.cases import grid_and_split, report_ok, run_cases
 from deepfusion.engine.parallel.halo import domain_groups, make_block
 from diffnet.problems import PROBLEMS, get_problem
 
@@ -96,8 +96,7 @@ def check(name, kw, grid, block, dom, case):
 
 
 def run(case):
-    grid_s, split_s = case.split(":")
-    grid, split = [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]
+    grid, split = grid_and_split(case)
     dom, _, _, n_groups = domain_groups(WORLD, split)
     block = make_block(dom, grid, split)
     configs = CONFIGS_3D if len(grid) == 3 else CONFIGS_2D
