@@ -9,7 +9,8 @@ import torch
 
 from deepfusion.engine.parallel.comm import world
 from deepfusion.engine.parallel.halo import domain_groups, make_block
-from tests.mpi_scripts.cases import grid_and_split, report_ok, run_cases
+from tests.mpi_scripts.cases import (assert_split_matches, grid_and_split, report_ok,
+                                     run_cases)
 from tests.test_boundary import box, helper_terms
 
 torch.set_num_threads(1)
@@ -33,14 +34,8 @@ def run(case):
             (grad,) = torch.autograd.grad(part[k].sum(), raw, retain_graph=True)
         else:       # a block away from the term's walls: no part, but the others' backward
             grad = torch.zeros_like(raw)
-        total = block.sum(part[k].detach().contiguous())
-        torch.testing.assert_close(total, ref[k].detach(), rtol=RTOL, atol=0,
-                                   msg=f"case={case} term={k}: value")
-        grad = grad.contiguous()
-        dom.allreduce_(grad.view(-1))
-        scale = ref_grad.abs().max().item()
-        torch.testing.assert_close(grad / scale, ref_grad / scale, rtol=RTOL, atol=RTOL,
-                                   msg=f"case={case} term={k}: gradient")
+        assert_split_matches(dom, block.sum(part[k].detach().contiguous()), ref[k].detach(),
+                             grad, ref_grad, f"case={case} term={k}", RTOL)
     report_ok(WORLD, f"case={case} block={block.shape}")
 
 

@@ -25,3 +25,16 @@ def grid_and_split(case: str) -> tuple[list[int], list[int]]:
     """A case ``GRIDxSPLIT`` such as ``12x16:1x2`` as ([12, 16], [1, 2])."""
     grid_s, split_s = case.split(":")
     return [int(v) for v in grid_s.split("x")], [int(v) for v in split_s.split("x")]
+
+
+def assert_split_matches(dom, total, ref, grad, ref_grad, what: str, rtol: float) -> None:
+    """A split's summed value ``total`` equals the undivided ``ref``, and this block's gradient
+    summed over the domain's ranks equals ``ref_grad``, relative to its largest entry."""
+    import torch
+
+    torch.testing.assert_close(total, ref, rtol=rtol, atol=0, msg=f"{what}: value")
+    grad = grad.contiguous()
+    dom.allreduce_(grad.view(-1))
+    scale = ref_grad.abs().max().item()
+    torch.testing.assert_close(grad / scale, ref_grad / scale, rtol=rtol, atol=rtol,
+                               msg=f"{what}: gradient")

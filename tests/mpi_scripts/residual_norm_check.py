@@ -11,7 +11,8 @@ from deepfusion.engine.parallel.comm import world
 from deepfusion.engine.parallel.halo import domain_groups, make_block
 from diffnet.domain import Block
 from diffnet.problems import residual_norm
-from tests.mpi_scripts.cases import grid_and_split, report_ok, run_cases
+from tests.mpi_scripts.cases import (assert_split_matches, grid_and_split, report_ok,
+                                     run_cases)
 
 torch.set_num_threads(1)
 WORLD = world()
@@ -29,13 +30,8 @@ def run(case):
     (ref_grad,) = torch.autograd.grad(ref.sum(), r)
     part = residual_norm(block.local(r), block, spacing=h)
     (grad,) = torch.autograd.grad(part.sum(), r)
-    torch.testing.assert_close(block.sum(part.detach().contiguous()), ref.detach(), rtol=RTOL,
-                               atol=0, msg=f"case={case}: value")
-    grad = grad.contiguous()
-    dom.allreduce_(grad.view(-1))
-    scale = ref_grad.abs().max().item()
-    torch.testing.assert_close(grad / scale, ref_grad / scale, rtol=RTOL, atol=RTOL,
-                               msg=f"case={case}: gradient")
+    assert_split_matches(dom, block.sum(part.detach().contiguous()), ref.detach(), grad,
+                         ref_grad, f"case={case}", RTOL)
     report_ok(WORLD, f"case={case} block={block.shape}")
 
 
