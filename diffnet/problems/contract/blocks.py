@@ -73,7 +73,7 @@ def block_coords(problem, block: Block | None = None) -> list[np.ndarray]:
     return [c[a.name][s:s + n] for a, s, n in zip(problem.axes, block.start, block.shape)]
 
 
-def _margins(block, interior) -> tuple[int, ...]:
+def margins(block, interior) -> tuple[int, ...]:
     """``interior`` as one non-negative margin per grid axis, each leaving a node."""
     m = (interior,) * block.dims if isinstance(interior, int) else tuple(interior)
     if len(m) != block.dims or any(not isinstance(v, int) or v < 0 or 2 * v >= g
@@ -87,7 +87,7 @@ def node_mean(block, t: torch.Tensor, interior=0) -> torch.Tensor:
     """(B,) mean of t (B, ..., *shape) over the nodes at least ``interior`` nodes (an int, or
     one per axis) from the global boundary, and over the dims between batch and grid; on a
     split block, its part: the sum over its nodes there divided by the GLOBAL count."""
-    m = _margins(block, interior)
+    m = margins(block, interior)
     lead, dims = t.dim() - block.dims, tuple(range(1, t.dim()))
     if block.whole:
         if any(m):      # a contiguous copy sums in the order of a field computed on the cut
@@ -102,19 +102,29 @@ def node_mean(block, t: torch.Tensor, interior=0) -> torch.Tensor:
     return t.sum(dim=dims) / count
 
 
+def check_wall(block, axis: int, side: str) -> None:
+    """ValueError unless (``axis``, ``side``) names a wall of ``block``'s grid."""
+    if side not in SIDES or not 0 <= axis < block.dims:
+        raise ValueError(f"a wall is an axis in 0..{block.dims - 1} and a side in {SIDES}, "
+                         f"got axis {axis!r}, side {side!r}")
+
+
+def holds_wall(block, axis: int, side: str) -> bool:
+    """Does ``block`` hold the wall of grid ``axis`` on ``side``?"""
+    return block.at_lo(axis) if side == "lo" else block.at_hi(axis)
+
+
 def wall_mean(block, t: torch.Tensor, axis: int, side: str) -> torch.Tensor:
     """(B,) mean of t (B, ..., *shape) over the boundary nodes of grid ``axis`` on ``side``
     ("lo": index 0, "hi": the last); on a split block, its part: the sum over the wall nodes
     it holds divided by the GLOBAL count of the wall's nodes, zero on a block away from it."""
-    if side not in SIDES or not 0 <= axis < block.dims:
-        raise ValueError(f"a wall is an axis in 0..{block.dims - 1} and a side in {SIDES}, "
-                         f"got axis {axis!r}, side {side!r}")
+    check_wall(block, axis, side)
     lead = t.dim() - block.dims
     wall = t.select(lead + axis, 0 if side == "lo" else -1)
     dims = tuple(range(1, wall.dim()))
     if block.whole:
         return wall.contiguous().mean(dim=dims)
-    if not (block.at_lo(axis) if side == "lo" else block.at_hi(axis)):
+    if not holds_wall(block, axis, side):
         return t.new_zeros(t.shape[0])
     count = math.prod(t.shape[1:lead]) * math.prod(block.grid) // block.grid[axis]
     return wall.sum(dim=dims) / count

@@ -50,7 +50,8 @@ import numpy as np
 import torch
 
 from diffnet.domain import Block
-from diffnet.problems.contract.blocks import SIDES, block_coords, cut, node_mean, wall_mean
+from diffnet.problems.contract.blocks import (SIDES, block_coords, check_wall, cut, holds_wall,
+                                              node_mean, wall_mean)
 
 
 # -- coordinates and walls ------------------------------------------------------------------------
@@ -269,11 +270,6 @@ def field_on_block(problem, value, like: torch.Tensor, what: str = "value") -> t
 
 
 # -- Neumann and Robin conditions -----------------------------------------------------------------
-def holds_wall(block, axis: int, side: str) -> bool:
-    """Does ``block`` hold the wall of grid ``axis`` on ``side``?"""
-    return block.at_lo(axis) if side == "lo" else block.at_hi(axis)
-
-
 def normal_derivative(problem, u: torch.Tensor, axis: int, side: str) -> torch.Tensor:
     """(B, C, *shape with 1 along ``axis``) the outward normal derivative du/dn of u
     (B, C, *shape) on the wall of ``axis`` on ``side``, on ``problem.block`` (which must hold
@@ -291,9 +287,7 @@ def normal_derivative(problem, u: torch.Tensor, axis: int, side: str) -> torch.T
 
 
 def _check_normal(block, axis, side) -> None:
-    if side not in SIDES or not 0 <= axis < block.dims:
-        raise ValueError(f"a wall is an axis in 0..{block.dims - 1} and a side in {SIDES}, "
-                         f"got axis {axis!r}, side {side!r}")
+    check_wall(block, axis, side)
     if block.shape[axis] < 3:
         raise ValueError(f"a normal derivative on a wall of axis {axis} needs 3 nodes along it "
                          f"on the blocks that hold the wall, but the blocks of {block!r} have "

@@ -67,14 +67,25 @@ def cell_means(where, t: torch.Tensor, m) -> torch.Tensor:
         sums = _cell_sums(t, sides, (0,) * d)
     else:   # cells straddle blocks: every block's partial sums, summed over the split
         part = _cell_sums(t, sides, tuple(s % k for s, k in zip(block.start, sides)))
-        pad = []
-        for a in reversed(range(d)):
-            first, total = block.start[a] // sides[a], -(-block.grid[a] // sides[a])
-            pad += [first, total - first - part.shape[lead + a]]
-        sums = block.sum(F.pad(part, pad))
+        sums = summed_over_split(block, part, sides)
         for a, r in enumerate(own):
             sums = sums.narrow(lead + a, r.start, len(r))
     return sums / _counts(block.grid, sides, own, t)
+
+
+def summed_over_split(block, part: torch.Tensor, sides) -> torch.Tensor:
+    """(..., *all cells) the grid's cell sums from every block's partial ones: ``part``
+    (..., *cells it touches) holds the block's sums over the cells of side ``sides`` its nodes
+    fall in, the first one the cell of its first node; each is placed among the grid's
+    ceil(n / side) cells per axis and the placed tensors are summed over the split
+    (``block.sum``, a collective: every block calls it)."""
+    d = block.dims
+    lead = part.dim() - d
+    pad = []
+    for a in reversed(range(d)):
+        first, total = block.start[a] // sides[a], -(-block.grid[a] // sides[a])
+        pad += [first, total - first - part.shape[lead + a]]
+    return block.sum(F.pad(part, pad))
 
 
 def _cell_sums(t: torch.Tensor, sides, offset) -> torch.Tensor:

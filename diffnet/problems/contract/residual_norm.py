@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from diffnet.domain import Block
-from diffnet.problems.contract.blocks import share
+from diffnet.problems.contract.blocks import margins, share
+from diffnet.problems.contract.cells import summed_over_split
 
 
 def max_levels(grid) -> int:
@@ -195,11 +196,7 @@ def _levels(grid, levels, weights) -> tuple[int, list[float]]:
 
 def _interior_mask(block, interior, like) -> torch.Tensor:
     """(*shape) 1 at the block's nodes >= ``interior`` from the global boundary, 0 elsewhere."""
-    m = (interior,) * block.dims if isinstance(interior, int) else tuple(interior)
-    if len(m) != block.dims or any(not isinstance(k, int) or k < 0 or 2 * k >= g
-                                   for k, g in zip(m, block.grid)):
-        raise ValueError(f"interior must be an integer >= 0 or one per grid axis, leaving "
-                         f"nodes of grid {list(block.grid)}, got {interior!r}")
+    m = margins(block, interior)
     mask = like.new_ones(())
     for a, (k, g) in enumerate(zip(m, block.grid)):
         i = block.indices(a, like)
@@ -224,11 +221,7 @@ def _level(r: torch.Tensor, block, m: int) -> torch.Tensor:
         return _tent_squares(p, block.grid, m, tuple(s // m for s in block.start))
     # cells straddle blocks: every block's partial cell sums, summed over the split
     part = _moments(r, m, tuple(s % m for s in block.start))
-    pad = []
-    for a in reversed(range(d)):
-        first, total = block.start[a] // m, -(-block.grid[a] // m)
-        pad += [first, total - first - part.shape[2 + a]]
-    whole = block.sum(F.pad(part, pad))
+    whole = summed_over_split(block, part, (m,) * d)
     value = _tent_squares(F.pad(whole, [1, 1] * d), block.grid, m, (0,) * d)
     return share(block, value)
 
