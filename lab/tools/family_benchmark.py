@@ -71,14 +71,24 @@ def train_command(args, family: str, grid: int, norm: str, run_dir: str) -> list
                   "--set", "run.plots=false", *args.set]
 
 
-def run(cmd: list[str], log: str) -> float:
-    """Run ``cmd``, its output appended to ``log``; the wall time in seconds."""
+def run(cmd: list[str], log: str, environ: dict) -> float:
+    """Run ``cmd`` in ``environ``, its output appended to ``log``; the wall time in seconds."""
     start = time.perf_counter()
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env(), check=True)
+        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=environ, check=True)
     return time.perf_counter() - start
+
+
+def test_errors(run_dir: str) -> dict:
+    """The run's newest ``evaluate`` file and its relative L2 errors: draws, mean, median,
+    worst."""
+    (path,) = sorted(glob.glob(os.path.join(run_dir, "eval_seed*.json")))[-1:]
+    with open(path) as f:
+        e = np.asarray(json.load(f)["rel_l2"], float)
+    return {"draws": int(e.size), "mean": float(e.mean()), "median": float(np.median(e)),
+            "worst": float(e.max()), "eval_file": path}
 
 
 def finished_steps(run_dir: str) -> int:
@@ -107,19 +117,15 @@ def arm(args, family: str, grid: int, norm: str) -> dict | None:
     wall = float(open(wall_path).read()) if os.path.exists(wall_path) else 0.0
     if finished_steps(run_dir) < args.steps:
         train = train_command(args, family, grid, norm, run_dir)
-        wall += run(train, log)
+        wall += run(train, log, env())
         with open(wall_path, "w") as f:
             f.write(repr(wall))
     evaluate = [sys.executable, "-m", "deepfusion", "evaluate", run_dir,
                 "--samples", str(args.samples)]
-    run(evaluate, log)
-    (path,) = sorted(glob.glob(os.path.join(run_dir, "eval_seed*.json")))[-1:]
-    with open(path) as f:
-        e = np.asarray(json.load(f)["rel_l2"], float)
-    row = {"arm": name, "family": family, "grid": grid, "norm": norm, "draws": int(e.size),
-           "mean": float(e.mean()), "median": float(np.median(e)), "worst": float(e.max()),
+    run(evaluate, log, env())
+    row = {"arm": name, "family": family, "grid": grid, "norm": norm, **test_errors(run_dir),
            "steps": args.steps, "threads": args.threads, "train_wall_s": wall,
-           "eval_file": path, "overrides": args.set,
+           "overrides": args.set,
            "commands": [" ".join(train_command(args, family, grid, norm, run_dir)[1:]),
                         " ".join(evaluate[1:])]}
     with open(row_path, "w") as f:

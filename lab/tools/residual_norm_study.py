@@ -12,14 +12,11 @@ steps, training wall time, the commands) and writes them as JSON to ``OUT/study.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import subprocess
 import sys
-import time
 
-import numpy as np
+from lab.tools import family_benchmark
 
 ARMS = ("l2", "multilevel")
 
@@ -34,14 +31,9 @@ def train_command(grid: int, steps: int, norm: str, run_dir: str, extra) -> list
 
 
 def run(cmd: list[str], log: str) -> float:
-    """Run ``cmd``, its output appended to ``log``; the wall time in seconds."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", DEEPFUSION_NO_MPI="1")
-    start = time.perf_counter()
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
-    return time.perf_counter() - start
+    """Run ``cmd`` in one thread without MPI, its output appended to ``log``; the wall time."""
+    return family_benchmark.run(cmd, log, dict(os.environ, OMP_NUM_THREADS="1",
+                                                DEEPFUSION_NO_MPI="1"))
 
 
 def arm(args, norm: str) -> dict:
@@ -53,12 +45,8 @@ def arm(args, norm: str) -> dict:
                 "--samples", str(args.samples)]
     wall = run(train, log)
     run(evaluate, log)
-    (path,) = sorted(glob.glob(os.path.join(run_dir, "eval_seed*.json")))[-1:]
-    with open(path) as f:
-        e = np.asarray(json.load(f)["rel_l2"], float)
-    return {"norm": norm, "draws": int(e.size), "mean": float(e.mean()),
-            "median": float(np.median(e)), "worst": float(e.max()), "steps": args.steps,
-            "train_wall_s": wall, "eval_file": path,
+    return {"norm": norm, **family_benchmark.test_errors(run_dir), "steps": args.steps,
+            "train_wall_s": wall,
             "commands": [" ".join(train[1:]), " ".join(evaluate[1:])]}
 
 
