@@ -15,7 +15,7 @@ import pytest
 import sympy as sym
 import torch
 
-from diffnet.problems import get_problem
+from diffnet.problems import get_problem, mesh
 from diffnet.problems.check.problem import check_problem
 from tests.mpi_util import ROOT
 
@@ -89,7 +89,7 @@ def nodal(expr, points):
 def discrete_error(family, n: int) -> float:
     p = get_problem(SPECS[family], grid=(n,) * (3 if family == "diffusion3d" else 2))
     channels, lu, u = manufactured(family)
-    points = gt.mesh(p)
+    points = mesh(p)
     x = p.build_input(p.sample_params(0, [0]), torch.float64)[0].numpy()
     for c, expr in channels.items():
         x[c] = nodal(expr, points)

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis
+from diffnet.problems import Axis, bubble, mesh
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
@@ -79,14 +79,14 @@ class ADR(gt.ResidualFamily):
 
     def build_input(self, params, dtype=torch.float32) -> torch.Tensor:
         params = self.check_params(params)
-        y, x = points = gt.mesh(self)
+        y, x = points = mesh(self)
         log_a = gt.combine(params[:, :4], gt.cosine_modes(points, A_MODES))
         angle, speed = params[:, 4], params[:, 5]
         b_y, b_x = (speed * np.sin(angle))[:, None, None], (speed * np.cos(angle))[:, None, None]
         phi = b_y * (y - 0.5) + b_x * (x - 0.5)
         lift = gt.combine(params[:, 6:], gt.cosine_modes(points, LIFT_MODES))
         ones = np.ones_like(log_a)
-        fields = (log_a, b_y * ones, b_x * ones, phi, lift, gt.bubble(points) * ones)
+        fields = (log_a, b_y * ones, b_x * ones, phi, lift, bubble(self) * ones)
         return torch.as_tensor(np.stack(fields, 1), dtype=dtype)
 
     def impose(self, u, inputs):

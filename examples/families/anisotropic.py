@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis
+from diffnet.problems import Axis, bubble, mesh
 from diffnet.stencils import FiniteDifference
 
 F_MODES = ((0, 1), (1, 0), (1, 1), (2, 2))   # (k_y, k_x) of the source's modes cos(k_y pi y) cos(k_x pi x)
@@ -80,12 +80,12 @@ class Anisotropic(gt.ResidualFamily):
 
     def build_input(self, params, dtype=torch.float32) -> torch.Tensor:
         params = self.check_params(params)
-        y, x = points = gt.mesh(self)
+        y, x = points = mesh(self)
         k_yy, k_xy, k_xx = (k[:, None, None] for k in tensor(params[:, 0], params[:, 1]))
         kq = 0.5 * (k_yy * (y - 0.5)**2 + 2 * k_xy * (y - 0.5) * (x - 0.5) + k_xx * (x - 0.5)**2)
         f = gt.combine(params[:, 2:], gt.cosine_modes(points, F_MODES))
         ones = np.ones_like(f)
-        fields = (k_yy * ones, k_xy * ones, k_xx * ones, kq, f, gt.bubble(points) * ones)
+        fields = (k_yy * ones, k_xy * ones, k_xx * ones, kq, f, bubble(self) * ones)
         return torch.as_tensor(np.stack(fields, 1), dtype=dtype)
 
     def impose(self, u, inputs):

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis
+from diffnet.problems import Axis, bubble, mesh
 from diffnet.stencils import FiniteDifference
 
 # (k_z, k_y, k_x) of log a's modes cos(k_z pi z) cos(k_y pi y) cos(k_x pi x)
@@ -75,11 +75,11 @@ class Diffusion3D(gt.ResidualFamily):
 
     def build_input(self, params, dtype=torch.float32) -> torch.Tensor:
         params = self.check_params(params)
-        points = gt.mesh(self)
+        points = mesh(self)
         log_a = gt.combine(params[:, :4], gt.cosine_modes(points, A_MODES))
         lift = gt.combine(params[:, 4:], gt.cosine_modes(points, LIFT_MODES))
-        bubble = gt.bubble(points) * np.ones_like(lift)
-        return torch.as_tensor(np.stack((log_a, lift, bubble), 1), dtype=dtype)
+        wall_zero = bubble(self) * np.ones_like(lift)
+        return torch.as_tensor(np.stack((log_a, lift, wall_zero), 1), dtype=dtype)
 
     def impose(self, u, inputs):
         return inputs[:, 1:2] + self.output_scale * inputs[:, 2:3] * u

@@ -1,7 +1,8 @@
 """What the four families of this directory share, written with the public API only.
 
-* node fields of a draw: zero-mean cosine modes (a log-normal coefficient, a source) and the
-  bubble, prod 4 t (1 - t), zero on every wall: the lift's factor and the networks' yardstick;
+* node fields of a draw: zero-mean cosine modes (a log-normal coefficient, a source); the
+  node coordinates and the bubble, prod 4 t (1 - t), zero on every wall (the lift's factor and
+  the networks' yardstick), are the contract's ``diffnet.problems.mesh`` and ``bubble``;
 * the residual's pieces in torch, with the split-exact stencil ``FiniteDifference(u, block)``:
   the flux form of -div(a grad u) and the Laplacian;
 * the same stencils as scipy sparse matrices on the whole node grid, and the Dirichlet solve
@@ -35,12 +36,6 @@ def interval(name: str, value) -> tuple[float, float]:
 
 
 # -- node fields of a draw ----------------------------------------------------------------------
-def mesh(problem) -> list[np.ndarray]:
-    """The node coordinates of ``problem``'s grid, one full array per axis in grid order."""
-    c = problem.coords()
-    return np.meshgrid(*(c[a.name] for a in problem.axes), indexing="ij")
-
-
 def cosine_modes(points, modes) -> np.ndarray:
     """(len(modes), *grid): prod over axes of cos(k pi t) for each wave-number tuple of
     ``modes`` (one entry per axis of ``points``). A tuple with a non-zero entry gives a
@@ -48,11 +43,6 @@ def cosine_modes(points, modes) -> np.ndarray:
     return np.stack([functools.reduce(np.multiply, (np.cos(k * np.pi * t)
                                                     for k, t in zip(wave, points)))
                      for wave in modes])
-
-
-def bubble(points) -> np.ndarray:
-    """prod over axes of 4 t (1 - t): 1 at the centre of the unit box, exactly 0 on its walls."""
-    return functools.reduce(np.multiply, (4 * t * (1 - t) for t in points))
 
 
 def combine(params, fields) -> np.ndarray:

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis
+from diffnet.problems import Axis, bubble, mesh
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
@@ -77,12 +77,13 @@ class Helmholtz(gt.ResidualFamily):
 
     def build_input(self, params, dtype=torch.float32) -> torch.Tensor:
         params = self.check_params(params)
-        points = gt.mesh(self)
-        bubble = gt.bubble(points)
+        points = mesh(self)
+        wall_zero = bubble(self)
         log_a = gt.combine(params[:, :4], gt.cosine_modes(points, A_MODES))
-        k = np.exp(params[:, 4])[:, None, None] * (1 + bubble / 2)
+        k = np.exp(params[:, 4])[:, None, None] * (1 + wall_zero / 2)
         f = gt.combine(params[:, 5:], gt.cosine_modes(points, F_MODES))
-        return torch.as_tensor(np.stack((log_a, k, f, bubble * np.ones_like(f)), 1), dtype=dtype)
+        return torch.as_tensor(np.stack((log_a, k, f, wall_zero * np.ones_like(f)), 1),
+                               dtype=dtype)
 
     def impose(self, u, inputs):
         return self.output_scale * inputs[:, 3:4] * u
