@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, bubble, mesh
+from diffnet.problems import Axis, bubble, dirichlet, mesh
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
@@ -29,8 +29,9 @@ class ADR(gt.ResidualFamily):
     s in [0, ``max_speed``] (default 4); the Dirichlet data g, the trace of the lift
     G = g_1 cos(pi x) + g_2 cos(pi y), g_1, g_2 in ``lift_range`` (default (-1, 1)).
 
-    Boundary, exact: u = G + ``output_scale`` * bubble * N, N the network's output and bubble =
-    16 x (1 - x) y (1 - y), zero on the walls; the default scale 0.25 is the size of u - G.
+    Boundary, exact (the contract's ``dirichlet``): u = G + ``output_scale`` * bubble * N, N the
+    network's output and bubble = 16 x (1 - x) y (1 - y), zero on the walls; the default scale
+    0.25 is the size of u - G.
 
     Inputs: "log_a", "b_y", "b_x", "phi", "lift" (G), "bubble". Instance norm after the U-Net's
     first (bias-free) convolution removes every channel's spatial mean and any scale common to
@@ -90,7 +91,7 @@ class ADR(gt.ResidualFamily):
         return torch.as_tensor(np.stack(fields, 1), dtype=dtype)
 
     def impose(self, u, inputs):
-        return inputs[:, 4:5] + self.output_scale * inputs[:, 5:6] * u
+        return dirichlet(self, u, inputs[:, 4:5], scale=self.output_scale)   # u = g on the walls
 
     def residual(self, u, inputs):
         """(B, 1, *block) the scheme's residual at every node of the block (meaningful on the
