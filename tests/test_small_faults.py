@@ -282,6 +282,20 @@ def test_oversubscription_warning_names_the_fix_that_applies():
     assert "parallel.threads_per_rank = 1" in w and "bind each rank to 4 cores" in w
 
 
+def test_a_host_busy_before_the_job_warns_where_ranks_run_several_threads():
+    busy = _host(1, 2)
+    busy[0].load = 3.2
+    (w,) = report(busy, "MPI")[1]
+    assert "load average 3.2 on 2 cores" in w and "OMP_WAIT_POLICY=PASSIVE" in w
+    assert "parallel.threads_per_rank = 1" in w
+    one = _host(2, 1)
+    one[0].load = 9.0
+    assert report(one, "MPI")[1] == []          # one thread each: nothing to wait for
+    quiet = _host(1, 2)
+    quiet[0].load = 1.9
+    assert report(quiet, "MPI")[1] == []
+
+
 # ---------------------------------------------------------------------------------------------
 # DEEPFUSION_FAULT: the step the log prints
 # ---------------------------------------------------------------------------------------------

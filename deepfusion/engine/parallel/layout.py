@@ -23,6 +23,15 @@ class RankLayout:
     host_cores: int
     affinity: list[int]
     threads: int
+    load: float = 0.0   # the host's 1-minute load average when the rank started
+
+
+def load_average() -> float:
+    """The host's 1-minute load average (0 where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def affinity() -> list[int]:
@@ -54,7 +63,8 @@ def setup_threads(comm: Communicator, requested: int = 0) -> tuple[RankLayout, C
         torch.set_num_interop_threads(1)  # one model per rank: inter-op parallelism only oversubscribes
     except RuntimeError:
         pass  # already set (a second run in the same process, e.g. tests)
-    layout = RankLayout(comm.rank, node.rank, node.size, hostname(), host_cores, aff, threads)
+    layout = RankLayout(comm.rank, node.rank, node.size, hostname(), host_cores, aff, threads,
+                        load_average())
     return layout, node
 
 
@@ -93,8 +103,9 @@ def report(layouts: list[RankLayout], mpi_version: str) -> tuple[str, list[str]]
     for l in layouts:
         lines.append(f"  rank {l.rank:>4} local_rank {l.local_rank:>3} host {l.host} "
                      f"threads {l.threads} affinity {_ranges(l.affinity)}")
-    warnings = [w for h in hosts for w in [host_warning(h, [l for l in layouts if l.host == h])]
-                if w]
+    warnings = [w for h in hosts
+                for w in (host_warning(h, [l for l in layouts if l.host == h]),
+                          busy_warning(h, [l for l in layouts if l.host == h])) if w]
     warnings += affinity_warnings(layouts)
     return "\n".join(lines), warnings
 
@@ -116,6 +127,22 @@ def host_warning(host: str, on: list[RankLayout]) -> str:
             fix += ", with parallel.threads_per_rank = 1"
     return (f"host {host}: {len(on)} ranks x threads = {used} threads on {cores} cores "
             f"(oversubscribed: expect slow steps; {fix})")
+
+
+def busy_warning(host: str, on: list[RankLayout]) -> str:
+    """The warning for a host already busy when the job started (its load average at least its
+    cores) where ranks run several threads: OpenMP threads spin-wait for each other at every
+    parallel region, so a thread that loses its core to another process holds up the rest and
+    a step can take several times longer than the same threads on free cores. Passive waiting
+    (OMP_WAIT_POLICY=PASSIVE) avoids that but costs every step on a free host."""
+    cores, load = on[0].host_cores, max(l.load for l in on)
+    if load < cores or max(l.threads for l in on) < 2:
+        return ""
+    return (f"host {host}: load average {load:.1f} on {cores} cores before this job: other "
+            f"processes take cores, and threads that wait for each other then slow every step "
+            f"several-fold; run on free cores (a batch job's own cores), or set "
+            f"parallel.threads_per_rank = 1, or export OMP_WAIT_POLICY=PASSIVE (slower on a "
+            f"free host; docs/performance.md)")
 
 
 def affinity_warnings(layouts: list[RankLayout]) -> list[str]:
