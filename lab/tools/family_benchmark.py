@@ -57,10 +57,13 @@ def env() -> dict:
     return dict(os.environ, PYTHONPATH=path)
 
 
-def train_command(args, family: str, grid: int, norm: str, run_dir: str) -> list[str]:
+def train_command(args, family: str, grid: int, norm: str, run_dir: str,
+                  fresh: bool = False) -> list[str]:
+    """The arm's training command: a resume where the run has checkpoints, unless ``fresh``
+    (the command that starts it, as the row records it)."""
     config, dims = FAMILIES[family]
     cmd = [sys.executable, "-m", "deepfusion", "train"]
-    if os.path.exists(os.path.join(run_dir, "checkpoints")):
+    if not fresh and os.path.exists(os.path.join(run_dir, "checkpoints")):
         cmd += ["--resume", run_dir]
     else:
         cmd += [config, "--set", f"run.dir={run_dir}"]
@@ -123,10 +126,14 @@ def arm(args, family: str, grid: int, norm: str) -> dict | None:
     evaluate = [sys.executable, "-m", "deepfusion", "evaluate", run_dir,
                 "--samples", str(args.samples)]
     run(evaluate, log, env())
+    steps = finished_steps(run_dir)
+    if steps < args.steps:
+        print(f"{name}: trained {steps} steps, not {args.steps}: the config's train.epochs "
+              f"ends it first (add --set train.epochs=N)", file=sys.stderr)
     row = {"arm": name, "family": family, "grid": grid, "norm": norm, **test_errors(run_dir),
-           "steps": args.steps, "threads": args.threads, "train_wall_s": wall,
+           "steps": steps, "threads": args.threads, "train_wall_s": wall,
            "overrides": args.set,
-           "commands": [" ".join(train_command(args, family, grid, norm, run_dir)[1:]),
+           "commands": [" ".join(train_command(args, family, grid, norm, run_dir, fresh=True)[1:]),
                         " ".join(evaluate[1:])]}
     with open(row_path, "w") as f:
         json.dump(row, f, indent=1)
