@@ -117,6 +117,12 @@ def test_a_residual_blind_to_the_error_flags_most_answers_and_says_so():
     line = cal.summary_line(cal.record(cal.calibrate(r, e), kind="loss", grid=(8, 8), seed=1,
                                        step=2, by="t"))
     assert "barely" not in line and "residual ~ error^0." in line
+    # a threshold that flags every good validation answer says so, whatever the slope
+    r, e = pairs(0.02, 0.08, n=16, b=1.0, scatter=0.0, seed=4)
+    rec = cal.record(cal.calibrate(r * np.where(e > 0.05, 1.0, 3.0), e), kind="loss",
+                     grid=(8, 8), seed=1, step=2, by="t")
+    assert rec["validation"]["good_flagged"] == rec["validation"]["good"] > 0
+    assert "barely follows the error" in cal.summary_line(rec)
 
 
 def test_a_prediction_takes_the_calibrated_threshold_else_the_familys_else_none():

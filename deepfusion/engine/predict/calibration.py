@@ -36,7 +36,7 @@ slope near 1, the ratio rule. A slope above 1 (errors rougher as they grow) is n
 extrapolated: from validation errors below E it would raise the threshold on the strength of
 an unchecked trend. A slope near 0 says the residual does not follow the error on this model:
 the threshold then flags about 1 - q of all answers, good or bad, and the record and the line
-printed say so (``separation``: the share of (bad, good) validation pairs whose bad answer
+printed say so (as when it flags every good validation answer; ``separation``: the share of (bad, good) validation pairs whose bad answer
 reads the larger residual, 0.5 = blind). The slope, the spread of the levels (min, k_q,
 median, max) and the flags the threshold would raise on the validation draws are stored.
 
@@ -153,7 +153,8 @@ def summary_line(rec: dict) -> str:
             f"these draws it flags {v['bad_flagged']} of {v['bad']} bad and "
             f"{v['good_flagged']} of {v['good']} good answers")
     sep = rec.get("separation")
-    if b < BLIND_SLOPE or (sep is not None and sep < BLIND_SEPARATION):
+    every_good = v["good"] > 0 and v["good_flagged"] == v["good"]
+    if b < BLIND_SLOPE or (sep is not None and sep < BLIND_SEPARATION) or every_good:
         line += ("; the residual barely follows the error for this model"
                  + (f" (a bad answer reads the larger residual in {sep:.0%} of pairs)"
                     if sep is not None else "")
