@@ -31,7 +31,8 @@ ADR = variant(TINY, 'problem.name="adr:ADR"', "data.eval_samples=6", "train.epoc
 def test_with_slope_1_the_threshold_is_the_ratio_rule():
     ratios = np.array([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0])
     errors = np.linspace(0.01, 0.2, ratios.size)
-    for slope in (1.0, None):     # the ratios grow with the error: a fitted slope above 1, kept at 1
+    # the ratios grow with the error: a fitted slope above 1, kept at 1
+    for slope in (1.0, None):
         got = cal.calibrate(ratios * errors, errors, slope=slope)
         assert got["slope"]["used"] == 1.0 and got["slope"]["fixed"] == (slope is not None)
         # the 10% quantile of 11 ratios, the lower order statistic: the second smallest

@@ -36,9 +36,10 @@ slope near 1, the ratio rule. A slope above 1 (errors rougher as they grow) is n
 extrapolated: from validation errors below E it would raise the threshold on the strength of
 an unchecked trend. A slope near 0 says the residual does not follow the error on this model:
 the threshold then flags about 1 - q of all answers, good or bad, and the record and the line
-printed say so (as when it flags every good validation answer; ``separation``: the share of (bad, good) validation pairs whose bad answer
-reads the larger residual, 0.5 = blind). The slope, the spread of the levels (min, k_q,
-median, max) and the flags the threshold would raise on the validation draws are stored.
+printed say so, as when it flags every good validation answer (``separation``: the share of
+(bad, good) validation pairs whose bad answer reads the larger residual, 0.5 = blind). The
+slope, the spread of the levels (min, k_q, median, max) and the flags the threshold would
+raise on the validation draws are stored.
 
 Where: ``deepfusion train`` calibrates after its final validation (the draws of
 ``data.eval_seed``, their errors already measured) and writes the record into the final
