@@ -28,21 +28,102 @@ ADR = variant(TINY, 'problem.name="adr:ADR"', "data.eval_samples=6", "train.epoc
 
 # -- the rule ----------------------------------------------------------------------------------
 
-def test_the_threshold_is_the_residual_of_a_5_percent_error_at_a_low_ratio():
+def test_with_slope_1_the_threshold_is_the_ratio_rule():
     ratios = np.array([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0])
     errors = np.linspace(0.01, 0.2, ratios.size)
-    got = cal.calibrate(ratios * errors, errors)
-    # the 10% quantile of 11 ratios, the lower order statistic: the second smallest
-    assert got["ratio"]["quantile"] == pytest.approx(3.0)
-    assert got["threshold"] == pytest.approx(0.05 * 3.0)
-    assert got["ratio"]["min"] == pytest.approx(2.0) and got["ratio"]["max"] == pytest.approx(12.0)
-    v = got["validation"]
-    assert v["bad"] == int((errors > 0.05).sum()) and v["bad_flagged"] == v["bad"]
-    # a NaN residual and a zero error are left out and counted; too few draws is refused
-    got = cal.calibrate(np.r_[ratios * errors, np.nan, 1.0], np.r_[errors, 0.1, 0.0])
-    assert got["draws"] == ratios.size + 2 and got["used"] == ratios.size
+    # the ratios grow with the error: a fitted slope above 1, kept at 1
+    for slope in (1.0, None):
+        got = cal.calibrate(ratios * errors, errors, slope=slope)
+        assert got["slope"]["used"] == 1.0 and got["slope"]["fixed"] == (slope is not None)
+        # the 10% quantile of 11 ratios, the lower order statistic: the second smallest
+        assert got["level"]["quantile"] == pytest.approx(3.0)
+        assert got["threshold"] == pytest.approx(0.05 * 3.0)
+        assert got["level"]["min"] == pytest.approx(2.0)
+        assert got["level"]["max"] == pytest.approx(12.0)
+        v = got["validation"]
+        assert v["bad"] == int((errors > 0.05).sum()) and v["bad_flagged"] == v["bad"]
+    assert cal.calibrate(ratios * errors, errors)["slope"]["fitted"] > 1
+    # a NaN residual, a zero error and a zero residual are left out and counted
+    got = cal.calibrate(np.r_[ratios * errors, np.nan, 1.0, 0.0], np.r_[errors, 0.1, 0.0, 0.1])
+    assert got["draws"] == ratios.size + 3 and got["used"] == ratios.size
     with pytest.raises(cal.CalibrationError, match="2 of 3 draws .* at least 4"):
         cal.calibrate([0.1, 0.2, np.nan], [0.01, 0.02, 0.03])
+    with pytest.raises(ValueError, match="slope must lie in"):
+        cal.calibrate(ratios * errors, errors, slope=2.0)
+
+
+# synthetic (residual, error) pairs: r = c e^b times a log-normal scatter
+def pairs(lo, hi, n=16, b=1.0, c=0.5, scatter=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    e = np.exp(rng.uniform(np.log(lo), np.log(hi), n))
+    return c * e ** b * np.exp(scatter * rng.standard_normal(n)), e
+
+
+def test_perfectly_correlated_draws_flag_exactly_the_bad_ones():
+    r, e = pairs(0.005, 0.3, n=20, b=0.5)       # good and bad answers on one law, slope 0.5
+    got = cal.calibrate(r, e)
+    assert got["slope"]["used"] == pytest.approx(0.5) and got["slope"]["scatter"] < 1e-9
+    assert got["threshold"] == pytest.approx(0.5 * 0.05 ** 0.5)
+    v = got["validation"]
+    assert 0 < v["bad"] < 20 and v["bad_flagged"] == v["bad"] and v["good_flagged"] == 0
+    assert got["separation"] == 1.0
+
+
+def test_all_bad_draws_with_a_floor_still_pass_good_answers():
+    """Validation answers all worse than 5%, the residual growing slower than the error (a
+    floor): scaled down to 5% along the fitted slope, not in proportion (the ratio rule, which
+    flags every answer of the same law)."""
+    r, e = pairs(0.1, 0.4, b=0.5, scatter=0.05)
+    got, ratio_rule = cal.calibrate(r, e), cal.calibrate(r, e, slope=1.0)
+    assert got["validation"]["good"] == 0 and got["separation"] is None
+    assert got["slope"]["used"] == pytest.approx(0.5, abs=0.25)
+    law = 0.5 * np.array([0.01, 0.02, 0.1, 0.2]) ** 0.5     # answers of 1%, 2%, 10%, 20%
+    assert list(law > got["threshold"]) == [False, False, True, True]
+    assert (law > ratio_rule["threshold"]).all()
+
+
+def test_all_good_draws_extrapolate_to_5_percent():
+    r, e = pairs(0.003, 0.03, scatter=0.1)        # residual in proportion, all good
+    got = cal.calibrate(r, e)
+    assert got["validation"]["bad"] == 0 and got["slope"]["used"] > 0.8
+    law = 0.5 * np.array([0.01, 0.02, 0.08, 0.2])
+    assert list(law > got["threshold"]) == [False, False, True, True]
+    # errors all near one value (+-5%): a least-squares slope of chance, pulled towards the
+    # prior's 1 (the ratio rule)
+    r, e = pairs(0.0095, 0.0105, scatter=0.1, seed=11)
+    got = cal.calibrate(r, e)
+    assert got["slope"]["fitted"] < -0.5 and got["slope"]["used"] > 0.5
+
+
+def test_mixed_draws_with_scatter_flag_most_bad_and_few_good():
+    r, e = pairs(0.005, 0.2, n=64, b=0.8, scatter=0.15, seed=2)
+    got = cal.calibrate(r, e)
+    v = got["validation"]
+    assert v["bad"] >= 16 and v["good"] >= 16
+    assert v["bad_flagged"] >= 0.9 * v["bad"] and v["good_flagged"] <= 0.25 * v["good"]
+    assert got["separation"] > 0.9
+
+
+def test_a_residual_blind_to_the_error_flags_most_answers_and_says_so():
+    rng = np.random.default_rng(3)
+    e = np.exp(rng.uniform(np.log(0.005), np.log(0.3), 64))
+    r = 0.02 * np.exp(0.3 * rng.standard_normal(64))             # uncorrelated with e
+    got = cal.calibrate(r, e)
+    assert got["slope"]["used"] < cal.BLIND_SLOPE and abs(got["separation"] - 0.5) < 0.15
+    flagged = got["validation"]["bad_flagged"] + got["validation"]["good_flagged"]
+    assert flagged >= 0.8 * 64
+    line = cal.summary_line(cal.record(got, kind="loss", grid=(8, 8), seed=1, step=2, by="t"))
+    assert "barely follows the error" in line
+    r, e = pairs(0.005, 0.2, n=64, b=0.8, scatter=0.15, seed=2)
+    line = cal.summary_line(cal.record(cal.calibrate(r, e), kind="loss", grid=(8, 8), seed=1,
+                                       step=2, by="t"))
+    assert "barely" not in line and "residual ~ error^0." in line
+    # a threshold that flags every good validation answer says so, whatever the slope
+    r, e = pairs(0.02, 0.08, n=16, b=1.0, scatter=0.0, seed=4)
+    rec = cal.record(cal.calibrate(r * np.where(e > 0.05, 1.0, 3.0), e), kind="loss",
+                     grid=(8, 8), seed=1, step=2, by="t")
+    assert rec["validation"]["good_flagged"] == rec["validation"]["good"] > 0
+    assert "barely follows the error" in cal.summary_line(rec)
 
 
 def test_a_prediction_takes_the_calibrated_threshold_else_the_familys_else_none():
@@ -193,7 +274,8 @@ def test_a_domain_split_training_calibrates_as_the_undivided_one(run, tmp_path):
     assert p.returncode == 0, p.stderr
     one, two = (load_checkpoint(latest_checkpoint(d))["meta"][cal.KEY] for d in (run, split))
     assert two["threshold"] == pytest.approx(one["threshold"], rel=1e-6)
-    assert two["ratio"] == pytest.approx(one["ratio"], rel=1e-6)
+    assert two["level"] == pytest.approx(one["level"], rel=1e-6)
+    assert two["slope"]["used"] == pytest.approx(one["slope"]["used"], rel=1e-6)
 
 
 def test_a_residual_that_fails_leaves_the_evaluation_whole_and_uncalibrated():

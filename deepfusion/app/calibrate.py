@@ -3,7 +3,7 @@ fresh draws with references and written into the checkpoint; and the same at the
 ``deepfusion train`` (:func:`after_training`), from its final validation.
 
 The rule and what is stored: :mod:`deepfusion.engine.predict.calibration` (the residual of a
-5% error at the low quantile of each draw's residual / error ratio). The draws are evaluated
+5% error, read off the draws' residual-vs-error slope at a low quantile). The draws are evaluated
 as ``deepfusion evaluate`` evaluates (any number of ranks, the reference solver on each draw);
 rank 0 chooses the threshold and writes the checkpoint back whole, atomically and sealed,
 holding the run directory's lock for the write (refused while a training job holds it).
@@ -52,7 +52,7 @@ def target(args):
 
     if args.samples is None or args.samples < LEAST_DRAWS:
         raise ValueError(f"--samples must be at least {LEAST_DRAWS} (a threshold is a "
-                         f"quantile of the draws' residual / error ratios), got {args.samples}")
+                         f"quantile over the draws' residuals and errors), got {args.samples}")
     if not 0 < args.error < 1:
         raise ValueError(f"--error must be a relative error in (0, 1), e.g. 0.05, got "
                          f"{args.error}")

@@ -7,22 +7,39 @@ error reads larger than a smooth one of the same size), so on the model, its tra
 loss, not on the PDE alone: a constant per problem fits the model it was measured on.
 
 The rule (:func:`calibrate`). Each validation draw i gives its answer's residual r_i and its
-relative L2 error e_i against the reference solver, hence a ratio k_i = r_i / e_i, the
-residual per unit of error. An answer at the error level E (default 5%) whose ratio is k reads
-k E; the threshold is
+relative L2 error e_i against the reference solver. The threshold is the residual an answer
+of error E (default 5%) reads, read off the draws' own residual-vs-error relation
 
-    T = E * k_q,    k_q the q-quantile of the ratios (q = 0.1, the lower order statistic),
+    log r = log k + b log e,        T = k_q E^b,
 
-so an answer worse than E is flagged unless its ratio is among the lowest tenth of the
-validation answers': the check misses at most about a tenth of the bad answers whose errors
-are shaped like the validation errors. The quantile is low on purpose: a missed bad answer
-is used as if right, a false alarm only asks for a look (the reference solver, ``--refine``).
-The price is the false alarms, good answers whose ratio is high: an answer of error e is
-flagged when e > E k_q / k, so the spread of the ratios (stored: min, k_q, median, max) says
-how sharp the check is for this model; the flags it would raise on the validation draws
-themselves are stored too. It assumes the residual grows in proportion to the error from the
-validation errors (often ~1%) to E; answers far outside the trained family, whose errors are
-smooth and large, read lower ratios than rough small ones, the reason for a low quantile.
+b the slope of that relation and k_q the q-quantile (q = 0.1, the lower order statistic) of
+the draws' levels k_i = r_i / e_i^b, so that an answer worse than E is flagged unless its
+level is among the lowest tenth of the validation answers': the check misses about a tenth of
+the bad answers at most, as far as they follow the validation draws' relation. The quantile
+is low on purpose: a missed bad answer is used as if right, a false alarm only asks for a look
+(the reference solver, ``--refine``).
+
+The slope. With b = 1 (the residual in proportion to the error, as a linear operator's is for
+errors of one shape) the rule is the quantile of the ratios r_i / e_i. That extrapolates badly
+when the residual has a floor (the residual an answer carries whatever its error: the
+discretisation's, a boundary's, a smooth error the residual barely sees): ratios measured on
+large errors are small, and scaled down to E they land below every good answer's residual, so
+a model whose validation answers are mostly bad flags everything. And when the residual does
+not follow the error at all, ratios measured on small errors are large and nothing is flagged.
+So b is fitted: least squares of log r on log e, pulled towards 1 by a prior of width
+``SLOPE_PRIOR`` as far as the errors' spread fails to determine it (b = (Sxy + l) / (Sxx + l),
+l = s^2 / SLOPE_PRIOR^2, s the scatter of the fit; the posterior mean of a slope with prior
+N(1, SLOPE_PRIOR^2)), then kept in [0, 1]. Hence the fallback when the validation set has too
+few good or too few bad answers: labels do not enter the fit, only the spread of the errors
+does; draws whose errors all lie near one value (all good at ~1%, or all bad at ~20%) give a
+slope near 1, the ratio rule. A slope above 1 (errors rougher as they grow) is not
+extrapolated: from validation errors below E it would raise the threshold on the strength of
+an unchecked trend. A slope near 0 says the residual does not follow the error on this model:
+the threshold then flags about 1 - q of all answers, good or bad, and the record and the line
+printed say so, as when it flags every good validation answer (``separation``: the share of
+(bad, good) validation pairs whose bad answer reads the larger residual, 0.5 = blind). The
+slope, the spread of the levels (min, k_q, median, max) and the flags the threshold would
+raise on the validation draws are stored.
 
 Where: ``deepfusion train`` calibrates after its final validation (the draws of
 ``data.eval_seed``, their errors already measured) and writes the record into the final
@@ -41,20 +58,24 @@ import numpy as np
 
 KEY = "answer_check"     # the checkpoint meta's key
 ERROR_LEVEL = 0.05       # the relative L2 error above which an answer is bad
-QUANTILE = 0.1           # of the residual / error ratios (the text above says why)
+QUANTILE = 0.1           # of the levels r / e^b (the text above says why)
 LEAST_DRAWS = 4          # fewer usable draws: no calibration (a quantile of nothing)
+SLOPE_PRIOR = 0.25       # the width of the slope's prior around 1 (the text above)
+BLIND_SLOPE = 0.25       # below: the residual barely follows the error, the line says so
+BLIND_SEPARATION = 0.6   # below: it barely orders bad answers above good ones, the same
 
 
 class CalibrationError(ValueError):
     """The draws cannot calibrate a threshold (too few usable ones); the message says why."""
 
 
-def calibrate(residuals, errors, *, error: float = ERROR_LEVEL,
-              quantile: float = QUANTILE) -> dict:
-    """The threshold and its evidence from per-draw ``residuals`` and relative ``errors``.
+def calibrate(residuals, errors, *, error: float = ERROR_LEVEL, quantile: float = QUANTILE,
+              slope: float | None = None) -> dict:
+    """The threshold and its evidence from per-draw ``residuals`` and relative ``errors``;
+    ``slope`` fixes b instead of fitting it (1: the ratio rule).
 
-    Draws with a non-finite residual or error, or an error of 0 (no ratio), are left out
-    and counted. CalibrationError with fewer than ``LEAST_DRAWS`` usable draws."""
+    Draws with a non-finite residual or error, or a residual or error of 0 (no logarithm),
+    are left out and counted. CalibrationError with fewer than ``LEAST_DRAWS`` usable draws."""
     r = np.asarray(residuals, dtype=np.float64).reshape(-1)
     e = np.asarray(errors, dtype=np.float64).reshape(-1)
     if r.shape != e.shape:
@@ -62,24 +83,56 @@ def calibrate(residuals, errors, *, error: float = ERROR_LEVEL,
     if not (0 < error < 1 and 0 < quantile < 1):
         raise ValueError(f"calibrate: need 0 < error < 1 and 0 < quantile < 1, got {error}, "
                          f"{quantile}")
-    use = np.isfinite(r) & np.isfinite(e) & (e > 0)
+    if slope is not None and not (isinstance(slope, (int, float)) and 0 <= slope <= 1):
+        raise ValueError(f"calibrate: a fixed slope must lie in [0, 1], got {slope!r}")
+    use = np.isfinite(r) & np.isfinite(e) & (e > 0) & (r > 0)
     if use.sum() < LEAST_DRAWS:
         raise CalibrationError(
-            f"{int(use.sum())} of {r.size} draws have a finite residual and a non-zero error, "
+            f"{int(use.sum())} of {r.size} draws have a finite non-zero residual and error, "
             f"and a threshold needs at least {LEAST_DRAWS}")
-    ratio = np.sort(r[use] / e[use])
-    k = float(ratio[int(math.floor(quantile * (ratio.size - 1)))])   # the lower order statistic
-    threshold = error * k
+    x, y = np.log(e[use]), np.log(r[use])
+    fit = fit_slope(x, y)
+    b = fit["slope"] if slope is None else float(slope)
+    level = np.sort(np.exp(y - b * x))
+    k = float(level[int(math.floor(quantile * (level.size - 1)))])   # lower order statistic
+    threshold = k * error ** b
     bad, flagged = e > error, ~(r <= threshold)
     return {"threshold": threshold, "error": error, "quantile": quantile,
             "draws": int(r.size), "used": int(use.sum()),
-            "ratio": {"min": float(ratio.min()), "quantile": k,
-                      "median": float(np.median(ratio)), "max": float(ratio.max())},
+            "slope": {"used": b, "fitted": fit["fitted"], "scatter": fit["scatter"],
+                      "prior": SLOPE_PRIOR, "fixed": slope is not None},
+            "level": {"min": float(level.min()), "quantile": k,
+                      "median": float(np.median(level)), "max": float(level.max())},
             "errors": {"mean": float(np.nanmean(e)), "max": float(np.nanmax(e))},
             "residuals": {"median": float(np.nanmedian(r)), "max": float(np.nanmax(r))},
+            "separation": separation(r[use], bad[use]),
             "validation": {"bad": int(bad.sum()), "bad_flagged": int((bad & flagged).sum()),
                            "good": int((~bad).sum()),
                            "good_flagged": int((~bad & flagged).sum())}}
+
+
+def fit_slope(x: np.ndarray, y: np.ndarray) -> dict:
+    """The slope b of y = log r against x = log e: least squares (``fitted``, None when the
+    errors are all equal), pulled towards 1 by the prior N(1, SLOPE_PRIOR^2) with the fit's
+    own scatter (``scatter``, of y about the line), then kept in [0, 1] (``slope``)."""
+    xc, yc = x - x.mean(), y - y.mean()
+    sxx, sxy = float(xc @ xc), float(xc @ yc)
+    fitted = sxy / sxx if sxx > 0 else None
+    dof = max(x.size - 2, 1)
+    scatter = math.sqrt(float(((yc - (fitted or 0.0) * xc) ** 2).sum()) / dof)
+    pull = (scatter / SLOPE_PRIOR) ** 2
+    b = (sxy + pull) / (sxx + pull) if sxx + pull > 0 else 1.0
+    return {"slope": float(min(max(b, 0.0), 1.0)), "fitted": fitted, "scatter": scatter}
+
+
+def separation(residuals: np.ndarray, bad: np.ndarray) -> float | None:
+    """The share of (bad, good) pairs whose bad answer reads the larger residual (ties count
+    half): 1 = the residual orders them perfectly, 0.5 = blind; None without both kinds."""
+    rb, rg = residuals[bad], residuals[~bad]
+    if not (rb.size and rg.size):
+        return None
+    diff = rb[:, None] - rg[None, :]
+    return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)
 
 
 def record(cal: dict, *, kind: str, grid, seed: int, step: int, by: str) -> dict:
@@ -92,12 +145,22 @@ def record(cal: dict, *, kind: str, grid, seed: int, step: int, by: str) -> dict
 
 def summary_line(rec: dict) -> str:
     """One line on a calibration, for the commands' output."""
-    v, ratio = rec["validation"], rec["ratio"]
-    return (f"answer check calibrated on {rec['used']} draws (seed {rec['seed']}): threshold "
-            f"{rec['threshold']:.3g}, the residual of a {rec['error']:.0%} error at the "
-            f"{rec['quantile']:.0%} quantile of residual/error (spread {ratio['min']:.3g} .. "
-            f"{ratio['max']:.3g}); on these draws it flags {v['bad_flagged']} of {v['bad']} "
-            f"bad and {v['good_flagged']} of {v['good']} good answers")
+    v, b, level = rec["validation"], rec["slope"]["used"], rec["level"]
+    how = "fixed" if rec["slope"].get("fixed") else "fitted on the draws"
+    line = (f"answer check calibrated on {rec['used']} draws (seed {rec['seed']}): threshold "
+            f"{rec['threshold']:.3g}, the residual of a {rec['error']:.0%} error (residual ~ "
+            f"error^{b:.2f}, {how}; the {rec['quantile']:.0%} quantile of the levels "
+            f"residual/error^{b:.2f}, spread {level['min']:.3g} .. {level['max']:.3g}); on "
+            f"these draws it flags {v['bad_flagged']} of {v['bad']} bad and "
+            f"{v['good_flagged']} of {v['good']} good answers")
+    sep = rec.get("separation")
+    every_good = v["good"] > 0 and v["good_flagged"] == v["good"]
+    if b < BLIND_SLOPE or (sep is not None and sep < BLIND_SEPARATION) or every_good:
+        line += ("; the residual barely follows the error for this model"
+                 + (f" (a bad answer reads the larger residual in {sep:.0%} of pairs)"
+                    if sep is not None else "")
+                 + ": its flags say little about which answers are bad")
+    return line
 
 
 @dataclass(frozen=True)
