@@ -29,6 +29,7 @@ from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
 from diffnet.problems.contract.loss_residual import loss_residual
 from diffnet.problems.contract.residual_norm import residual_norm
+from diffnet.problems.contract.operator_norm import operator_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
@@ -75,6 +76,6 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "has_derived_channels", "check_derived_channels",
            "check_reference", "entry_point_names", "available_text",
-           "residual_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
+           "residual_norm", "operator_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
            "residual_kind", "Poisson"]
