@@ -38,6 +38,6 @@ class PoissonOperatorResidual(PoissonGradientResidual):
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         nu = inputs[:, 0:1].detach()
         r = self.energy_gradient(u, nu, u.requires_grad)
-        apply = lambda v: self.energy_gradient(v, nu, False)       # noqa: E731 (linear: E has no source)
+        apply = lambda v: self.energy_gradient(v, nu, False)   # noqa: E731 (E has no source)
         pde = 0.5 * operator_norm(r, self, apply, interior=(0,) * (self.dims - 1) + (1,))
         return {"pde": pde, "bc": torch.zeros_like(pde)}

@@ -4,13 +4,11 @@ V-cycle's band), and its gradient is the energy's up to that band."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from lab.plugins.poisson_operator_residual import PoissonOperatorResidual
 
 
-@pytest.mark.full
 def test_loss_is_the_energy_error_within_the_band():
     p = PoissonOperatorResidual(grid=(40, 40), bc_mode="lift")
     params = p.sample_params(0, range(3))

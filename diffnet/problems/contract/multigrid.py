@@ -79,6 +79,9 @@ def _outer(like, lines) -> torch.Tensor:
 
 #: the most nodes of the coarsest level, solved by a dense Cholesky
 COARSEST = 512
+NOT_DEFINITE = ("operator_norm needs a positive definite operator (an energy's gradient with "
+                "Dirichlet nodes or a reaction term): this one is not (a pure Neumann problem "
+                "has the constants in its kernel: pass interior= for its Dirichlet nodes)")
 
 
 def coarse_shape(grid) -> tuple:
@@ -148,6 +151,10 @@ def build_hierarchy(stencil: torch.Tensor, levels=None):
             or not _coarsens(grid, most)):
         raise ValueError(f"levels must be an integer >= 1 whose coarsest grid keeps >= 3 nodes "
                          f"per axis (grid {list(grid)}: at most {_most(grid)}), got {levels!r}")
+    l1 = stencil.abs().sum(1).flatten(1).amax(1)
+    kernel = stencil.sum(1).abs().flatten(1).amax(1) <= 64 * torch.finfo(stencil.dtype).eps * l1
+    if bool(kernel.any()):         # A 1 = 0: the constants are in the kernel (pure Neumann)
+        raise ValueError(NOT_DEFINITE)
     out = [Level(grid, stencil)]
     for _ in range(most - 1):
         fine = out[-1]
@@ -187,10 +194,7 @@ def _coarsest_factor(level) -> torch.Tensor:
     mat = mat + torch.diag_embed(empty.to(mat.dtype))
     factor, info = torch.linalg.cholesky_ex(0.5 * (mat + mat.transpose(1, 2)))
     if bool((info != 0).any()):
-        raise ValueError("operator_norm needs a positive definite operator (an energy's "
-                         "gradient with enough Dirichlet nodes or a reaction term): its coarsest "
-                         "Galerkin matrix is not (a pure Neumann problem has the constants in "
-                         "its kernel; pass interior= for the Dirichlet nodes)")
+        raise ValueError(NOT_DEFINITE)
     return factor
 
 

@@ -75,14 +75,17 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
                   smoothing: int = 2, cycles: int = 1, interior=1,
                   check: bool = True) -> torch.Tensor:
     """(B,) vol * r^T B r, B a symmetric V-cycle of the linear operator ``apply`` (module
-    docstring: the formula, the design, when to use it), differentiable in r.
+    docstring: the formula, the design, when to use it), differentiable in r; on a split
+    block, this block's part (the parts sum to the undivided value).
 
     Args:
-        r: the residual at the nodes, (B, *grid) or (B, 1, *grid), on the whole grid.
+        r: the residual at the nodes, (B, *shape) or (B, 1, *shape), on the block of
+            ``where``.
         where: a problem (its ``block`` and ``spacing`` are used), or a ``Block``.
-        apply: v -> A v, the residual's linear part, for v shaped like r (e.g. ``lambda v:
-            residual(v) - residual(0)``); symmetric, radius 1 (each node couples to its 3^d
-            neighbours at most), the same operator for every call (it may differ per sample).
+        apply: v -> A v, the residual's linear part, for v (B, 1, *shape) on the block
+            (e.g. ``lambda v: residual(v) - residual(0)``); symmetric, radius 1 (each node
+            couples to its 3^d neighbours at most), the same operator for every call (it may
+            differ per sample).
         spacing: the node spacing per axis; needed with a Block, default the problem's.
         levels: how many levels including the finest (default: coarsen by 2 until at most
             ``COARSEST`` nodes remain or a side would fall below 3).
