@@ -5,7 +5,9 @@
 (group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
 implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
 head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
-multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`).
+multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`); the
+norm of a residual preconditioned by a V-cycle of its own operator: :func:`operator_norm`
+(:mod:`.contract.operator_norm`).
 Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g through a lift,
 :func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field

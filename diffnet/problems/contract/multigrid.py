@@ -1,14 +1,15 @@
 """A symmetric geometric-algebraic multigrid V-cycle for a radius-1 stencil on a node grid: the
 preconditioner B of :func:`~diffnet.problems.contract.operator_norm.operator_norm` (see its
-module docstring for the choices and why).
+module docstring for the choices and why), and the stencils it is built from.
 
-Levels coarsen every axis by 2: the coarse nodes are the even fine nodes and, on an even side,
-the last node too (n // 2 + 1 nodes, the last coarse gap one fine spacing: both boundary
-nodes stay on every level, which a Neumann wall needs; an even side becomes odd after one
-level). P is linear interpolation along each axis (bilinear, trilinear), R = P^T (full
-weighting). Coarse operators are Galerkin, A_c =
-P^T A P, found by probing. The smoother is l1-Jacobi; the coarsest level is solved by a dense
-Cholesky per sample. Everything works on the whole grid, batched over samples (B, 1, *grid).
+Stencils are (B, 3^d, *grid) coefficients A[i, i + o], found from a linear operator by
+probing it with 3^d colour fields (``probe``). Levels coarsen every axis by 2: the coarse nodes
+are the even fine nodes and, on an even side, the last node too (n // 2 + 1 nodes, the last
+coarse gap one fine spacing: both boundary nodes stay on every level, which a Neumann wall
+needs; an even side becomes odd after one level). P is linear interpolation along each axis,
+R = P^T (full weighting), coarse operators Galerkin (A_c = P^T A P, probed). The smoother is
+l1-Jacobi; the coarsest level is solved by a dense Cholesky per sample. Everything works on
+the whole grid, batched over samples (B, 1, *grid).
 """
 from __future__ import annotations
 
