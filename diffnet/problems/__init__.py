@@ -5,7 +5,9 @@
 (group ``diffnet.problems``): see :mod:`.contract.registry`. The contract a problem
 implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss` and an answer
 head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
-multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`).
+multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`); the
+norm of a residual preconditioned by a V-cycle of its own operator: :func:`operator_norm`
+(:mod:`.contract.operator_norm`).
 Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g through a lift,
 :func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
@@ -29,6 +31,7 @@ from diffnet.problems.contract.heads import Plain, QuadraticEnergy, Ritz
 from diffnet.problems.contract.loss import Loss
 from diffnet.problems.contract.loss_residual import loss_residual
 from diffnet.problems.contract.residual_norm import residual_norm
+from diffnet.problems.contract.operator_norm import operator_norm
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
@@ -75,6 +78,6 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "has_derived_channels", "check_derived_channels",
            "check_reference", "entry_point_names", "available_text",
-           "residual_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
+           "residual_norm", "operator_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
            "residual_kind", "Poisson"]
