@@ -281,7 +281,7 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
     from bench import host_probe
 
     footprints_mib = footprints_mib or host_probe.FOOTPRINTS_MIB
-    load0 = load()
+    load0, t0 = load(), time.perf_counter()
     configs = [measure_config(g, b, t, repeats) for t in threads for g, b in grids]
     ceilings = {}
     for t in threads:
@@ -297,7 +297,7 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
             f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
             f"(x{r['step_over_bound']:.2f}); load {load()[0]}")
-    out["loadavg_after"] = load()
+    out["loadavg_after"], out["seconds"] = load(), time.perf_counter() - t0
     return out
 
 
