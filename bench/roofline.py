@@ -19,7 +19,7 @@ foreach kernels are counted as well as the forward):
     larger of torch.mm's rate and the best of the step's own convolutions run alone; the
     bandwidth is the streaming rate measured at the smallest probed footprint not below the
     op's bytes (cache-resident operands stream faster than DRAM ones), the 1 MiB rate for
-    anything smaller.
+    anything smaller; summed per (phase, layer, op) row, each call's bytes at its own rate.
 
 The step's bound is the **sum** of the per-op bounds, not max(sum flops / rate, sum bytes /
 bandwidth): eager PyTorch runs one op at a time, each on all threads, so one op's arithmetic
@@ -113,13 +113,13 @@ def bandwidth_at(nbytes: float, curve: list[dict]) -> float:
     return curve[-1]["gbs"]
 
 
-def op_bound(flops: float, nbytes: float, ceil: dict, per_call_bytes: float | None = None):
-    """(seconds, 'compute' or 'memory'): the op's lower bound under the ceilings ``ceil``
-    (compute_gflops, bandwidth curve). ``per_call_bytes`` picks the bandwidth (the footprint
-    of one call); default ``nbytes``."""
+def op_bound(flops: float, call_bytes: dict, ceil: dict):
+    """(seconds, 'compute' or 'memory'): the lower bound of a row of calls under the ceilings
+    ``ceil`` (compute_gflops, bandwidth curve): its FLOPs at the compute ceiling against its
+    bytes, each call's at the bandwidth of that call's footprint (``call_bytes``: {bytes of
+    one call: calls})."""
     c = flops / (ceil["compute_gflops"] * 1e9)
-    gbs = bandwidth_at(nbytes if per_call_bytes is None else per_call_bytes, ceil["bandwidth"])
-    m = nbytes / (gbs * 1e9)
+    m = sum(n * k / (bandwidth_at(n, ceil["bandwidth"]) * 1e9) for n, k in call_bytes.items())
     return (c, "compute") if c >= m else (m, "memory")
 
 
@@ -175,7 +175,7 @@ class OpMeter:
         name = str(func.overloadpacket).replace("aten.", "")
         row = self.rows.setdefault((phase, layer, name), {
             "phase": phase, "layer": layer, "op": name, "calls": 0, "flops": 0.0,
-            "bytes": 0.0, "max_call_bytes": 0.0, "seconds": 0.0,
+            "bytes": 0.0, "call_bytes": {}, "seconds": 0.0,
             "shapes": [list(t.shape) for t in list(_tensors(args))[:3]]})
         if name == "convolution" and "conv" not in row:  # stride, padding, groups: the probe's
             row["conv"] = {"stride": list(args[3]), "padding": list(args[4]), "groups": args[8],
@@ -184,7 +184,7 @@ class OpMeter:
         row["calls"] += 1
         row["flops"] += op_flops(func, args, kwargs, out)
         row["bytes"] += nbytes
-        row["max_call_bytes"] = max(row["max_call_bytes"], nbytes)
+        row["call_bytes"][nbytes] = row["call_bytes"].get(nbytes, 0) + 1
         row["seconds"] += seconds
 
 
@@ -204,13 +204,13 @@ def measure_ops(step, steps: int = 3, network: str | None = None) -> list[dict]:
 
 
 def roofline(rows: list[dict], step_s: float, ceil: dict, top: int = TOP) -> dict:
-    """The step's bound from per-op ``rows`` (flops, bytes, seconds, max_call_bytes) under
+    """The step's bound from per-op ``rows`` (flops, bytes, call_bytes, seconds) under
     ``ceil``; the ``top`` rows with the largest measured - bound, each with its share of the
     step. Pure arithmetic: no timing here."""
     out_rows = []
     for r in rows:
-        bound, kind = op_bound(r["flops"], r["bytes"], ceil,
-                               per_call_bytes=r.get("max_call_bytes", r["bytes"]))
+        bound, kind = op_bound(r["flops"], r["call_bytes"], ceil)
+        r = {k: v for k, v in r.items() if k != "call_bytes"}
         out_rows.append({**r, "bound_s": bound, "bound_by": kind, "gap_s": r["seconds"] - bound,
                          "share_of_step": r["seconds"] / step_s,
                          "gap_share_of_step": (r["seconds"] - bound) / step_s})
@@ -219,13 +219,16 @@ def roofline(rows: list[dict], step_s: float, ceil: dict, top: int = TOP) -> dic
     nbytes = sum(r["bytes"] for r in out_rows)
     ops_s = sum(r["seconds"] for r in out_rows)
     worst = sorted(out_rows, key=lambda r: r["gap_s"], reverse=True)[:top]
-    return {"step_s": step_s, "bound_s": bound, "step_over_bound": step_s / bound if bound else None,
+    return {"step_s": step_s, "bound_s": bound,
+            "step_over_bound": step_s / bound if bound else None,
             "compute_floor_s": flops / (ceil["compute_gflops"] * 1e9),
             "memory_floor_dram_s": nbytes / (ceil["dram_gbs"] * 1e9),
             "flops": flops, "bytes": nbytes, "ops_s": ops_s, "outside_ops_s": step_s - ops_s,
             "compute_gflops": ceil["compute_gflops"], "compute_source": ceil["compute_source"],
             "ops": len(out_rows), "top_ops": worst,
-            "by_phase": _by(out_rows, "phase", step_s)}
+            "by_phase": _by(out_rows, "phase", step_s),
+            "by_op": dict(sorted(_by(out_rows, "op", step_s).items(),
+                                 key=lambda kv: kv[1]["bound_s"] - kv[1]["seconds"])[:top])}
 
 
 def _by(rows, field, step_s) -> dict:
@@ -292,7 +295,8 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
            "runs": []}
     for c in configs:
         r = {"grid": c["grid"], "batch": c["batch"], "threads": c["threads"],
-             "step_s_all": c["step_s_all"], **roofline(c["rows"], c["step_s"], ceilings[c["threads"]])}
+             "step_s_all": c["step_s_all"],
+             **roofline(c["rows"], c["step_s"], ceilings[c["threads"]])}
         out["runs"].append(r)
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
             f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
@@ -319,6 +323,9 @@ def lines(res: dict) -> list[str]:
                    f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms)")
         out.append(f"  {'phase':<9} {'layer':<22} {'op':<26} {'calls':>5} {'ms':>7} "
                    f"{'bound':>7} {'by':<7} {'gap':>7} {'%step':>6}")
+        out.append("  by op over all layers (ms/bound ms): " + ", ".join(
+            f"{k} {v['seconds'] * 1e3:.0f}/{v['bound_s'] * 1e3:.0f}"
+            for k, v in list(r.get("by_op", {}).items())[:5]))
         for o in r["top_ops"]:
             out.append(f"  {o['phase']:<9} {o['layer'][-22:]:<22} {o['op'][:26]:<26} "
                        f"{o['calls']:>5} {o['seconds'] * 1e3:>7.1f} {o['bound_s'] * 1e3:>7.1f} "

@@ -55,12 +55,12 @@ def test_bytes_count_each_distinct_tensor_once_and_views_nothing():
 def test_bound_is_the_sum_of_per_op_maxima_from_the_given_rates():
     rows = [  # 1 GFLOP over 1 MB: compute-bound at 100 GF/s (10 ms; memory 0.01 ms at 100 GB/s)
         {"phase": "forward", "layer": "net.conv", "op": "convolution", "calls": 1,
-         "flops": 1e9, "bytes": 1e6, "max_call_bytes": 1e6, "seconds": 0.030},
-        # 100 MB, no FLOPs: memory-bound at the >1 MiB rate, 10 GB/s (10 ms)
+         "flops": 1e9, "bytes": 1e6, "call_bytes": {1e6: 1}, "seconds": 0.030},
+        # 100 MB in 2 calls, no FLOPs: memory-bound at the >1 MiB rate, 10 GB/s (10 ms)
         {"phase": "optimiser", "layer": "-", "op": "_foreach_add_", "calls": 2,
-         "flops": 0.0, "bytes": 1e8, "max_call_bytes": 5e7, "seconds": 0.012},
+         "flops": 0.0, "bytes": 1e8, "call_bytes": {5e7: 2}, "seconds": 0.012},
         {"phase": "forward", "layer": "net.act", "op": "gelu", "calls": 1,
-         "flops": 0.0, "bytes": 5e5, "max_call_bytes": 5e5, "seconds": 0.001}]
+         "flops": 0.0, "bytes": 5e5, "call_bytes": {5e5: 1}, "seconds": 0.001}]
     r = roofline.roofline(rows, step_s=0.050, ceil=CEIL)
     assert r["bound_s"] == pytest.approx(0.010 + 0.010 + 5e5 / 100e9)
     assert r["step_over_bound"] == pytest.approx(0.050 / r["bound_s"])
@@ -75,7 +75,12 @@ def test_bound_is_the_sum_of_per_op_maxima_from_the_given_rates():
         assert t["gap_s"] == pytest.approx(t["seconds"] - t["bound_s"])
         assert t["share_of_step"] == pytest.approx(t["seconds"] / 0.050)
     assert set(r["by_phase"]) == {"forward", "optimiser"}
+    assert list(r["by_op"]) == ["convolution", "_foreach_add_", "gelu"]  # by gap, over layers
     assert len(roofline.roofline(rows * 5, 0.05, CEIL, top=10)["top_ops"]) == 10
+    # each call's bytes at the rate of its own footprint: 1 MB at 100 GB/s + 10 MB at 10
+    mixed = {**rows[2], "bytes": 11e6, "call_bytes": {1e6: 1, 1e7: 1}}
+    bound = roofline.roofline([mixed], 1.0, CEIL)["bound_s"]
+    assert bound == pytest.approx(1e6 / 100e9 + 1e7 / 10e9)
 
 
 def test_bandwidth_is_the_rate_at_the_smallest_footprint_not_below_the_bytes():
@@ -111,7 +116,7 @@ def test_step_phases_and_the_probes_convolutions_on_a_tiny_unet():
 def test_goal_lines_and_table_of_a_roofline_section():
     ceil = {**CEIL, "threads": 1, "gemm_gflops": 90.0, "conv_best_gflops": 100.0}
     rows = [{"phase": "forward", "layer": "net", "op": "convolution", "calls": 1,
-             "flops": 1e9, "bytes": 1e6, "max_call_bytes": 1e6, "seconds": 0.012}]
+             "flops": 1e9, "bytes": 1e6, "call_bytes": {1e6: 1}, "seconds": 0.012}]
     res = {"machine": {"cores": 2, "torch": "x", "cpu_capability": "AVX512", "loadavg": [0] * 3},
            "roofline": {"isa": {"cpu_capability": "AVX512", "avx512_bf16": False,
                                 "amx_bf16": False},
