@@ -17,6 +17,9 @@ Writes OUT/bench.json and prints a short table:
     gloo (bench/comm_bench.py);
   * peak RSS per rank at 256^2 .. 1024^2 with and without activation checkpointing
     (bench/memory_bench.py);
+  * the roofline of the step (bench/roofline.py, bench/host_probe.py): this host's bandwidth,
+    GEMM and convolution ceilings, each configuration's step against its lower bound, and the
+    ten ops that lose most against their own bound (``--skip roofline`` leaves it out);
   * with --with-domain, domain parallelism (bench/domain_bench.py): peak RSS per rank of one
     2048^2 sample split over 2 and 4 ranks, strong scaling 1 -> 2 ranks with the halo's share
     and its alpha-beta model, 4096^2 on 4 ranks with checkpointing (several minutes: not in
@@ -33,7 +36,8 @@ import os
 import sys
 import time
 
-from bench import allocator_bench, comm_bench, domain_bench, memory_bench, refine, step_bench
+from bench import (allocator_bench, comm_bench, domain_bench, memory_bench, refine, roofline,
+                   step_bench)
 from bench.common import ROOT, load, machine, run_json
 
 # The step's performance goals; each is printed as met / not met, never asserted.
@@ -42,7 +46,8 @@ GOALS = {"gemm_ratio": 0.60,           # fp32 step's FLOP rate / fp32 GEMM rate,
          "bf16_vs_plain_fp32": 2.0,    # bf16 step against the plain fp32 loop (AMX/AVX512-BF16)
          "s_per_sample_1024": 3.0,     # fp32 1024^2 training step, 2 threads, seconds per sample
          "p2x1_vs_p1x2": 1.0,          # P=2 x 1 thread against P=1 x 2 threads
-         "exposed_allreduce_p2": 0.05}  # with overlap, whose step must also be faster
+         "exposed_allreduce_p2": 0.05,  # with overlap, whose step must also be faster
+         "step_within_roofline": 1.5}  # fp32 step / its roofline bound (bench/roofline.py)
 
 
 # What the exposed-allreduce goal line shows of each overlap record (bench/comm_bench.py).
@@ -126,6 +131,17 @@ def _comm_goals(comm: dict) -> dict:
     return out
 
 
+def _roofline_goals(roof: dict) -> dict:
+    """Step / bound per configuration: at most GOALS["step_within_roofline"]."""
+    g, out = GOALS["step_within_roofline"], {}
+    for r in roof.get("runs", []):
+        v = r["step_over_bound"]
+        out[f"step_within_1.5x_roofline_{r['grid']}_t{r['threads']}"] = {
+            **_goal(v, g, v is not None and v <= g), "step_s": r["step_s"],
+            "bound_s": r["bound_s"]}
+    return out
+
+
 def _memory_goals(mem: dict) -> dict:
     rows = [r for r in mem.get("rows", []) if r.get("size") == 1024 and "step_s" in r
             and not r.get("checkpoint_levels")]
@@ -153,6 +169,7 @@ def goals(res: dict) -> dict:
     out.update(_as_run_goals(res.get("allocator", {})))
     out.update(_comm_goals(res.get("comm", {})))
     out.update(_memory_goals(res.get("memory", {})))
+    out.update(_roofline_goals(res.get("roofline", {})))
     if "domain" in res:
         out.update(domain_bench.goals(res["domain"]))
     return out
@@ -207,6 +224,8 @@ def table(res: dict) -> str:
         if "peak_rss_mb" in r:
             lines.append(f"inference {r['size']}^2 b1: peak RSS {r['peak_rss_mb']:.0f} MiB "
                          f"(+{r['infer_increase_mb']:.0f}), forward {r['forward_s']:.1f} s")
+    if "runs" in res.get("roofline", {}):
+        lines.extend(roofline.lines(res["roofline"]))
     if "domain" in res:
         lines.extend(domain_bench.lines(res["domain"]))
     for k, g in res.get("goals", {}).items():
@@ -257,7 +276,9 @@ def main(argv=None) -> int:
     p.add_argument("--mem-batch", type=int, default=2)
     p.add_argument("--infer-sizes", default="1024,2048", help="inference peak-memory grids")
     p.add_argument("--skip", default="",
-                   help="comma list of parts to skip: step,allocator,comm,memory")
+                   help="comma list of parts to skip: step,allocator,comm,memory,roofline")
+    p.add_argument("--roofline-repeats", type=int, default=3,
+                   help="plain and instrumented steps per roofline configuration")
     p.add_argument("--with-infer", action="store_true", help="also bench/infer_bench.py (small)")
     p.add_argument("--with-lbfgs", action="store_true", help="also bench/lbfgs_bench.py (small)")
     p.add_argument("--with-refine", metavar="CKPT",
@@ -296,6 +317,9 @@ def main(argv=None) -> int:
     if "memory" not in skip:
         res["memory"] = memory_bench.run(tuple(int(s) for s in a.mem_sizes.split(",")), a.mem_batch,
                                          infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s))
+    if "roofline" not in skip:
+        res["roofline"] = roofline.run(grids, threads, 1 if a.quick else a.roofline_repeats,
+                                       footprints_mib=(1, 4) if a.quick else None)
     if a.with_infer:
         path = os.path.join(a.out, "infer.json")
         r = run_json([sys.executable, "-m", "bench.infer_bench", "--out", path, "--sizes", "64",

@@ -14,6 +14,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
   deepfusion_nchw  the same engine in NCHW (isolates the memory format)
   deepfusion_sliced_grad  deepfusion with the decoder's upsampling fed the sliced gradient of
                    the concatenation instead of diffnet.generators.DenseGrad (isolates it)
+  deepfusion_conv_stencil_grad  deepfusion with the loss's stencils differentiated by ATen's
+                   convolution backward instead of diffnet.stencils.StencilConv (isolates it)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
   deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32 instead of
                    diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)
@@ -64,6 +66,23 @@ def sliced_grad(model):
         if type(mod) is Up:
             mod.forward = types.MethodType(forward, mod)
     return model
+
+
+def conv_stencil_grad(problem):
+    """Give every FiniteDifference of ``problem`` ATen's convolution backward instead of
+    diffnet.stencils.StencilConv's (an ablation; whole grids only, as the bench runs)."""
+    import types
+
+    import torch.nn.functional as F
+
+    from diffnet.stencils import FiniteDifference, pad_cubic
+
+    def forward(self, u, block=None):
+        return getattr(F, f"conv{self.dims}d")(pad_cubic(u), self.weight.to(u.dtype))
+
+    for fd in (v for v in vars(problem).values() if isinstance(v, FiniteDifference)):
+        fd.forward = types.MethodType(forward, fd)
+    return problem
 
 
 def fp32_norms(model):
@@ -170,6 +189,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion"] = make_deepfusion(prob, fresh(True), x, channels_last=True)
     configs["deepfusion_nchw"] = make_deepfusion(prob, fresh(False), x, channels_last=False)
     configs["deepfusion_sliced_grad"] = make_deepfusion(prob, sliced_grad(fresh(True)), x)
+    configs["deepfusion_conv_stencil_grad"] = make_deepfusion(
+        conv_stencil_grad(build(problem, grid, generator)[0]), fresh(True), x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(prob, fresh(True), x, precision="bf16")
         configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(prob, fp32_norms(fresh(True)), x,

@@ -224,6 +224,31 @@ def _check_block_field(u: torch.Tensor, block, dims: int) -> None:
                          f" on a {dims}-D grid, got {tuple(u.shape)} for {block!r}")
 
 
+class StencilConv(torch.autograd.Function):
+    """The stencils' valid convolution of a padded (B, 1, *grid + 2) field by fixed (K, 1, 3,
+    ...) kernels, whose backward is the forward convolution of the gradient by the flipped,
+    transposed kernels (padding 2) instead of ATen's convolution backward. Why: with one input
+    channel, oneDNN's backward-data convolution (a transposed convolution K -> 1) runs an order
+    of magnitude slower than this forward one (the training step's largest loss against its
+    roofline bound: ``python -m bench.roofline``, ops ``convolution_backward`` of
+    ``FiniteDifference``). The same sums in another order: equal to rounding. The kernels are
+    fixed: no gradient for them.
+    """
+
+    @staticmethod
+    def forward(ctx, p, weight):
+        ctx.save_for_backward(weight)
+        return getattr(F, f"conv{weight.dim() - 2}d")(p, weight)
+
+    @staticmethod
+    def backward(ctx, g):
+        (weight,) = ctx.saved_tensors
+        dims = weight.dim() - 2
+        flipped = weight.flip(tuple(range(2, 2 + dims))).transpose(0, 1)
+        pad = [k - 1 for k in weight.shape[2:]]
+        return getattr(F, f"conv{dims}d")(g, flipped, padding=pad), None
+
+
 class FiniteDifference(torch.nn.Module):
     """Derivatives of a (B, 1, *grid) field on a node grid of 1, 2 or 3 axes, in one
     convolution pass.
@@ -310,9 +335,8 @@ class FiniteDifference(torch.nn.Module):
         if not u.is_floating_point():
             raise ValueError(f"u must be a floating-point tensor, got dtype {u.dtype}")
         weight = self.weight.to(device=u.device, dtype=u.dtype)
-        # looked up in F per call, so that a test can count the convolutions
-        conv = getattr(F, f"conv{self.dims}d")
-        return conv(pad_cubic(u) if whole else pad_cubic_block(u, block), weight)
+        # F.conv*d looked up per call (in StencilConv), so that a test can count the convolutions
+        return StencilConv.apply(pad_cubic(u) if whole else pad_cubic_block(u, block), weight)
 
     def extra_repr(self) -> str:
         return f"spacing={self.spacing}, kind={self.kind!r}, derivatives={self.derivatives}"

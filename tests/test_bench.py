@@ -46,6 +46,13 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert a["configs"]["plain"]["speedup_vs_plain"] == 1.0
     assert a["configs"]["plain_reuse"]["faults_per_step"] <= a["configs"]["plain"]["faults_per_step"]
     assert "speedup_vs_plain_as_run_32_t1" in res["goals"]
+    # The roofline: ceilings of this host, the step against its bound, the ops that lose most.
+    roof = res["roofline"]
+    assert roof["ceilings"][0]["compute_gflops"] > 0 and roof["ceilings"][0]["dram_gbs"] > 0
+    (rr,) = roof["runs"]
+    assert rr["bound_s"] > 0 and 0 < len(rr["top_ops"]) <= 10
+    assert res["goals"]["step_within_1.5x_roofline_32_t1"]["goal"] == 1.5
+    assert "roofline 32^2 b4 t1" in run.table(res)
 
 
 def _cfg(gemm, speedup):

@@ -273,3 +273,22 @@ def test_gradient_helper_any_dimension():
     parts = gradient(u, (0.1, 0.2, 0.3), kind="central")
     want = FiniteDifference((0.1, 0.2, 0.3), "central", ("d", "r", "c"))(u)
     assert len(parts) == 3 and all(torch.equal(p, want[:, k:k + 1]) for k, p in enumerate(parts))
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 7), (2, 1, 6, 5), (1, 1, 4, 5, 6)])
+def test_stencil_backward_is_the_convolutions_gradient(shape):
+    """StencilConv's backward (a forward convolution by the flipped kernels) gives the gradient
+    autograd gives through the plain convolution, and is itself differentiable (gradcheck and
+    gradgradcheck in float64)."""
+    dims = len(shape) - 2
+    spacing = (0.1, 0.2, 0.3)[:dims]
+    fd = FiniteDifference(spacing, "sobel")
+    u = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(fd(u).shape, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(fd(u), u, g)
+    plain = getattr(F, f"conv{dims}d")(stencils.pad_cubic(u), fd.weight)
+    (ref,) = torch.autograd.grad(plain, u, g)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-9)
+    small = torch.randn((1, 1) + (4,) * dims, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fd, (small,))
+    assert torch.autograd.gradgradcheck(fd, (small,))

@@ -1,0 +1,352 @@
+"""The roofline of a training step: each aten op's FLOPs, bytes moved and measured time over one
+step (forward, answer and loss, backward, gradient sync and optimiser), its lower bound on this
+host, the step's bound, and the ops that lose most against their own bound.
+
+    python -m bench.roofline [--grids 64:16,256:2] [--threads 1,2] [--repeats 3] [--out F]
+
+Per op (every aten call, seen by a TorchDispatchMode, so autograd's backward and the optimiser's
+foreach kernels are counted as well as the forward):
+  * FLOPs: torch.utils.flop_counter's formulas (convolutions forward and backward, matmuls;
+    2 x multiply-adds); 0 for every other op (elementwise, reductions, copies), whose bound is
+    then its bytes alone;
+  * bytes: a lower bound on the traffic: every distinct tensor read once (the op's inputs, a
+    broadcast input counted once) and written once (its outputs and the arguments it mutates);
+    views and allocations move nothing;
+  * time: wall seconds of the call (inclusive of the kernels it dispatches to), on a step whose
+    oneDNN primitives and allocator are already warm;
+  * bound = max(flops / compute ceiling, bytes / bandwidth at the op's footprint), with the
+    ceilings of bench/host_probe.py at the step's thread count. The compute ceiling is the
+    larger of torch.mm's rate and the best of the step's own convolutions run alone; the
+    bandwidth is the streaming rate measured at the smallest probed footprint not below the
+    op's bytes (cache-resident operands stream faster than DRAM ones), the 1 MiB rate for
+    anything smaller; summed per (phase, layer, op) row, each call's bytes at its own rate.
+
+The step's bound is the **sum** of the per-op bounds, not max(sum flops / rate, sum bytes /
+bandwidth): eager PyTorch runs one op at a time, each on all threads, so one op's arithmetic
+cannot hide another's memory traffic; the max of sums is the bound of a step fused into one
+kernel, which also would not move the intermediates the sum counts. ``compute_floor_s`` (all
+FLOPs at the compute ceiling) is reported beside it as the floor no fusion gets under.
+
+The step time is the median of ``repeats`` uninstrumented steps; the per-op times come from
+instrumented steps (median per op over them), so they sum to a little more than the plain step
+minus the time spent outside aten ops (Python, autograd's engine), which is reported as
+``outside_ops_s`` = step - sum of op times (negative when the instrumented ops ran slower).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from bench.common import build, emit_json, inputs, load
+
+TOP = 10
+# Allocation-only ops: no element of memory is read or written.
+NO_TRAFFIC = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of the distinct elements of t (a broadcast dimension, stride 0, counts once)."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+def _tensors(values):
+    import torch
+
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+def _key(t):
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _distinct_bytes(tensors) -> int:
+    return sum(tensor_bytes(t) for t in {_key(t): t for t in tensors}.values())
+
+
+def op_bytes(func, args, kwargs, out) -> int:
+    """Reads (inputs, ``out=`` excluded) + writes (outputs and mutated arguments), each distinct
+    tensor once; 0 for views (every output shares an input's storage, nothing mutated) and for
+    allocations."""
+    if func.__name__.split(".")[0] in NO_TRAFFIC:
+        return 0
+    schema = func._schema
+    mutated, reads = [], []
+    named = list(zip(schema.arguments, args)) + [
+        (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs]
+    for arg, value in named:
+        ts = list(_tensors([value]))
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            mutated += ts
+        if not (arg.kwarg_only and arg.name == "out"):
+            reads += ts
+    outs = list(_tensors([out]))
+    if not mutated and outs:
+        storages = {t.untyped_storage().data_ptr() for t in reads}
+        if all(t.untyped_storage().data_ptr() in storages for t in outs):
+            return 0  # a view of an input
+    return _distinct_bytes(reads) + _distinct_bytes(outs + mutated)
+
+
+def op_flops(func, args, kwargs, out) -> float:
+    from torch.utils.flop_counter import flop_registry
+
+    f = flop_registry.get(func.overloadpacket)
+    return float(f(*args, **kwargs, out_val=out)) if f is not None else 0.0
+
+
+def bandwidth_at(nbytes: float, curve: list[dict]) -> float:
+    """GB/s of ``curve`` (rows of footprint_mib, gbs, ascending) at the smallest probed
+    footprint not below ``nbytes`` (the largest footprint's rate beyond it)."""
+    for row in curve:
+        if nbytes <= row["footprint_mib"] * (1 << 20):
+            return row["gbs"]
+    return curve[-1]["gbs"]
+
+
+def op_bound(flops: float, call_bytes: dict, ceil: dict):
+    """(seconds, 'compute' or 'memory'): the lower bound of a row of calls under the ceilings
+    ``ceil`` (compute_gflops, bandwidth curve): its FLOPs at the compute ceiling against its
+    bytes, each call's at the bandwidth of that call's footprint (``call_bytes``: {bytes of
+    one call: calls})."""
+    c = flops / (ceil["compute_gflops"] * 1e9)
+    m = sum(n * k / (bandwidth_at(n, ceil["bandwidth"]) * 1e9) for n, k in call_bytes.items())
+    return (c, "compute") if c >= m else (m, "memory")
+
+
+class OpMeter:
+    """Context manager: every aten op run inside it, timed and counted, grouped by (phase,
+    layer, op). Phase: forward (inside the network) / loss (outside it, before backward: the
+    answer and the loss terms) / backward (the network's) / loss_backward (the rest of
+    backward) / optimiser (after backward: gradient sync, clipping, the update). Layer: the
+    innermost module running (its backward, in backward), '-' outside any module.
+    ``network``: the class name of the network's root module (ModuleTracker's name for it);
+    modules of other roots are the loss's."""
+
+    def __init__(self, network: str | None = None):
+        self.rows: dict = {}
+        self.after_backward = False
+        self.network = network
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.module_tracker import ModuleTracker
+
+        meter, tracker = self, ModuleTracker()
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                t = time.perf_counter()
+                out = func(*args, **kwargs)
+                meter.add(func, args, kwargs, out, time.perf_counter() - t, tracker)
+                return out
+
+        self._tracker, self._mode = tracker.__enter__(), Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        self._tracker.__exit__(*exc)
+
+    def add(self, func, args, kwargs, out, seconds, tracker):
+        modules = [p for p in tracker.parents if p != "Global"]
+        layer = max(modules, key=lambda p: p.count(".")) if modules else "-"
+        # A module outside the network (the loss's stencils) counts to the loss.
+        in_network = self.network is None or layer.split(".")[0] == self.network
+        # Not grad mode: a custom autograd Function's forward (the NHWC norm) runs without it.
+        if tracker.is_bw:
+            phase = "backward" if modules and in_network else "loss_backward"
+            self.after_backward = True
+        elif self.after_backward:
+            phase, layer = "optimiser", "-"
+        else:
+            phase = "forward" if modules and in_network else "loss"
+        name = str(func.overloadpacket).replace("aten.", "")
+        row = self.rows.setdefault((phase, layer, name), {
+            "phase": phase, "layer": layer, "op": name, "calls": 0, "flops": 0.0,
+            "bytes": 0.0, "call_bytes": {}, "seconds": 0.0,
+            "shapes": [list(t.shape) for t in list(_tensors(args))[:3]]})
+        if name == "convolution" and "conv" not in row:  # stride, padding, groups: the probe's
+            row["conv"] = {"stride": list(args[3]), "padding": list(args[4]), "groups": args[8],
+                           "transposed": bool(args[6])}
+        nbytes = op_bytes(func, args, kwargs, out)
+        row["calls"] += 1
+        row["flops"] += op_flops(func, args, kwargs, out)
+        row["bytes"] += nbytes
+        row["call_bytes"][nbytes] = row["call_bytes"].get(nbytes, 0) + 1
+        row["seconds"] += seconds
+
+
+def measure_ops(step, steps: int = 3, network: str | None = None) -> list[dict]:
+    """Run ``step`` (warm) ``steps`` times under OpMeter: one row per (phase, layer, op), its
+    per-step calls, FLOPs and bytes, and the median over the steps of its seconds."""
+    runs = []
+    for _ in range(steps):
+        with OpMeter(network) as m:
+            step()
+        runs.append(m.rows)
+    rows = []
+    for key, row in runs[0].items():
+        secs = [r[key]["seconds"] if key in r else 0.0 for r in runs]
+        rows.append({**row, "seconds": statistics.median(secs)})
+    return rows
+
+
+def roofline(rows: list[dict], step_s: float, ceil: dict, top: int = TOP) -> dict:
+    """The step's bound from per-op ``rows`` (flops, bytes, call_bytes, seconds) under
+    ``ceil``; the ``top`` rows with the largest measured - bound, each with its share of the
+    step. Pure arithmetic: no timing here."""
+    out_rows = []
+    for r in rows:
+        bound, kind = op_bound(r["flops"], r["call_bytes"], ceil)
+        r = {k: v for k, v in r.items() if k != "call_bytes"}
+        out_rows.append({**r, "bound_s": bound, "bound_by": kind, "gap_s": r["seconds"] - bound,
+                         "share_of_step": r["seconds"] / step_s,
+                         "gap_share_of_step": (r["seconds"] - bound) / step_s})
+    bound = sum(r["bound_s"] for r in out_rows)
+    flops = sum(r["flops"] for r in out_rows)
+    nbytes = sum(r["bytes"] for r in out_rows)
+    ops_s = sum(r["seconds"] for r in out_rows)
+    worst = sorted(out_rows, key=lambda r: r["gap_s"], reverse=True)[:top]
+    return {"step_s": step_s, "bound_s": bound,
+            "step_over_bound": step_s / bound if bound else None,
+            "compute_floor_s": flops / (ceil["compute_gflops"] * 1e9),
+            "memory_floor_dram_s": nbytes / (ceil["dram_gbs"] * 1e9),
+            "flops": flops, "bytes": nbytes, "ops_s": ops_s, "outside_ops_s": step_s - ops_s,
+            "compute_gflops": ceil["compute_gflops"], "compute_source": ceil["compute_source"],
+            "ops": len(out_rows), "top_ops": worst,
+            "by_phase": _by(out_rows, "phase", step_s),
+            "by_op": dict(sorted(_by(out_rows, "op", step_s).items(),
+                                 key=lambda kv: kv[1]["bound_s"] - kv[1]["seconds"])[:top])}
+
+
+def _by(rows, field, step_s) -> dict:
+    out = {}
+    for r in rows:
+        d = out.setdefault(r[field], {"seconds": 0.0, "bound_s": 0.0, "flops": 0.0, "bytes": 0.0})
+        for k in ("seconds", "bound_s", "flops", "bytes"):
+            d[k] += r[k]
+    for d in out.values():
+        d["share_of_step"] = d["seconds"] / step_s
+    return out
+
+
+def conv_shapes(rows: list[dict]) -> list[dict]:
+    """The distinct forward 2-D convolutions of the measured rows (input and weight shapes,
+    stride, padding, groups), for the host probe."""
+    seen = {}
+    for r in rows:
+        c = r.get("conv")
+        if c and r["phase"] == "forward" and len(r["shapes"][1]) == 4 and not c["transposed"]:
+            s = {"x": r["shapes"][0], "w": r["shapes"][1], "stride": c["stride"],
+                 "padding": c["padding"], "groups": c["groups"]}
+            seen[str(s)] = s
+    return list(seen.values())
+
+
+def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator="unet"):
+    """One configuration's step time (median of ``repeats``) and per-op rows, as trained
+    (deepfusion's step, channels_last)."""
+    import torch
+
+    from bench.step_bench import make_deepfusion
+
+    torch.set_num_threads(threads)
+    prob, model = build(problem, grid, generator, channels_last=True)
+    step = make_deepfusion(prob, model, inputs(prob, batch))
+    step(), step()  # warm: oneDNN primitives, allocator
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    rows = measure_ops(step, steps=repeats, network=type(model).__name__)
+    return {"grid": grid, "batch": batch, "threads": threads, "step_s": statistics.median(times),
+            "step_s_all": times, "rows": rows}
+
+
+def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
+        footprints_mib=None) -> dict:
+    """Measure every configuration, then probe the ceilings once per thread count (with the
+    union of the configurations' convolutions), then bound each. ``footprints_mib``: the
+    bandwidth probe's footprints (default host_probe's, up to 1 GiB)."""
+    from bench import host_probe
+
+    footprints_mib = footprints_mib or host_probe.FOOTPRINTS_MIB
+    load0, t0 = load(), time.perf_counter()
+    configs = [measure_config(g, b, t, repeats) for t in threads for g, b in grids]
+    ceilings = {}
+    for t in threads:
+        shapes = {str(s): s for c in configs if c["threads"] == t for s in conv_shapes(c["rows"])}
+        ceilings[t] = host_probe.ceilings(t, list(shapes.values()),
+                                          footprints_mib=footprints_mib)
+    out = {"isa": host_probe.isa(), "loadavg_before": load0, "ceilings": list(ceilings.values()),
+           "runs": []}
+    for c in configs:
+        r = {"grid": c["grid"], "batch": c["batch"], "threads": c["threads"],
+             "step_s_all": c["step_s_all"],
+             **roofline(c["rows"], c["step_s"], ceilings[c["threads"]])}
+        out["runs"].append(r)
+        log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
+            f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
+            f"(x{r['step_over_bound']:.2f}); load {load()[0]}")
+    out["loadavg_after"], out["seconds"] = load(), time.perf_counter() - t0
+    return out
+
+
+def lines(res: dict) -> list[str]:
+    """The printed table: ceilings, step / bound per configuration, its top ops."""
+    isa = res["isa"]
+    out = [f"roofline ceilings ({isa['cpu_capability']}, avx512_bf16 {isa['avx512_bf16']}, "
+           f"amx_bf16 {isa['amx_bf16']}; fp32):"]
+    for c in res["ceilings"]:
+        out.append(f"  t{c['threads']}: GEMM {c['gemm_gflops']:.0f} GF/s, best own conv "
+                   f"{c['conv_best_gflops'] or 0:.0f} GF/s -> compute {c['compute_gflops']:.0f} "
+                   f"GF/s ({c['compute_source']}); bandwidth " +
+                   ", ".join(f"{b['footprint_mib']}M {b['gbs']:.0f}" for b in c["bandwidth"]) +
+                   " GB/s")
+    for r in res["runs"]:
+        out.append(f"roofline {r['grid']}^2 b{r['batch']} t{r['threads']}: step "
+                   f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms, step/bound "
+                   f"{r['step_over_bound']:.2f} (compute floor {r['compute_floor_s'] * 1e3:.0f} "
+                   f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms)")
+        out.append(f"  {'phase':<9} {'layer':<22} {'op':<26} {'calls':>5} {'ms':>7} "
+                   f"{'bound':>7} {'by':<7} {'gap':>7} {'%step':>6}")
+        out.append("  by op over all layers (ms/bound ms): " + ", ".join(
+            f"{k} {v['seconds'] * 1e3:.0f}/{v['bound_s'] * 1e3:.0f}"
+            for k, v in list(r.get("by_op", {}).items())[:5]))
+        for o in r["top_ops"]:
+            out.append(f"  {o['phase']:<9} {o['layer'][-22:]:<22} {o['op'][:26]:<26} "
+                       f"{o['calls']:>5} {o['seconds'] * 1e3:>7.1f} {o['bound_s'] * 1e3:>7.1f} "
+                       f"{o['bound_by']:<7} {o['gap_s'] * 1e3:>7.1f} {o['share_of_step']:>6.1%}")
+    return out
+
+
+def main(argv=None) -> int:
+    from bench.step_bench import parse_grids, parse_threads
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grids", default="64:16,256:2", help="GRID:BATCH,...")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats)
+    print("\n".join(lines(res)))
+    emit_json(res, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
