@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import gridtools as gt
-from diffnet.problems import Axis, bubble, mesh, operator_norm
+from diffnet.problems import Axis, bubble, mesh
 from diffnet.stencils import FiniteDifference
 
 A_MODES = ((0, 1), (1, 0), (1, 1), (1, 2))   # (k_y, k_x) of log a's modes cos(k_y pi y) cos(k_x pi x)
@@ -53,7 +53,6 @@ class Helmholtz(gt.ResidualFamily):
     param_names = (*(f"omega_{i + 1}" for i in range(len(A_MODES))), "log_k0",
                    *(f"c_{i + 1}" for i in range(len(F_MODES))))
     input_channels = ("log_a", "k", "f", "bubble")
-    NORMS = (*gt.ResidualFamily.NORMS, "vcycle")
 
     def __init__(self, *, grid=(64, 64), norm="l2", omega_range=(-0.5, 0.5), k_range=(1.0, 100.0),
                  source_range=(-1.0, 1.0), output_scale=0.02):
@@ -98,13 +97,6 @@ class Helmholtz(gt.ResidualFamily):
         interior nodes only: the walls hold u = 0 exactly)."""
         a = inputs[:, :1].exp()
         return gt.flux_divergence(self.fd, self.block, u, a) + inputs[:, 1:2] * u - inputs[:, 2:3]
-
-    def loss_terms(self, u, inputs):
-        if self.norm != "vcycle":
-            return super().loss_terms(u, inputs)
-        at_zero = self.residual(torch.zeros_like(u), inputs)       # -f: r is affine in u
-        apply = lambda v: self.residual(v, inputs) - at_zero        # noqa: E731
-        return {"pde": operator_norm(self.residual(u, inputs), self, apply)}
 
     def norm_options(self, inputs) -> dict:
         # k = k_0 (1 + bubble / 2), so any node gives k_0; k is between k_0 and 1.5 k_0, and

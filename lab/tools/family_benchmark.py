@@ -34,7 +34,7 @@ FAMILIES = {"adr": ("examples/families/adr.toml", 2),
             "anisotropic": ("examples/families/anisotropic.toml", 2),
             "diffusion3d": ("examples/families/diffusion3d.toml", 3),
             "poisson": ("configs/recipes/poisson.toml", 2)}
-NORMS = ("l2", "multilevel")
+NORMS = ("l2", "multilevel")          # the default arms; "operator" and "vcycle" also work
 
 
 def norm_settings(family: str, norm: str) -> list[str]:
