@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from deepfusion.config import load_config
-from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.run import hangup, lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
@@ -85,6 +85,8 @@ def train_locked(args, comm, cfg) -> int:
     past = useful_ranks_warning(cfg, comm.size)  # the line 'deepfusion check' prints
     if past:
         say_once(comm, f"deepfusion: warning: {past}")
+    if comm.rank == 0:  # a closed terminal would kill the launcher: said before any work
+        say_note(comm, hangup.note(sys.argv))
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))

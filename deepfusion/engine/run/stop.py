@@ -78,8 +78,12 @@ def watch() -> None:
 
 
 def install() -> None:
-    """Catch the stop signals from now on, and let the watchdog hear them (idempotent)."""
+    """Catch the stop signals from now on, and let the watchdog hear them (idempotent). A
+    SIGHUP ignored at start stays ignored: ``nohup deepfusion train ...`` asked to outlive the
+    terminal, not to stop when it closes."""
     for sig in SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         signal.signal(sig, _handler)
     watch()
     if _watch.get("pid") == os.getpid():
