@@ -113,3 +113,13 @@ def starting():
 
 def requested() -> bool:
     return _requested
+
+
+def reason(flags: dict, time_limit_minutes: float) -> str:
+    """Why every rank stops after a step whose agreed ``flags`` (a stop signal, the time
+    limit ``train.time_limit_minutes``) say so, or ""."""
+    if flags["stop"] > 0:
+        return "stop signal received"
+    if flags["time_limit"] > 0:
+        return f"train.time_limit_minutes = {time_limit_minutes:g} reached"
+    return ""

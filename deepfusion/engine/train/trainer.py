@@ -28,7 +28,7 @@ from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.run import hook, stop
 from deepfusion.engine.run.resume import resume_refusal
 from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
-from deepfusion.engine.errors import NonFiniteLoss, ParametersDiverged, Preempted
+from deepfusion.engine.errors import NonFiniteLoss, Preempted
 from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
 from deepfusion.engine.train.budget import Decision, TimeBudget
 from deepfusion.engine.train.growth import Networks
@@ -279,12 +279,8 @@ class Trainer:
 
     def check_in_sync(self):
         every = self.cfg.train.checksum_every
-        if every <= 0 or self.step % every:
-            return
-        hi, lo = self.model.checksum()
-        if hi != lo:
-            raise ParametersDiverged(f"parameters differ across ranks at step {self.step} "
-                                     f"(checksums {lo!r} .. {hi!r}); this is a bug, please report it")
+        if every > 0 and self.step % every == 0:
+            self.model.check_in_sync(self.step)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def passed(self, since: float, minutes: float) -> bool:
@@ -293,16 +289,8 @@ class Trainer:
         return (self.comm.rank == 0 and minutes > 0
                 and time.perf_counter() - since >= 60.0 * minutes)
 
-    def stop_reason(self, res: StepResult) -> str:
-        """Why every rank stops after this step (a stop signal, the time limit), or ""."""
-        if res.flags["stop"] > 0:
-            return "stop signal received"
-        if res.flags["time_limit"] > 0:
-            return f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
-        return ""
-
     def maybe_checkpoint(self, res: StepResult):
-        why = self.stop_reason(res)
+        why = stop.reason(res.flags, self.cfg.train.time_limit_minutes)
         if why:
             self.save_checkpoint()
             raise Preempted(f"{why}: checkpoint written at step {self.step}; "
@@ -316,21 +304,30 @@ class Trainer:
         """The final checkpoint, written once: ``closing(trainer)`` (the final validation,
         collective) runs first and returns what its metadata adds (rank 0's; the answer check's
         calibration). What is saved is the state before it (metadata, RNG), as if saved first,
-        so training on from it continues the same trajectory."""
+        so training on from it continues the same trajectory; if it fails, that state is saved
+        all the same (by rank 0 alone: the others may be waiting in one of its collectives)."""
         meta, rng = self.meta(), ckpt.capture_rng_state()
-        extra = closing(self) if closing is not None else None
-        self.save_checkpoint(meta={**meta, **(extra or {})}, rng=rng)
+        try:
+            extra = closing(self) if closing is not None else None
+        except Exception:
+            self.write_checkpoint(meta, rng)
+            raise
+        self.write_checkpoint({**meta, **(extra or {})}, rng)
+        self.comm.barrier()
 
-    def save_checkpoint(self, *, meta: dict | None = None, rng: dict | None = None):
-        if self.comm.rank == 0:
-            path = ckpt.checkpoint_path(self.run_dir, self.step)
-            ckpt.save_checkpoint(path, model_state=self.model.module.state_dict(),
-                                 optim_state=self.optim.current.state_dict(),
-                                 rng_state=rng or ckpt.capture_rng_state(),
-                                 meta=meta or self.meta())
-            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
+    def save_checkpoint(self):
+        self.write_checkpoint(self.meta(), ckpt.capture_rng_state())
         self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
         self.last_save = time.perf_counter()
+
+    def write_checkpoint(self, meta: dict, rng: dict):
+        """Rank 0 writes this step's checkpoint (no collective)."""
+        if self.comm.rank == 0:
+            ckpt.save_checkpoint(ckpt.checkpoint_path(self.run_dir, self.step),
+                                 model_state=self.model.module.state_dict(),
+                                 optim_state=self.optim.current.state_dict(), rng_state=rng,
+                                 meta=meta)
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
 
     def meta(self) -> dict:
         v = self.visit
