@@ -77,6 +77,7 @@ def in_terminal(shell_cmd: str) -> str:
     env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH")] if p)
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session leader with the pty as its terminal
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a login shell has it, whatever ours
         os.execvpe("sh", ["sh", "-c", shell_cmd], env)
     out, until = b"", time.monotonic() + HANG_GUARD
     try:

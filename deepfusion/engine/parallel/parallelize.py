@@ -26,7 +26,6 @@ import torch
 from diffnet.domain import Block
 from diffnet.split_layers import split_generator
 
-from deepfusion.engine.errors import ParametersDiverged
 from deepfusion.engine.parallel.comm import Communicator
 from deepfusion.engine.parallel.gradsync import GradSync
 from deepfusion.engine.parallel.halo import domain_groups, make_block
@@ -97,13 +96,6 @@ class ParallelModel:
     def checksum(self) -> tuple[float, float]:
         """(max, min) over ranks of a checksum of the parameters: equal iff in sync."""
         return parameter_checksum(self.module, self.comm)
-
-    def check_in_sync(self, step: int) -> None:
-        """ParametersDiverged unless the parameters are equal on every rank (collective)."""
-        hi, lo = self.checksum()
-        if hi != lo:
-            raise ParametersDiverged(f"parameters differ across ranks at step {step} (checksums "
-                                     f"{lo!r} .. {hi!r}); this is a bug, please report it")
 
 
 def parallelize(model: torch.nn.Module, comm: Communicator, cfg, *, compile: bool = False,

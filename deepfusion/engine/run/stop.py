@@ -1,6 +1,7 @@
 """Stop requests: SIGTERM and SIGUSR1 (Slurm's time-limit warning, ``--signal=B:USR1@N``),
 SIGINT (Ctrl-C at the terminal, which ``mpiexec`` forwards to every rank) and SIGHUP (the
-terminal or ssh session closed), and the watchdog that ends a rank Python cannot stop.
+terminal or ssh session closed; left ignored under ``nohup``; MPICH's ``mpiexec`` dies of it
+instead of forwarding it: :mod:`.hangup`), and the watchdog that ends a rank Python cannot stop.
 
 The first signal only records the request; the trainer puts it in the next step's fused
 allreduce, so every rank stops after the same step, writes a checkpoint and exits 99. The

@@ -28,7 +28,7 @@ from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.run import hook, stop
 from deepfusion.engine.run.resume import resume_refusal
 from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
-from deepfusion.engine.errors import NonFiniteLoss, Preempted
+from deepfusion.engine.errors import NonFiniteLoss, ParametersDiverged, Preempted
 from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
 from deepfusion.engine.train.budget import Decision, TimeBudget
 from deepfusion.engine.train.growth import Networks
@@ -243,12 +243,9 @@ class Trainer:
                       segment=segment)
 
     def log_epoch(self, epoch: int, t_epoch):
-        if t_epoch is None:  # resumed or rolled back mid-epoch: no whole-epoch time to report
-            return
-        dt = time.perf_counter() - t_epoch
-        n = self.pool.steps_per_epoch * self.visit.global_batch
-        self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
-                         "samples_per_s": n / dt})
+        if t_epoch is not None:  # resumed or rolled back mid-epoch: no whole-epoch time
+            self.log.epoch(epoch, self.step, time.perf_counter() - t_epoch,
+                           self.pool.steps_per_epoch * self.visit.global_batch)
 
     def maybe_evaluate(self, epoch: int):
         """Validation error every ``train.eval_every_epochs`` epochs of a visit (a metrics
@@ -279,8 +276,12 @@ class Trainer:
 
     def check_in_sync(self):
         every = self.cfg.train.checksum_every
-        if every > 0 and self.step % every == 0:
-            self.model.check_in_sync(self.step)
+        if every <= 0 or self.step % every:
+            return
+        hi, lo = self.model.checksum()
+        if hi != lo:
+            raise ParametersDiverged(f"parameters differ across ranks at step {self.step} "
+                                     f"(checksums {lo!r} .. {hi!r}); this is a bug, please report it")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def passed(self, since: float, minutes: float) -> bool:
