@@ -9,24 +9,8 @@ import os
 import pytest
 import torch
 
-from deepfusion.app.build import build_model, build_problem, torch_dtype
-from deepfusion.config import load_config
 from deepfusion.engine.checkpoint import store
-from deepfusion.engine.parallel.comm import SerialComm
-from deepfusion.engine.parallel.parallelize import parallelize
-from deepfusion.engine.train.trainer import Trainer
-from tests.test_progress_hook import TOML
-
-
-def trainer(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text(TOML)
-    cfg = load_config(str(path), [f"run.dir={tmp_path / 'run'}"])
-    os.makedirs(tmp_path / "run" / "checkpoints")
-    task = build_problem(cfg)
-    model, specs = build_model(cfg, task)
-    pm = parallelize(model, SerialComm(), cfg.parallel)
-    return Trainer(cfg, SerialComm(), task, pm, specs=specs, dtype=torch_dtype(cfg))
+from tests.test_progress_hook import tiny_trainer
 
 
 def test_the_final_checkpoint_is_written_once_after_the_validation_with_the_state_before_it(
@@ -45,7 +29,7 @@ def test_the_final_checkpoint_is_written_once_after_the_validation_with_the_stat
         torch.rand(100)            # a validation that draws: not in the checkpoint's RNG state
         return {"answer_check": {"threshold": 0.5}}
 
-    t = trainer(tmp_path)
+    t = tiny_trainer(tmp_path)
     t.fit(closing=closing)
     final = store.checkpoint_path(t.run_dir, 6)
     assert saved == [os.path.basename(final)]                       # 3 epochs x 2 steps
@@ -59,7 +43,7 @@ def test_a_final_validation_that_fails_still_leaves_the_final_checkpoint(tmp_pat
     def closing(t):
         raise RuntimeError("the reference solver failed")
 
-    t = trainer(tmp_path)
+    t = tiny_trainer(tmp_path)
     with pytest.raises(RuntimeError, match="reference solver failed"):
         t.fit(closing=closing)
     state = store.load_checkpoint(store.checkpoint_path(t.run_dir, 6))
