@@ -117,3 +117,28 @@ def test_a_hangup_ignored_at_start_stays_ignored():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=HANG_GUARD)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+STOPS = ("import os, sys, time; from deepfusion.engine.run import stop; stop.install(); "
+         "print('ready', flush=True)\n"
+         "while not stop.requested(): time.sleep(0.05)\n"
+         "print('checkpoint written: after the terminal is gone', flush=True)\n"
+         "sys.stderr.write('and on stderr\\n'); open(sys.argv[1], 'w').write('stopped')")
+
+
+def test_a_run_on_a_terminal_that_closes_stops_cleanly(tmp_path):
+    """deepfusion train without mpiexec hears the hang-up itself: its messages after it go
+    nowhere instead of failing on the dead terminal (EIO), so it stops as on SIGTERM."""
+    marker = str(tmp_path / "stopped")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    pid, fd = pty.fork()
+    if pid == 0:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.execvpe(sys.executable, [sys.executable, "-c", STOPS, marker], env)
+    out, until = b"", time.monotonic() + HANG_GUARD
+    while b"ready" not in out and time.monotonic() < until:
+        out += os.read(fd, 1024)
+    os.close(fd)                                     # the terminal closes: SIGHUP
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert open(marker).read() == "stopped"

@@ -19,6 +19,7 @@ default 300 s; 0: never).
 """
 from __future__ import annotations
 
+import errno
 import faulthandler
 import os
 import signal
@@ -40,6 +41,22 @@ _watch: dict = {}  # this process's watchdog: pid (of this process), proc, fd (w
 def _handler(signum, frame):
     global _requested
     _requested = True
+    if signum == signal.SIGHUP:
+        quiet_dead_terminal()
+
+
+def quiet_dead_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that hung up (a write
+    there fails with EIO), so the stop's checkpoint, message and exit 99 do not fail on output
+    nobody can read any more. A live terminal, a file or a pipe is left as it is."""
+    for fd in (1, 2):
+        try:
+            os.write(fd, b"")
+        except OSError as e:
+            if e.errno == errno.EIO:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def seconds(var: str, default: float) -> float:
