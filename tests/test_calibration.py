@@ -201,6 +201,35 @@ def test_training_calibrates_and_every_prediction_uses_it(run, tmp_path, cli):
     assert check["source"] == "calibrated" and len(check["flagged"]) == 4
 
 
+def test_the_final_checkpoint_is_written_once_sealed_with_its_calibration(tmp_path, monkeypatch):
+    """The final validation runs before the final save: the last checkpoint is written once,
+    with the calibration in its metadata, never read back and rewritten."""
+    from deepfusion.engine.checkpoint import store
+    from deepfusion.engine.checkpoint.store import seal_status
+
+    saved, real = [], store.save_checkpoint
+
+    def counting(path, **kw):
+        saved.append((os.path.basename(path), cal.KEY in kw["meta"]))
+        return real(path, **kw)
+
+    monkeypatch.setattr(store, "save_checkpoint", counting)
+    monkeypatch.setattr(cal, "write", lambda *a, **k: pytest.fail("a checkpoint rewritten"))
+    cfg = tmp_path / "adr.toml"
+    cfg.write_text(ADR)
+    d = str(tmp_path / "run")
+    p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={d}"])
+    assert p.returncode == 0, p.stderr
+    final = latest_checkpoint(d)
+    name = os.path.basename(final)
+    assert [s for s in saved if s[0] == name] == [(name, True)], saved
+    assert all(not has for n, has in saved if n != name)       # only the final one is calibrated
+    assert seal_status(final) == "sealed"
+    meta = load_checkpoint(final)["meta"]
+    assert meta[cal.KEY]["step"] == meta["step"] and meta[cal.KEY]["by"] == "deepfusion train"
+    assert f"-> {final}" in p.stdout
+
+
 def test_calibrate_writes_a_new_threshold_and_refuses_what_it_cannot(run, tmp_path, cli):
     import shutil
 
@@ -222,7 +251,21 @@ def test_calibrate_writes_a_new_threshold_and_refuses_what_it_cannot(run, tmp_pa
         rc, _, err = cli(["calibrate", copy, *args])
         assert rc == 2 and says in err and "Traceback" not in err, err
     rc, _, err = cli(["calibrate", copy, "--seed", "0", "--samples", "4"])
-    assert rc == 0 and "is the run's training seed" in err
+    assert rc == 0 and "WARNING: --seed 0 is the training seed (data.seed)" in err, err
+
+
+def test_calibration_seeds_are_warned_of_by_the_shared_seed_notes():
+    """calibrate's warnings are Loaded.seed_notes(keep_test=True): the training, validation and
+    test seeds of the run, and no other."""
+    from deepfusion.engine.predict.loader import Loaded
+
+    data = {"seed": 1, "eval_seed": 2, "test_seed": 3}
+    loaded = Loaded("c.h5", None, None, None, {"config": {"data": data}})
+    said = {s: loaded.seed_notes(s, keep_test=True) for s in (1, 2, 3, 4)}
+    assert "training seed (data.seed)" in said[1][0]
+    assert "validation draw (data.eval_seed)" in said[2][0]
+    assert "test draw (data.test_seed)" in said[3][0] and said[4] == []
+    assert loaded.seed_notes(3, held_out=True) == []      # evaluate's default draw: no warning
 
 
 def test_calibrate_refuses_a_problem_without_a_reference(tmp_path, cli):

@@ -75,3 +75,26 @@ def test_a_run_of_an_earlier_version_takes_an_id_at_its_first_resume(tmp_path, c
     rc, _, err = cli(["train", "--resume", str(run), "--set", "train.max_steps=6"])
     assert rc == 0, err
     assert read_run_id(str(run))
+
+
+def test_a_resume_reads_its_checkpoint_once_and_says_what_it_skipped(tmp_path, cli,
+                                                                      monkeypatch):
+    """The launch's check and the trainer's resume share rank 0's one read of the newest
+    checkpoint; a damaged newer one is still skipped with a warning, once."""
+    import os
+
+    run = train(cli, tmp_path, "once")
+    newest, _ = ckpt.find_checkpoint(str(run))
+    (run / "checkpoints" / "step_00000099.h5").write_bytes(b"not a checkpoint")
+    reads, real = [], ckpt.load_checkpoint
+
+    def counting(path, notes=None):
+        reads.append(os.path.basename(path))
+        return real(path, notes)
+
+    monkeypatch.setattr(ckpt, "load_checkpoint", counting)
+    rc, out, err = cli(["train", "--resume", str(run), "--set", "train.max_steps=6"])
+    assert rc == 0, err
+    assert reads.count(os.path.basename(newest)) == 1, reads
+    assert err.count("skipped checkpoint step_00000099.h5") == 1, err
+    assert f"resumed from {newest} at step 4" in out + err

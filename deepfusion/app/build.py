@@ -20,8 +20,9 @@ from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
 from deepfusion.config import dump_toml
-from deepfusion.engine.checkpoint.store import CheckpointError, load_checkpoint, load_latest
+from deepfusion.engine.checkpoint.store import CheckpointError, load_checkpoint
 from deepfusion.engine.train.plan import plan
+from deepfusion.engine.train.resuming import load_newest
 from deepfusion.engine.parallel.memformat import convert_model
 from deepfusion.engine.run.files import clear_run_dir
 from deepfusion.engine.run.identity import ensure_run_id, read_run_id
@@ -221,18 +222,19 @@ def network_mismatch(model, name: str, meta: dict, *, grown: bool = False) -> st
     return ""
 
 
-def check_resume(cfg, model, rank: int) -> None:
+def check_resume(cfg, model, rank: int):
     """``--resume``: the run directory's newest checkpoint belongs to this run and holds the
-    network this config builds. Rank 0 reads it; checked before anything of the run is
-    written, so a refused resume leaves the run as it was."""
+    network this config builds. Rank 0 reads it (and returns its read, ``load_newest``'s, for
+    the trainer to resume from; None on the other ranks); checked before anything of the run
+    is written, so a refused resume leaves the run as it was."""
     if rank != 0:
-        return
+        return None
     d = cfg.run.dir
     try:
-        path, state, _skipped = load_latest(d)
+        found = load_newest(d)
     except CheckpointError as exc:
         raise resume_refusal(d, exc) from None
-    meta, ours = state["meta"], read_run_id(d)
+    path, meta, ours = found[0], found[1]["meta"], read_run_id(d)
     theirs = meta.get("run_id")
     if ours and theirs and ours != theirs:
         where = (meta.get("config") or {}).get("run", {}).get("dir", "?")
@@ -248,6 +250,7 @@ def check_resume(cfg, model, rank: int) -> None:
                          f"resume continues the same network. Drop the --set of model.name or "
                          f"model.options (or put them back in the config); to train another "
                          f"network from these weights, start a new run in another directory")
+    return found
 
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:

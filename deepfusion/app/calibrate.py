@@ -1,6 +1,7 @@
 """``deepfusion calibrate``: the answer check's threshold of a trained checkpoint, calibrated on
 fresh draws with references and written into the checkpoint; and the same at the end of
-``deepfusion train`` (:func:`after_training`), from its final validation.
+``deepfusion train`` (:func:`after_training`), from its final validation, for the metadata of
+its final checkpoint, written once with it.
 
 The rule and what is stored: :mod:`deepfusion.engine.predict.calibration` (the residual of a
 5% error, read off the draws' residual-vs-error slope at a low quantile). The draws are evaluated
@@ -13,11 +14,10 @@ Kept light on imports: torch is imported only after the thread layout is set (en
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 from deepfusion.app.options import add_threads
-from deepfusion.app.policy import collective_check, run_distributed, say_note, say_once
+from deepfusion.app.policy import collective_check, run_distributed, say_once
 
 SEED = 314159      # the default draws: apart from data.seed, eval_seed and test_seed's defaults
 SAMPLES = 32
@@ -62,13 +62,7 @@ def target(args):
                          f"threshold is calibrated against the errors of answers, which need "
                          f"one; its answers are checked against the family's "
                          f"residual_threshold, if it sets one")
-    data = loaded.data()
-    used = {data["seed"]: "training seed (data.seed)",
-            data["eval_seed"]: "validation seed (data.eval_seed)",
-            data["test_seed"]: "test seed (data.test_seed)"}
-    warns = [f"--seed {args.seed} is the run's {used[args.seed]}: draws it has seen or will "
-             f"be measured on"] if args.seed in used else []
-    return loaded, warns
+    return loaded, loaded.seed_notes(args.seed, keep_test=True)
 
 
 def cmd_calibrate(args, comm) -> int:
@@ -87,8 +81,7 @@ def cmd_calibrate(args, comm) -> int:
     dtype = next(loaded.model.parameters()).dtype
     summary = evaluate(convert_model(loaded.model, cl), problem, comm, n=args.samples,
                        seed=args.seed, dtype=dtype, channels_last=cl, check=True)
-    rec = collective_check(comm, store, summary, loaded.path, problem, loaded.step,
-                           args.error, "deepfusion calibrate", True)
+    rec = collective_check(comm, store, summary, loaded.path, problem, loaded.step, args.error)
     if rec is not None:
         say_once(comm, f"{summary_line(rec)} -> {os.path.abspath(loaded.path)}", err=False)
     return 0
@@ -100,23 +93,31 @@ def summary_line(rec: dict) -> str:
     return line(rec)
 
 
-def store(summary, path: str, problem, step: int, error: float, by: str,
-          lock: bool) -> dict | None:
+def store(summary, path: str, problem, step: int, error: float) -> dict | None:
     """Rank 0 (the one with ``summary``): the calibration of the evaluated draws, written into
-    checkpoint ``path`` (under the run directory's lock, with ``lock``). ValueError (every
-    rank refuses, by the caller's collective check) when the draws cannot calibrate."""
+    checkpoint ``path`` under the run directory's lock. ValueError (every rank refuses, by
+    the caller's collective check) when the draws cannot calibrate."""
     if summary is None:
         return None
+    from deepfusion.engine.predict import calibration
+
+    rec = record_of(summary, problem, step, error, "deepfusion calibrate")
+    with run_dir_lock(path):
+        calibration.write(path, rec)
+    return rec
+
+
+def record_of(summary, problem, step: int, error: float, by: str) -> dict:
+    """The calibration record of the evaluated draws ``summary`` (each draw's residual and
+    error) for the checkpoint of ``step``; CalibrationError (a ValueError) when too few draws
+    can calibrate."""
     from diffnet.problems import residual_kind
 
     from deepfusion.engine.predict import calibration
 
     cal = calibration.calibrate(summary["residual"], summary["rel_l2"], error=error)
-    rec = calibration.record(cal, kind=residual_kind(problem), grid=problem.grid,
-                             seed=summary["seed"], step=step, by=by)
-    with run_dir_lock(path) if lock else nullcontext():
-        calibration.write(path, rec)
-    return rec
+    return calibration.record(cal, kind=residual_kind(problem), grid=problem.grid,
+                              seed=summary["seed"], step=step, by=by)
 
 
 @contextmanager
@@ -137,28 +138,24 @@ def run_dir_lock(path: str):
         lock.release()
 
 
-def after_training(cfg, comm, summary, problem, step: int) -> None:
+def after_training(cfg, summary, problem, step: int) -> tuple[dict | None, str]:
     """``deepfusion train``'s calibration from its final validation (``summary``: rank 0's,
-    with each draw's residual): the threshold into the checkpoint of ``step`` (the run's
-    lock is held by the training already). Never fails the finished training: a run whose
-    draws cannot calibrate (too few, no reference solver, a residual that failed) says why
-    and how to calibrate later."""
-    if comm.rank != 0 or summary is None:
-        return
+    with each draw's residual), for the metadata of the final checkpoint (of ``step``), which
+    is written once, with it: (the record, the line that says so), or (None, the line that
+    says why not and how to calibrate later). Never fails the finished training: a run whose
+    draws cannot calibrate (too few, no reference solver, a residual that failed) goes on."""
     from deepfusion.engine.checkpoint.store import checkpoint_path
     from deepfusion.engine.predict.calibration import ERROR_LEVEL, CalibrationError
 
     if "residual" not in summary:   # no reference solver: an evaluation of the loss instead
-        say_note(comm, f"the answer check of problem {problem.name!r} is not calibrated: "
-                       f"without a reference solver there are no errors to calibrate it on")
-        return
-    path = checkpoint_path(cfg.run.dir, step)
+        return None, (f"deepfusion: note: the answer check of problem {problem.name!r} is not "
+                      f"calibrated: without a reference solver there are no errors to "
+                      f"calibrate it on")
     try:
-        rec = store(summary, path, problem, step, ERROR_LEVEL, "deepfusion train", False)
-    except (ValueError, OSError) as e:   # too few draws (data.eval_samples) is a choice
+        rec = record_of(summary, problem, step, ERROR_LEVEL, "deepfusion train")
+    except ValueError as e:   # too few draws (data.eval_samples) is a choice
         level = "note" if isinstance(e, CalibrationError) else "WARNING"
-        print(f"deepfusion: {level}: the answer check's threshold was not calibrated: {e}; "
-              f"'deepfusion calibrate {cfg.run.dir} --samples N' calibrates it on N fresh "
-              f"draws", file=sys.stderr, flush=True)
-        return
-    print(f"{summary_line(rec)} -> {path}", flush=True)
+        return None, (f"deepfusion: {level}: the answer check's threshold was not calibrated: "
+                      f"{e}; 'deepfusion calibrate {cfg.run.dir} --samples N' calibrates it on "
+                      f"N fresh draws")
+    return rec, f"{summary_line(rec)} -> {checkpoint_path(cfg.run.dir, step)}"

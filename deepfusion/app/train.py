@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from deepfusion.config import load_config
-from deepfusion.engine.run import lock as runlock
+from deepfusion.engine.run import hangup, lock as runlock
 from deepfusion.engine.parallel.layout import agreed_precision, precision_line, report, setup_threads
 from deepfusion.engine.parallel.memory import reuse_freed_memory
 from deepfusion.app.agreement import check_same_config
@@ -85,6 +85,8 @@ def train_locked(args, comm, cfg) -> int:
     past = useful_ranks_warning(cfg, comm.size)  # the line 'deepfusion check' prints
     if past:
         say_once(comm, f"deepfusion: warning: {past}")
+    if comm.rank == 0:  # a closed terminal would kill the launcher: said before any work
+        say_note(comm, hangup.note(sys.argv))
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))
@@ -110,8 +112,9 @@ def train_locked(args, comm, cfg) -> int:
                                 model, comm.rank)
         if trap:
             say_once(comm, f"deepfusion: warning: {trap}")
+    found = []  # rank 0's read of the checkpoint to resume from, which the trainer takes
     if args.resume:  # this run's checkpoint, this network: before anything is written
-        collective_check(comm, check_resume, cfg, model, comm.rank)
+        found.append(collective_check(comm, check_resume, cfg, model, comm.rank))
     collective_check(comm, prepare_run_dir, cfg, bool(args.resume), args.overwrite, comm.rank)
 
     pmodel = parallelize(model, comm, cfg.parallel, compile=cfg.train.compile,
@@ -126,40 +129,65 @@ def train_locked(args, comm, cfg) -> int:
     run_cfg = replace(cfg, train=replace(cfg.train, precision=precision))
     trainer = Trainer(run_cfg, comm, problem, pmodel, specs=specs, dtype=torch_dtype(cfg),
                       problems=problems, grow=model_grower(cfg, problem))
-    trainer.fit(resume=bool(args.resume))
-    if cfg.data.eval_samples > 0:
-        final_validation(cfg, comm, trainer)
+    final = FinalValidation(cfg, comm) if cfg.data.eval_samples > 0 else None
+    trainer.fit(resume=bool(args.resume), found=found, closing=final)
+    if final is not None:
+        final.report()
     return 0
 
 
-def final_validation(cfg, comm, trainer) -> None:
+class FinalValidation:
     """The validation draw on the grid the network last trained on (the problem and block of
-    the trainer's last visit): problem.grid, unless train.max_steps cut a multigrid plan
-    before its last level, which is then said. Rank 0 writes eval.json, with the step, level
-    and grid."""
-    from deepfusion.engine.predict.evaluate import evaluate, quantity, summary_text, write_report
-    from deepfusion.engine.predict.loader import grid_text
-    from deepfusion.app.build import torch_dtype
-    from deepfusion.app.calibrate import after_training
+    the trainer's last visit: problem.grid, unless train.max_steps cut a multigrid plan before
+    its last level, which is then said). Run by the trainer before its final checkpoint
+    (``closing``), whose metadata gets the answer check's calibration from these draws, so
+    that checkpoint is written once; said, and written to eval.json by rank 0 (with the step,
+    level and grid), once it is (:meth:`report`)."""
 
-    pmodel, visit, problem = trainer.model, trainer.visit, trainer.problem  # (grown, if prolonged)
-    # with each draw's answer residual: what calibrates the model's answer check (after_training)
-    summary = evaluate(pmodel.module, problem, comm, n=cfg.data.eval_samples,
-                       seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
-                       channels_last=cfg.model.channels_last, domain=pmodel.domain, check=True)
-    if summary is None:
-        return
-    summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))
-    write_report(summary, cfg.run.dir, problem.axes, plot=cfg.run.plots)
-    where = f"on {grid_text(visit.grid)} at step {trainer.step}"
-    if list(visit.grid) != list(cfg.problem.grid):
-        print(f"deepfusion: note: train.max_steps = {cfg.train.max_steps} ended the "
-              f"plan in level {visit.level}: validated on {grid_text(visit.grid)}, the last grid "
-              f"trained, not problem.grid {grid_text(cfg.problem.grid)}", file=sys.stderr,
-              flush=True)
-    print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed) {where}: "
-          f"{summary_text(summary)} -> {os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
-    after_training(cfg, comm, summary, problem, trainer.step)
+    def __init__(self, cfg, comm):
+        self.cfg, self.comm = cfg, comm
+        self.summary = self.problem = self.calibration = None
+        self.said = ""
+
+    def __call__(self, trainer) -> dict | None:
+        """Evaluate (collective); rank 0's metadata for the final checkpoint."""
+        from deepfusion.engine.predict.calibration import KEY
+        from deepfusion.engine.predict.evaluate import evaluate
+        from deepfusion.app.build import torch_dtype
+        from deepfusion.app.calibrate import after_training
+
+        cfg, pmodel, visit = self.cfg, trainer.model, trainer.visit  # (grown, if prolonged)
+        # with each draw's answer residual: what calibrates the model's answer check
+        summary = evaluate(pmodel.module, trainer.problem, self.comm, n=cfg.data.eval_samples,
+                           seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
+                           channels_last=cfg.model.channels_last, domain=pmodel.domain,
+                           check=True)
+        if summary is None:
+            return None
+        summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))
+        self.summary, self.problem = summary, trainer.problem
+        self.calibration, self.said = after_training(cfg, summary, trainer.problem, trainer.step)
+        return {KEY: self.calibration} if self.calibration is not None else None
+
+    def report(self) -> None:
+        """eval.json, the validation line and the calibration's (rank 0)."""
+        from deepfusion.engine.predict.evaluate import quantity, summary_text, write_report
+        from deepfusion.engine.predict.loader import grid_text
+
+        cfg, summary = self.cfg, self.summary
+        if summary is None:
+            return
+        write_report(summary, cfg.run.dir, self.problem.axes, plot=cfg.run.plots)
+        grid = summary["grid"]
+        if grid != list(cfg.problem.grid):
+            print(f"deepfusion: note: train.max_steps = {cfg.train.max_steps} ended the "
+                  f"plan in level {summary['level']}: validated on {grid_text(grid)}, the last "
+                  f"grid trained, not problem.grid {grid_text(cfg.problem.grid)}",
+                  file=sys.stderr, flush=True)
+        print(f"validation {quantity(summary)} over {summary['n']} draws (data.eval_seed) on "
+              f"{grid_text(grid)} at step {summary['step']}: {summary_text(summary)} -> "
+              f"{os.path.join(cfg.run.dir, 'eval.json')}", flush=True)
+        print(self.said, file=sys.stdout if self.calibration else sys.stderr, flush=True)
 
 
 def on_every_rank(comm):

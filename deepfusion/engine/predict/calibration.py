@@ -41,9 +41,9 @@ printed say so, as when it flags every good validation answer (``separation``: t
 slope, the spread of the levels (min, k_q, median, max) and the flags the threshold would
 raise on the validation draws are stored.
 
-Where: ``deepfusion train`` calibrates after its final validation (the draws of
-``data.eval_seed``, their errors already measured) and writes the record into the final
-checkpoint; ``deepfusion calibrate RUN`` on fresh draws of any seed. Predictions
+Where: ``deepfusion train`` calibrates from its final validation (the draws of
+``data.eval_seed``, their errors already measured), which runs before the final checkpoint is
+saved, so the record is in that checkpoint's metadata as it is first written; ``deepfusion calibrate RUN`` on fresh draws of any seed. Predictions
 (:func:`threshold_for`) take a checkpoint's calibrated threshold, else the family's constant
 ``residual_threshold`` (a checkpoint written before calibration), else none (only non-finite
 answers are flagged), and say which.

@@ -318,12 +318,14 @@ class Loaded:
             problem, work = self.problem, self.work
         return grid_note(self.model, self.meta, problem.grid, work, explicit)
 
-    def seed_notes(self, seed: int, *, held_out: bool = False) -> list[str]:
+    def seed_notes(self, seed: int, *, held_out: bool = False,
+                   keep_test: bool = False) -> list[str]:
         """WARNING texts when draws of ``seed`` are not unseen inputs: the training seed
         (data.seed); for a held-out evaluation (``held_out``, the seeds of data's defaults
         where the checkpoint records none) also the validation draw (data.eval_seed) the run
-        was tuned on."""
-        if not held_out:
+        was tuned on; for a calibration (``keep_test``: it must leave the test draw unseen)
+        the test draw (data.test_seed) too."""
+        if not (held_out or keep_test):
             data_seed = self.trained("data").get("seed")
             if data_seed is not None and seed == data_seed:
                 return [f"--seed {seed} is the training seed (data.seed): these samples are the "
@@ -335,6 +337,9 @@ class Loaded:
         if seed == data["eval_seed"]:
             return [f"--seed {seed} is the validation draw (data.eval_seed) the run was tuned on, "
                     f"not an unseen test draw"]
+        if keep_test and seed == data["test_seed"]:
+            return [f"--seed {seed} is the test draw (data.test_seed): calibrated on it, the "
+                    f"test no longer measures unseen answers"]
         return []
 
     def data(self) -> dict:

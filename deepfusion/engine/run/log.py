@@ -110,6 +110,12 @@ class RunLog:
         self.record(rec)
         self.show(rec)
 
+    def epoch(self, epoch: int, step: int, seconds: float, samples: int):
+        """Epoch ``epoch``, run whole, ended at ``step``: its metrics record (its time and
+        throughput)."""
+        self.record({"kind": "epoch", "epoch": epoch, "step": step, "time_epoch": seconds,
+                     "samples_per_s": samples / seconds})
+
     def show(self, rec: dict):
         """The bar's update, or every ``log_every`` steps (and the first) the log line."""
         if self.bar is not None:

@@ -1,6 +1,7 @@
 """Stop requests: SIGTERM and SIGUSR1 (Slurm's time-limit warning, ``--signal=B:USR1@N``),
 SIGINT (Ctrl-C at the terminal, which ``mpiexec`` forwards to every rank) and SIGHUP (the
-terminal or ssh session closed), and the watchdog that ends a rank Python cannot stop.
+terminal or ssh session closed; left ignored under ``nohup``; MPICH's ``mpiexec`` dies of it
+instead of forwarding it: :mod:`.hangup`), and the watchdog that ends a rank Python cannot stop.
 
 The first signal only records the request; the trainer puts it in the next step's fused
 allreduce, so every rank stops after the same step, writes a checkpoint and exits 99. The
@@ -18,6 +19,7 @@ default 300 s; 0: never).
 """
 from __future__ import annotations
 
+import errno
 import faulthandler
 import os
 import signal
@@ -39,6 +41,22 @@ _watch: dict = {}  # this process's watchdog: pid (of this process), proc, fd (w
 def _handler(signum, frame):
     global _requested
     _requested = True
+    if signum == signal.SIGHUP:
+        quiet_dead_terminal()
+
+
+def quiet_dead_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that hung up (a write
+    there fails with EIO), so the stop's checkpoint, message and exit 99 do not fail on output
+    nobody can read any more. A live terminal, a file or a pipe is left as it is."""
+    for fd in (1, 2):
+        try:
+            os.write(fd, b"")
+        except OSError as e:
+            if e.errno == errno.EIO:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def seconds(var: str, default: float) -> float:
@@ -78,8 +96,12 @@ def watch() -> None:
 
 
 def install() -> None:
-    """Catch the stop signals from now on, and let the watchdog hear them (idempotent)."""
+    """Catch the stop signals from now on, and let the watchdog hear them (idempotent). A
+    SIGHUP ignored at start stays ignored: ``nohup deepfusion train ...`` asked to outlive the
+    terminal, not to stop when it closes."""
     for sig in SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         signal.signal(sig, _handler)
     watch()
     if _watch.get("pid") == os.getpid():
@@ -109,3 +131,13 @@ def starting():
 
 def requested() -> bool:
     return _requested
+
+
+def reason(flags: dict, time_limit_minutes: float) -> str:
+    """Why every rank stops after a step whose agreed ``flags`` (a stop signal, the time
+    limit ``train.time_limit_minutes``) say so, or ""."""
+    if flags["stop"] > 0:
+        return "stop signal received"
+    if flags["time_limit"] > 0:
+        return f"train.time_limit_minutes = {time_limit_minutes:g} reached"
+    return ""

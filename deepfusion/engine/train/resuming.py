@@ -14,26 +14,35 @@ from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.errors import InputError
 
 
-def newest_checkpoint(comm, run_dir: str, log) -> tuple[str, dict]:
+def load_newest(run_dir: str) -> tuple[str, dict, list[str], list[str]]:
+    """(path, state, skipped, notes) of the newest loadable checkpoint of ``run_dir``: the
+    newer ones skipped, each with why, and notes on the one loaded (no seal); CheckpointError
+    when none loads. One process's read: :func:`newest_checkpoint` shares it."""
+    notes: list[str] = []
+    path, state, skipped = ckpt.load_latest(run_dir, notes)
+    return path, state, skipped, notes
+
+
+def newest_checkpoint(comm, run_dir: str, log, found: list | None = None) -> tuple[str, dict]:
     """(path, state) of the newest loadable checkpoint of ``run_dir`` (a resume's, a
     rollback's), found and read by rank 0 only and broadcast, so every rank restores the same
-    state and a file system decision is taken once. Collective."""
-    found = error = None
+    state and a file system decision is taken once. ``found``: a list holding rank 0's
+    :func:`load_newest` read already, taken out of it (so no caller keeps it). Collective."""
+    loaded = error = None
     if comm.rank == 0:
         try:
-            notes = []
-            path, state, skipped = ckpt.load_latest(run_dir, notes)
+            path, state, skipped, notes = found.pop() if found else load_newest(run_dir)
             for why in skipped:
                 log.warn(f"skipped checkpoint {why}; using {os.path.basename(path)}")
             for note in notes:  # a checkpoint of an earlier DeepFusion, without a seal
                 log.warn(note)
-            found = (path, state)
+            loaded = (path, state)
         except ckpt.CheckpointError as exc:
             error = str(exc)
-    found, error = comm.bcast_obj((found, error))
+    loaded, error = comm.bcast_obj((loaded, error))
     if error is not None:
         raise ckpt.CheckpointError(error)
-    return found
+    return loaded
 
 
 def check_plan(cfg, ours: list, meta: dict, log) -> None:

@@ -5,8 +5,8 @@ Multigrid schedules (``train.levels``) are a sequence of visits (:mod:`.levels`)
 enters the visit of the step it is about to take, which rebuilds the problem on the visit's
 grid, the pool split, the inputs, the loss and a fresh optimiser; the weights carry over. A
 visit that grows the network (a level with ``prolong``) has the application's ``grow`` wrap the
-network so far in a larger one, which is made parallel anew; a resume or rollback replays the
-growths of the plan up to its checkpoint's visit, so the weights load into the same network.
+network so far in a larger one (:mod:`.growth`), made parallel anew; a resume or rollback
+replays the growths up to its checkpoint's visit, so the weights load into the same network.
 A time budget's step count is decided by the loop after its first steps (:mod:`.budget`); a
 changed count re-plans the visit's schedule from the current step (:mod:`.schedule`).
 
@@ -23,8 +23,6 @@ import os
 import time
 from dataclasses import replace
 
-import torch
-
 from deepfusion.config import config_to_dict
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.run import hook, stop
@@ -33,8 +31,10 @@ from deepfusion.engine.parallel.data import InputCache, LazyBatch, ShardedPool
 from deepfusion.engine.errors import NonFiniteLoss, ParametersDiverged, Preempted
 from deepfusion.engine.predict.evaluate import eval_record, evaluate, quantity, summary_text
 from deepfusion.engine.train.budget import Decision, TimeBudget
-from deepfusion.engine.train.plan import Visit, growths, plan, signature, visit_at
+from deepfusion.engine.train.growth import Networks
+from deepfusion.engine.train.plan import Visit, plan, signature, visit_at
 from deepfusion.engine.train.optimizer import OptimizerSchedule
+from deepfusion.engine.train.rollback import nonfinite_where, rollback_scale, stop_unless_rollback
 from deepfusion.engine.train.resuming import (check_plan, elastic_note, length_change,
                                               newest_checkpoint, report_changes)
 from deepfusion.engine.train.schedule import Schedule, describe_replan
@@ -53,12 +53,8 @@ class Trainer:
         self.cfg, self.comm, self.model, self.dtype = cfg, comm, model, dtype
         self.specs = specs  # {"model": {...}, "problem": {...}}: rebuilds both from a checkpoint
         self.problems = problems or (lambda grid: problem)
-        # grow(module, visit) -> (grown module containing it, its spec); the networks so far,
-        # innermost first, and the visits that grew them
-        self.grow, self.stack, self.grown = grow, [(model.module, specs["model"])], []
-        # which parameters of each network on the stack train: growing may freeze the network
-        # it wraps (train_inner = false), and a rollback to before the growth unfreezes it
-        self.trainable = [trainable(model.module)]
+        # grow(module, visit) -> (grown module containing it, its spec)
+        self.networks = Networks(model.module, specs["model"], grow)
         self.run_dir = cfg.run.dir
         self.visits = plan(cfg)
         self.plan_signature = signature(plan(cfg, cut=False))  # checkpoints record it
@@ -83,9 +79,12 @@ class Trainer:
                           known_total=self.budget is None)
 
     # -- the loop -------------------------------------------------------------------------------
-    def fit(self, resume: bool = False) -> dict:
+    def fit(self, resume: bool = False, *, found=None, closing=None) -> dict:
+        """Train to the end of the plan. ``found``: a list holding rank 0's read of the run
+        directory (``resuming.load_newest``) by the launch's checks, which the resume takes
+        out (read once, and not kept); ``closing``: see :meth:`save_final`."""
         if resume:
-            self.resume()
+            self.resume(found)
         else:
             self.enter(self.visits[0])
             if self.cfg.train.on_nonfinite == "rollback":
@@ -116,7 +115,7 @@ class Trainer:
             if s == self.visit.steps_per_epoch - 1:
                 self.log_epoch(epoch, t_epoch)
                 self.maybe_evaluate(epoch)
-        self.save_checkpoint()
+        self.save_final(closing)
         self.log.close()
         if self.comm.rank == 0 and self.cfg.run.plots:
             plot_loss_curve(os.path.join(self.run_dir, "metrics.jsonl"),
@@ -152,25 +151,13 @@ class Trainer:
             self.log.info(f"entering {visit.describe()}")
 
     def reshape(self, index: int):
-        """Make the network the one of visit ``index``: grown at every growing visit up to it
-        (unwrapped to a prefix first if a rollback went back before a growth; regrowing is
-        deterministic, so the trajectory is the same)."""
-        want = growths(self.visits, index)
-        if want == self.grown:
-            return
-        assert self.grow is not None, "a plan that grows the network needs a grow function"
-        while self.grown and self.grown != want[:len(self.grown)]:
-            self.grown.pop()
-            self.stack.pop()
-            self.trainable.pop()
-        set_trainable(self.stack[-1][0], self.trainable[-1])
-        for i in want[len(self.grown):]:
-            self.stack.append(self.grow(self.stack[-1][0], self.visits[i]))
-            self.trainable.append(trainable(self.stack[-1][0]))
-            self.grown.append(i)
-        module, spec = self.stack[-1]
-        self.model = self.model.rewrap(module, self.visits[index].grid)
-        self.specs = {**self.specs, "model": spec}
+        """Make the network the one of visit ``index`` (:class:`.growth.Networks`), made
+        parallel anew if it changed."""
+        grown = self.networks.at(self.visits, index)
+        if grown is not None:
+            module, spec = grown
+            self.model = self.model.rewrap(module, self.visits[index].grid)
+            self.specs = {**self.specs, "model": spec}
 
     def end_visit(self):
         """The validation error on the grid of the visit just finished (marks the level
@@ -231,35 +218,24 @@ class Trainer:
         return res
 
     def roll_back(self, res: StepResult):
-        """Reload the newest checkpoint with a lower learning rate, or stop. Rollbacks to the
-        same checkpoint in a row lower it further (factor^k), until the floor."""
-        what = ", ".join(res.nonfinite_terms) if res.nonfinite_terms else "the gradient (grad_norm)"
-        where = f"non-finite loss at step {self.step + 1}: term(s) {what}"
-        fix = ("Lower optim.lr, set optim.grad_clip, or set train.on_nonfinite = \"rollback\" "
-               "to restart from the last checkpoint.")
-        t = self.cfg.train
-        if t.on_nonfinite != "rollback":
-            raise NonFiniteLoss(f"{where}. {fix}")
+        """Reload the newest checkpoint with a lower learning rate, or stop (the rule:
+        :mod:`.rollback`)."""
+        where, t = nonfinite_where(res, self.step + 1), self.cfg.train
+        stop_unless_rollback(t, where)
         try:
             path, state = newest_checkpoint(self.comm, self.run_dir, self.log)
         except ckpt.CheckpointError as exc:
             raise NonFiniteLoss(f"{where}, and no checkpoint to roll back to: {exc}") from None
-        n = self.rolled_back[1] + 1 if self.rolled_back[0] == path else 1
-        scale = float(state["meta"]["lr_scale"]) * t.rollback_lr_factor ** n
-        name = os.path.basename(path)
-        if scale < t.rollback_min_lr_scale:
-            raise NonFiniteLoss(
-                f"{where}; still failing after {n - 1} rollback(s) to {name} (learning-rate "
-                f"scale {scale / t.rollback_lr_factor:g}, floor train.rollback_min_lr_scale = "
-                f"{t.rollback_min_lr_scale:g}). Lower optim.lr or set optim.grad_clip.")
+        scale, n = rollback_scale(t, where, path, float(state["meta"]["lr_scale"]),
+                                  self.rolled_back)
         failed_at = self.step + 1
         self.apply(state)
         self.lr_scale, self.rolled_back = scale, (path, n)
         self.log.truncate_after(self.step)  # metrics.jsonl keeps one trajectory
         self.log.record({"kind": "rollback", "step": self.step, "failed_at": failed_at,
                          "lr_scale": scale, "rollbacks": n})
-        self.log.warn(f"{where}; rolled back to {name} (step {self.step}) with the learning "
-                      f"rate scaled by {scale:g}")
+        self.log.warn(f"{where}; rolled back to {os.path.basename(path)} (step {self.step}) "
+                      f"with the learning rate scaled by {scale:g}")
 
     def log_step(self, epoch: int, res: StepResult):
         segment = time.perf_counter() - self.t_start  # (one reading: elapsed = before + it)
@@ -267,12 +243,9 @@ class Trainer:
                       segment=segment)
 
     def log_epoch(self, epoch: int, t_epoch):
-        if t_epoch is None:  # resumed or rolled back mid-epoch: no whole-epoch time to report
-            return
-        dt = time.perf_counter() - t_epoch
-        n = self.pool.steps_per_epoch * self.visit.global_batch
-        self.log.record({"kind": "epoch", "epoch": epoch, "step": self.step, "time_epoch": dt,
-                         "samples_per_s": n / dt})
+        if t_epoch is not None:  # resumed or rolled back mid-epoch: no whole-epoch time
+            self.log.epoch(epoch, self.step, time.perf_counter() - t_epoch,
+                           self.pool.steps_per_epoch * self.visit.global_batch)
 
     def maybe_evaluate(self, epoch: int):
         """Validation error every ``train.eval_every_epochs`` epochs of a visit (a metrics
@@ -317,16 +290,8 @@ class Trainer:
         return (self.comm.rank == 0 and minutes > 0
                 and time.perf_counter() - since >= 60.0 * minutes)
 
-    def stop_reason(self, res: StepResult) -> str:
-        """Why every rank stops after this step (a stop signal, the time limit), or ""."""
-        if res.flags["stop"] > 0:
-            return "stop signal received"
-        if res.flags["time_limit"] > 0:
-            return f"train.time_limit_minutes = {self.cfg.train.time_limit_minutes:g} reached"
-        return ""
-
     def maybe_checkpoint(self, res: StepResult):
-        why = self.stop_reason(res)
+        why = stop.reason(res.flags, self.cfg.train.time_limit_minutes)
         if why:
             self.save_checkpoint()
             raise Preempted(f"{why}: checkpoint written at step {self.step}; "
@@ -336,15 +301,34 @@ class Trainer:
         if due and self.step < self.total_steps:
             self.save_checkpoint()
 
+    def save_final(self, closing):
+        """The final checkpoint, written once: ``closing(trainer)`` (the final validation,
+        collective) runs first and returns what its metadata adds (rank 0's; the answer check's
+        calibration). What is saved is the state before it (metadata, RNG), as if saved first,
+        so training on from it continues the same trajectory; if it fails, that state is saved
+        all the same (by rank 0 alone: the others may be waiting in one of its collectives)."""
+        meta, rng = self.meta(), ckpt.capture_rng_state()
+        try:
+            extra = closing(self) if closing is not None else None
+        except Exception:
+            self.write_checkpoint(meta, rng)
+            raise
+        self.write_checkpoint({**meta, **(extra or {})}, rng)
+        self.comm.barrier()
+
     def save_checkpoint(self):
-        if self.comm.rank == 0:
-            path = ckpt.checkpoint_path(self.run_dir, self.step)
-            ckpt.save_checkpoint(path, model_state=self.model.module.state_dict(),
-                                 optim_state=self.optim.current.state_dict(),
-                                 rng_state=ckpt.capture_rng_state(), meta=self.meta())
-            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
+        self.write_checkpoint(self.meta(), ckpt.capture_rng_state())
         self.comm.barrier()  # nobody runs ahead of a checkpoint that may be needed for rollback
         self.last_save = time.perf_counter()
+
+    def write_checkpoint(self, meta: dict, rng: dict):
+        """Rank 0 writes this step's checkpoint (no collective)."""
+        if self.comm.rank == 0:
+            ckpt.save_checkpoint(ckpt.checkpoint_path(self.run_dir, self.step),
+                                 model_state=self.model.module.state_dict(),
+                                 optim_state=self.optim.current.state_dict(), rng_state=rng,
+                                 meta=meta)
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
 
     def meta(self) -> dict:
         v = self.visit
@@ -375,9 +359,9 @@ class Trainer:
         ckpt.restore_rng_state(state["rng_state"])
         self.lr_scale = float(meta["lr_scale"])
 
-    def resume(self):
+    def resume(self, found=None):
         try:
-            path, state = newest_checkpoint(self.comm, self.run_dir, self.log)
+            path, state = newest_checkpoint(self.comm, self.run_dir, self.log, found)
         except ckpt.CheckpointError as exc:  # raised on every rank alike: bad input, exit 2
             raise resume_refusal(self.run_dir, exc) from None
         meta = state["meta"]
@@ -411,13 +395,3 @@ class Trainer:
         if same and self.schedule.end != self.visit.steps:
             self.replan(why)
 
-
-def trainable(module: torch.nn.Module) -> list[bool]:
-    """Which of ``module``'s parameters train (``requires_grad``), in order."""
-    return [p.requires_grad for p in module.parameters()]
-
-
-def set_trainable(module: torch.nn.Module, flags: list[bool]) -> None:
-    """Make ``module``'s parameters train as ``flags`` (from :func:`trainable`) say."""
-    for p, flag in zip(module.parameters(), flags):
-        p.requires_grad_(flag)
