@@ -1,11 +1,14 @@
 """train.precision: bf16 autocast through the generator (custom NHWC instance norm included),
 refused with a reason on CPUs without bf16 instructions."""
+import os
+
 import pytest
 import torch
 
 from deepfusion.config import ParallelConfig
 from deepfusion.engine.parallel.comm import SerialComm
-from deepfusion.engine.parallel.layout import bf16_flags, bf16_supported, check_precision, precision_line
+from deepfusion.engine.parallel.layout import (avoid_amx_under_a_split, bf16_flags, bf16_supported,
+                                              check_precision, precision_line)
 from deepfusion.engine.parallel.parallelize import parallelize
 from deepfusion.engine.train.step import LossAndGrad
 from diffnet.generators import build_generator
@@ -22,6 +25,23 @@ def test_bf16_refused_without_cpu_support(tmp_path):
     with pytest.raises(ValueError) as e:                      # deepfusion infer's wording
         check_precision("bf16", str(fake), setting="--precision {}")
     assert str(e.value).startswith("--precision bf16 needs") and "Use --precision fp32." in str(e.value)
+
+
+@pytest.mark.parametrize("flags, capped", [("fpu avx2", False), ("avx512f avx512_bf16", False),
+                                           ("avx512_bf16 amx_tile amx_bf16", True)])
+def test_a_split_bf16_model_runs_onednn_without_amx_unless_the_user_chose(tmp_path, monkeypatch,
+                                                                         flags, capped):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(f"flags\t\t: {flags}\n")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    note = avoid_amx_under_a_split(str(fake))
+    assert bool(note) == capped
+    assert (os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX512_CORE_BF16") == capped
+    if capped:
+        assert "without AMX" in note and "set ONEDNN_MAX_CPU_ISA yourself" in note
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")       # the user's choice stands
+    assert avoid_amx_under_a_split(str(fake)) == ""
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_AMX"
 
 
 @pytest.mark.parametrize("flags, found", [

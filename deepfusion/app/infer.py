@@ -91,6 +91,12 @@ def _infer(args, comm) -> int:
 
     check_out(comm, args, *checkpoint_paths(args.checkpoint))  # before anything is loaded
     set_threads(comm, args.threads, split=bool(args.domain))
+    if args.precision == "bf16" and args.domain:
+        from deepfusion.engine.parallel.layout import avoid_amx_under_a_split
+
+        note = avoid_amx_under_a_split()            # before the first bf16 convolution
+        if note and comm.rank == 0:
+            print(note, flush=True)
     loaded = collective_check(comm, _load, args)
     model, meta = loaded.model, loaded.meta
     for level, text in loaded.notes:

@@ -217,6 +217,25 @@ def precision_line(precision: str, cpuinfo: str = "/proc/cpuinfo", *, requested:
     return "precision: fp32 (this CPU has no avx512_bf16 or amx_bf16, so no bf16 path)"
 
 
+AMX_FREE_ISA = "AVX512_CORE_BF16"   # oneDNN's ISA cap: AVX-512 bf16 instructions, no AMX
+
+
+def avoid_amx_under_a_split(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """Cap oneDNN below AMX for a bf16 model on a split domain, and the note saying so ("" when
+    nothing changes: no AMX, or ONEDNN_MAX_CPU_ISA set by the user). Why: on AMX hosts the
+    split bf16 prediction came out 20% off the undivided one while capped at AVX512_CORE_BF16
+    it is within bf16 rounding (0.3%), as it is undivided with AMX (``tests/test_domain_train.py``,
+    the bf16 split test); the cause inside oneDNN's AMX kernels is not found. Must run before the
+    process's first bf16 convolution: oneDNN reads the variable once, at its first use."""
+    flags = bf16_flags(cpuinfo)
+    if "amx_bf16" not in flags or "ONEDNN_MAX_CPU_ISA" in os.environ:
+        return ""
+    os.environ["ONEDNN_MAX_CPU_ISA"] = AMX_FREE_ISA
+    return (f"note: bf16 on a split domain runs oneDNN without AMX on this CPU "
+            f"(ONEDNN_MAX_CPU_ISA={AMX_FREE_ISA}): its AMX kernels gave wrong split answers "
+            f"here; set ONEDNN_MAX_CPU_ISA yourself to choose")
+
+
 def check_precision(precision: str, cpuinfo: str = "/proc/cpuinfo", *,
                     setting: str = "train.precision = \"{}\"") -> None:
     """Refuse bf16 with a clear message on CPUs without native bf16 kernels. ``setting`` is how
