@@ -126,6 +126,16 @@ def test_a_residual_blind_to_the_error_flags_most_answers_and_says_so():
     assert "barely follows the error" in cal.summary_line(rec)
 
 
+def test_a_calibration_on_few_draws_says_how_to_calibrate_on_more():
+    r, e = pairs(0.005, 0.2, n=8, b=1.0, scatter=0.1, seed=5)
+    few = cal.summary_line(cal.record(cal.calibrate(r, e), kind="loss", grid=(8, 8), seed=1,
+                                      step=2, by="t"))
+    assert "8 draws are few" in few and "deepfusion calibrate RUN --samples 32" in few
+    r, e = pairs(0.005, 0.2, n=cal.FEW_DRAWS, b=1.0, scatter=0.1, seed=5)
+    assert "are few" not in cal.summary_line(cal.record(cal.calibrate(r, e), kind="loss",
+                                                        grid=(8, 8), seed=1, step=2, by="t"))
+
+
 def test_a_prediction_takes_the_calibrated_threshold_else_the_familys_else_none():
     darcy, adr = get_problem("darcy", grid=(17, 17)), get_problem("adr:ADR", grid=(17, 17))
     rec = cal.record(cal.calibrate([1.0, 2.0, 3.0, 4.0], [0.1, 0.1, 0.1, 0.1]), kind="family",

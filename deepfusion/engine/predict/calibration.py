@@ -60,6 +60,7 @@ KEY = "answer_check"     # the checkpoint meta's key
 ERROR_LEVEL = 0.05       # the relative L2 error above which an answer is bad
 QUANTILE = 0.1           # of the levels r / e^b (the text above says why)
 LEAST_DRAWS = 4          # fewer usable draws: no calibration (a quantile of nothing)
+FEW_DRAWS = 16           # fewer: the 10% quantile is the smallest level or two, the line says so
 SLOPE_PRIOR = 0.25       # the width of the slope's prior around 1 (the text above)
 BLIND_SLOPE = 0.25       # below: the residual barely follows the error, the line says so
 BLIND_SEPARATION = 0.6   # below: it barely orders bad answers above good ones, the same
@@ -160,6 +161,9 @@ def summary_line(rec: dict) -> str:
                  + (f" (a bad answer reads the larger residual in {sep:.0%} of pairs)"
                     if sep is not None else "")
                  + ": its flags say little about which answers are bad")
+    if rec["used"] < FEW_DRAWS:
+        line += (f"; {rec['used']} draws are few for a quantile: 'deepfusion calibrate RUN "
+                 f"--samples 32' calibrates on more")
     return line
 
 
