@@ -65,7 +65,10 @@ def test_a_late_rank_is_waited_for_by_the_other_and_nothing_numerical_changes(tm
         late = recs[SLOW_STEP - 1]
         assert late["allreduce_enter_s"][1] >= SLOW_S          # rank 1 slept before entering
         wait0, wait1 = late["allreduce_wait_s"]
-        assert SLOW_S / 10 < wait0 < 10 * SLOW_S, late         # ... so rank 0 waited for it
+        # ... so rank 0 waited for it, unless a loaded host held rank 0 up as long (seen with
+        # the suite's two workers and the job's two ranks on two cores): then it entered late too
+        if late["allreduce_enter_s"][0] < SLOW_S / 2:
+            assert SLOW_S / 10 < wait0 < 10 * SLOW_S, late
         assert wait1 == 0.0 and late["allreduce_exposed_s"][0] >= wait0
         assert late["time_step"] >= wait0
 
