@@ -207,3 +207,29 @@ def check_halo_width(block, width: int, what: str) -> None:
         f"{what} needs a halo of {width} layers on a split grid, but the blocks of {block!r} "
         f"have only {block.shape[a]} nodes along axis {a}: use fewer blocks (or a shorter "
         f"horizon) so that every block side is >= {width}")
+
+
+def block_and_spacing(where, spacing, who: str) -> tuple:
+    """(block, spacing) of a residual norm's ``where``: a problem (its block, and its spacing
+    unless given) or a Block with ``spacing`` given; ValueError naming ``who`` otherwise."""
+    block = where if isinstance(where, Block) else where.block
+    if not isinstance(where, Block) and spacing is None:
+        spacing = where.spacing
+    if spacing is None:
+        raise ValueError(f"{who} on a Block needs spacing=(h, ...) per grid axis; or pass the "
+                         f"problem, whose spacing it takes")
+    spacing = tuple(float(h) for h in spacing)
+    if len(spacing) != block.dims or not all(h > 0 for h in spacing):
+        raise ValueError(f"spacing must give a positive spacing per grid axis of "
+                         f"{list(block.grid)}, got {spacing!r}")
+    return block, spacing
+
+
+def interior_mask(block, interior, like: torch.Tensor) -> torch.Tensor:
+    """(*shape) 1 at the block's nodes ``interior`` or more from the grid's boundary (by global
+    index: an int, or one per axis), 0 elsewhere, in ``like``'s dtype."""
+    mask = like.new_ones(())
+    for a, (k, g) in enumerate(zip(margins(block, interior), block.grid)):
+        i = block.indices(a, like)
+        mask = mask.unsqueeze(-1) * ((i >= k) & (i < g - k)).to(like.dtype)
+    return mask

@@ -68,8 +68,7 @@ import math
 
 import torch
 
-from diffnet.domain import Block
-from diffnet.problems.contract.blocks import margins
+from diffnet.problems.contract.blocks import block_and_spacing, interior_mask
 from diffnet.problems.contract.multigrid import (build_hierarchy, offsets, probe, shifted,
                                                  stencil_apply, vcycles)
 
@@ -114,14 +113,14 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
     >>> bool(((ratio > 0.5) & (ratio <= 1)).all())
     True
     """
-    block, spacing = _where(where, spacing)
+    block, spacing = block_and_spacing(where, spacing, "operator_norm")
     shape = _check_r(r, block)
     if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
                for k in (smoothing, cycles)):
         raise ValueError(f"smoothing and cycles must be integers >= 1, got smoothing="
                          f"{smoothing!r}, cycles={cycles!r}")
     x = r.reshape(shape)
-    mask = _mask(block, interior, x)
+    mask = interior_mask(block, interior, x)
     masked = lambda v: mask * apply(mask * v)       # noqa: E731 (A restricted to the unknowns)
     with torch.no_grad():
         part = probe(masked, x.detach(), block.start, block.grid)
@@ -159,20 +158,6 @@ def check_stencil(s: torch.Tensor, apply, block) -> None:
                          "non-symmetric one use residual_norm(..., advection=...)")
 
 
-def _where(where, spacing):
-    """(block, spacing) from a problem or a Block."""
-    block = where if isinstance(where, Block) else where.block
-    if not isinstance(where, Block) and spacing is None:
-        spacing = where.spacing
-    if spacing is None:
-        raise ValueError("operator_norm on a Block needs spacing=(h, ...) per grid axis; or "
-                         "pass the problem, whose spacing it takes")
-    spacing = tuple(float(h) for h in spacing)
-    if len(spacing) != block.dims or not all(h > 0 for h in spacing):
-        raise ValueError(f"spacing must give a positive spacing per grid axis of "
-                         f"{list(block.grid)}, got {spacing!r}")
-    return block, spacing
-
 
 def _check_r(r, block) -> tuple:
     """The shape (B, 1, *grid) r is taken as; ValueError otherwise."""
@@ -185,12 +170,3 @@ def _check_r(r, block) -> tuple:
                      f"(B, 1, *{list(block.shape)}), got {tuple(r.shape)} (a system of several "
                      f"fields is not supported: its stencil couples fields)")
 
-
-def _mask(block, interior, like) -> torch.Tensor:
-    """(*shape) 1 at the block's unknowns (>= ``interior`` nodes from the grid's boundary, by
-    global index), 0 elsewhere."""
-    mask = like.new_ones(())
-    for a, (k, g) in enumerate(zip(margins(block, interior), block.grid)):
-        i = block.indices(a, like)
-        mask = mask.unsqueeze(-1) * ((i >= k) & (i < g - k)).to(like.dtype)
-    return mask

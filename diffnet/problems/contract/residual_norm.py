@@ -44,8 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from diffnet.domain import Block
-from diffnet.problems.contract.blocks import margins, share
+from diffnet.problems.contract.blocks import block_and_spacing, interior_mask, share
 from diffnet.problems.contract.cells import summed_over_split
 
 
@@ -108,7 +107,7 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
     >>> torch.allclose(residual_norm(3 * r, Block((33, 33)), spacing=(h, h)), 9 * n2)
     True
     """
-    block, spacing = _where(where, spacing)
+    block, spacing = block_and_spacing(where, spacing, "residual_norm")
     d = block.dims
     if r.dim() == d + 1:
         r = r.unsqueeze(1)
@@ -118,7 +117,7 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
     if coefficient is not None:
         r = r * torch.rsqrt(_coefficient(coefficient, r))
     b, c = r.shape[:2]
-    r = r.reshape(b * c, 1, *block.shape) * _interior_mask(block, interior, r)
+    r = r.reshape(b * c, 1, *block.shape) * interior_mask(block, interior, r)
     levels, weights = _levels(block.grid, levels, weights)
     vol = math.prod(spacing)
     react = _per_sample("reaction", reaction, b, r).repeat_interleave(c)
@@ -133,22 +132,6 @@ def residual_norm(r: torch.Tensor, where, *, spacing=None, levels: int | None = 
         out = out + (w * vol / m ** d) * s * _level(r, block, m)
     return out.view(b, c).sum(1)
 
-
-def _where(where, spacing):
-    """(block, spacing) from a problem or a Block."""
-    if isinstance(where, Block):
-        if spacing is None:
-            raise ValueError("residual_norm on a Block needs spacing=(h, ...) per grid axis; "
-                             "or pass the problem, whose spacing it takes")
-        block = where
-    else:
-        block = where.block
-        spacing = where.spacing if spacing is None else spacing
-    spacing = tuple(float(h) for h in spacing)
-    if len(spacing) != block.dims or not all(h > 0 for h in spacing):
-        raise ValueError(f"spacing must give a positive spacing per grid axis of "
-                         f"{list(block.grid)}, got {spacing!r}")
-    return block, spacing
 
 
 def _coefficient(a, r) -> torch.Tensor:
@@ -193,16 +176,6 @@ def _levels(grid, levels, weights) -> tuple[int, list[float]]:
                          f"got {weights!r}")
     return levels, weights
 
-
-def _interior_mask(block, interior, like) -> torch.Tensor:
-    """(*shape) 1 at the block's nodes >= ``interior`` from the global boundary, 0 elsewhere."""
-    m = margins(block, interior)
-    mask = like.new_ones(())
-    for a, (k, g) in enumerate(zip(m, block.grid)):
-        i = block.indices(a, like)
-        line = ((i >= k) & (i < g - k)).to(like.dtype)
-        mask = mask.unsqueeze(-1) * line
-    return mask
 
 
 def _level(r: torch.Tensor, block, m: int) -> torch.Tensor:
