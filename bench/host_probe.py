@@ -24,7 +24,7 @@ import argparse
 import sys
 import time
 
-from bench.common import cpu_flags, emit_json
+from bench.common import cpu_flags, emit_json, gemm_flops, gemm_seconds
 
 FOOTPRINTS_MIB = (1, 4, 16, 64, 256, 1024)
 GEMM_N = 2048
@@ -74,9 +74,8 @@ def gemm_gflops(threads: int, n: int = GEMM_N, repeats: int = 3) -> float:
     import torch
 
     torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(0)
-    a, b, out = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g), torch.empty(n, n)
-    return 2.0 * n ** 3 / _best_seconds(lambda: torch.mm(a, b, out=out), repeats) / 1e9
+    gemm_seconds(n)                                    # warm-up: the inputs, the BLAS threads
+    return gemm_flops(n) / min(gemm_seconds(n).wall for _ in range(repeats)) / 1e9
 
 
 def conv_flops(x_shape, w_shape, stride, padding, transposed: bool = False) -> float:
