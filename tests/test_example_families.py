@@ -123,3 +123,34 @@ def test_each_family_trains_and_evaluates_against_its_reference(family, cli, tmp
     files = [f for f in os.listdir(d) if f.startswith("eval") and f.endswith(".json")]
     report = json.load(open(os.path.join(d, files[0])))
     assert report["n"] == 2 and all(np.isfinite(report["rel_l2"]))
+
+
+SYMMETRIC = ("helmholtz", "anisotropic", "diffusion3d")
+
+
+@pytest.mark.parametrize("family", SYMMETRIC)
+def test_the_energy_of_a_symmetric_family_is_least_at_its_reference(family):
+    """norm = "energy" (``residual_energy``): the reference solution is the energy's
+    minimiser, its gradient zero and any admissible change raising it."""
+    p = get_problem(SPECS[family], grid=TINY_GRIDS.get(family, (16, 16)), norm="energy")
+    params = p.sample_params(3, range(1))
+    x = p.build_input(params, torch.float64)
+    ref = torch.as_tensor(p.reference_solution(params[0]))[None, None]
+    u = ref.clone().requires_grad_(True)
+    energy = p.loss_terms(u, x)["pde"]
+    (grad,) = torch.autograd.grad(energy.sum(), u)
+    bump = p.impose(torch.randn_like(ref), x) - p.impose(torch.zeros_like(ref), x)
+    assert grad.abs().max() <= 1e-9 * bump.abs().max()
+    assert float(p.loss_terms(ref + 1e-2 * bump, x)["pde"]) > float(energy)
+
+
+def test_the_energy_keeps_the_contract_split_included():
+    report = check_problem(SPECS["anisotropic"], options={"norm": "energy"}).assert_ok()
+    assert any(r.check.startswith("split [2, 2") and r.status == "OK" for r in report.results)
+
+
+def test_the_energy_refuses_a_non_symmetric_family():
+    p = get_problem(SPECS["adr"], grid=(16, 16), norm="energy")
+    x = p.build_input(p.sample_params(3, range(1)), torch.float64)
+    with pytest.raises(ValueError, match="needs a symmetric operator.*residual_norm"):
+        p.loss_terms(p.impose(torch.zeros(1, 1, 16, 16, dtype=torch.float64), x), x)

@@ -7,7 +7,8 @@ implements: :mod:`.contract.base`, the three parts :class:`Family`, :class:`Loss
 head (:mod:`.contract.heads`: ``Plain``, ``Ritz`` for a :class:`QuadraticEnergy`). The split-exact
 multilevel norm of a residual: :func:`residual_norm` (:mod:`.contract.residual_norm`); the
 norm of a residual preconditioned by a V-cycle of its own operator: :func:`operator_norm`
-(:mod:`.contract.operator_norm`).
+(:mod:`.contract.operator_norm`); the energy whose gradient is a symmetric residual:
+:func:`residual_energy` (:mod:`.contract.residual_energy`).
 Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g through a lift,
 :func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
@@ -32,6 +33,7 @@ from diffnet.problems.contract.loss import Loss
 from diffnet.problems.contract.loss_residual import loss_residual
 from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.problems.contract.operator_norm import operator_norm
+from diffnet.problems.contract.residual_energy import residual_energy
 from diffnet.problems.families.burgers import Burgers
 from diffnet.problems.families.darcy import Darcy
 from diffnet.problems.families.poisson import Poisson
@@ -78,6 +80,6 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "register", "problem_spec", "has_reference", "solves_from_inputs", "refines",
            "has_answer_residual", "has_derived_channels", "check_derived_channels",
            "check_reference", "entry_point_names", "available_text",
-           "residual_norm", "operator_norm", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
+           "residual_norm", "operator_norm", "residual_energy", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
            "residual_kind", "Poisson"]

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
-from diffnet.problems import Problem, operator_norm, residual_norm
+from diffnet.problems import Problem, operator_norm, residual_energy, residual_norm
 
 
 def interval(name: str, value) -> tuple[float, float]:
@@ -156,7 +156,7 @@ class ResidualFamily(Problem):
 
     loss_term_names = ("pde",)
     symmetric = False          # True: the operator is symmetric positive definite (3-D: AMG-CG)
-    NORMS = ("l2", "multilevel", "operator", "vcycle")
+    NORMS = ("l2", "multilevel", "operator", "vcycle", "energy")
 
     def __init__(self, *, grid, norm: str = "l2"):
         super().__init__(grid=grid)
@@ -195,9 +195,14 @@ class ResidualFamily(Problem):
             return {"pde": residual_norm(r, self)}
         if self.norm == "operator":
             return {"pde": residual_norm(r, self, **self.norm_options(inputs))}
-        if self.norm == "vcycle":        # a V-cycle of the scheme's own (symmetric) operator
+        if self.norm in ("vcycle", "energy"):          # both need the operator symmetric
             at_zero = self.residual(torch.zeros_like(u), inputs)   # r is affine in u
-            return {"pde": operator_norm(r, self, lambda v: self.residual(v, inputs) - at_zero)}
+            apply = lambda v: self.residual(v, inputs) - at_zero     # noqa: E731
+            if self.norm == "vcycle":    # a V-cycle of the scheme's own operator
+                return {"pde": operator_norm(r, self, apply)}
+            # the energy whose gradient is r; its symmetry probed on the first call only
+            checked, self._energy_checked = getattr(self, "_energy_checked", False), True
+            return {"pde": residual_energy(r, u, self, apply, check=not checked)}
         return {"pde": self.mean(r.square(), interior=1)}
 
     def reference_solution(self, params, method: str = "auto") -> np.ndarray:

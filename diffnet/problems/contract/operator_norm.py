@@ -134,16 +134,17 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
     return math.prod(spacing) * (2 * rz - rz.detach())
 
 
-def check_stencil(s: torch.Tensor, apply, block) -> None:
-    """ValueError unless the whole grid's stencil ``s`` (B, 3^d, *grid) reproduces ``apply``
-    (on ``block``'s nodes) on a random field and is symmetric (A[i, i + o] = A[i + o, i])."""
+def check_stencil(s: torch.Tensor, apply, block, who: str = "operator_norm") -> None:
+    """ValueError, its message naming ``who``, unless the whole grid's stencil ``s`` (B, 3^d,
+    *grid) reproduces ``apply`` (on ``block``'s nodes) on a random field and is symmetric
+    (A[i, i + o] = A[i + o, i])."""
     tol = 1e-9 if s.dtype == torch.float64 else 1e-4
     g = torch.Generator(device="cpu").manual_seed(0)
     v = torch.rand((s.shape[0], 1, *s.shape[2:]), generator=g, dtype=s.dtype).to(s.device)
     want = block.gather_whole(apply(block.local(v).contiguous()).contiguous())
     scale = want.abs().amax().clamp_min(torch.finfo(s.dtype).tiny)
     if float((stencil_apply(s, v) - want).abs().amax() / scale) > tol:
-        raise ValueError("operator_norm: apply is not a linear operator of stencil radius 1 "
+        raise ValueError(f"{who}: apply is not a linear operator of stencil radius 1 "
                          "(each node coupled to its 3^d neighbours): its 3^d probes do not "
                          "reproduce it on a random field. Pass the residual's linear part "
                          "(lambda v: residual(v) - residual(0)) of a compact stencil, or use "
@@ -153,7 +154,7 @@ def check_stencil(s: torch.Tensor, apply, block) -> None:
                                               .unsqueeze(1), o)).abs().amax())
               for c, o in enumerate(offs))
     if sym > tol * float(s.abs().amax()):
-        raise ValueError("operator_norm needs a symmetric operator (an energy's gradient, "
+        raise ValueError(f"{who} needs a symmetric operator (an energy's gradient, "
                          "-div(a grad u) + c u): apply's stencil is not symmetric. For a "
                          "non-symmetric one use residual_norm(..., advection=...)")
 
