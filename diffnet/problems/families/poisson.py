@@ -112,8 +112,8 @@ class Poisson(DirichletX, KLDiffusionProblem):
         self.bc_mode = check_choice("bc_mode", bc_mode, BC_MODES)
         self.residual_norm = check_choice("residual_norm", residual_norm, RESIDUAL_NORMS)
         if self.conservative and self.quadrature != "faces":
-            raise ValueError(f'residual_norm = "operator" measures the gradient of the "faces" '
-                             f'energy (the finite-volume residual), not of quadrature = '
+            raise ValueError('residual_norm = "operator" measures the gradient of the "faces" '
+                             'energy (the finite-volume residual), not of quadrature = '
                              f'{self.quadrature!r}: set quadrature = "faces" (the default)')
         if self.loss == "residual" and not self.conservative:   # first, then second derivatives
             self.fd = FiniteDifference(self.spacing, self.stencil,
@@ -160,7 +160,8 @@ class Poisson(DirichletX, KLDiffusionProblem):
         return {"pde": pde, "bc": self.bc_weight * bc}
 
     def conservative_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict:
-        """"pde" = operator_norm / 2 of the energy's gradient / h^2 (about the energy error)."""
+        """The terms of the conservative residual: "pde" = operator_norm / 2 of the energy's
+        gradient / h^2 (about the energy error), "bc" = 0."""
         apply = FacesOperator(self, inputs[:, 0:1].detach())
         pde = 0.5 * operator_norm(apply(u), self, apply,
                                   interior=(0,) * (self.dims - 1) + (1,))
