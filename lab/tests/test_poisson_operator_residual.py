@@ -1,4 +1,5 @@
-"""The lab plugin ``poisson_operator_residual``: its loss is zero at the reference solution and
+"""The lab plugin ``poisson_operator_residual`` (the built-in Poisson with loss = "residual",
+residual_norm = "operator"): its loss is zero at the reference solution and
 about the energy error elsewhere (operator_norm / 2 of the energy's gradient, within the
 V-cycle's band), and its gradient is the energy's up to that band."""
 from __future__ import annotations
@@ -32,3 +33,16 @@ def test_loss_is_the_energy_error_within_the_band():
         grad, energy_grad = grad[..., 1:-1], energy_grad[..., 1:-1]     # the unknowns
         cos = (grad * energy_grad).sum() / (grad.norm() * energy_grad.norm())
         assert cos > 0.5, cos
+
+
+def test_plugin_is_the_builtin_option_whatever_the_recipe_says():
+    from diffnet.problems import get_problem
+    p = PoissonOperatorResidual(grid=(16, 16), bc_mode="lift", loss="energy")
+    q = get_problem("poisson", grid=(16, 16), bc_mode="lift", loss="residual",
+                    residual_norm="operator")
+    x = p.build_input(p.sample_params(0, range(2)), dtype=torch.float64)
+    raw = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(2),
+                      dtype=torch.float64)
+    assert (p.loss, p.residual_norm) == ("residual", "operator")
+    assert torch.equal(p.loss_terms(p.answer(raw, x), x)["pde"],
+                       q.loss_terms(q.answer(raw, x), x)["pde"])

@@ -30,13 +30,16 @@ EXTRA_2D = [("burgers", dict(hard_bc=hb, **kw)) for hb in (False, True) for kw i
     dict(scheme="muscl", horizon=2), dict(scheme="lax-oleinik", smoothing=0.1))] + [
     ("poisson", dict()), ("poisson", dict(quadrature="nodes", bc_mode="lift")),
     ("poisson", dict(loss="residual")),
-    ("poisson", dict(loss="residual", residual_norm="multilevel")), ("reaction_diffusion", dict()),
+    ("poisson", dict(loss="residual", residual_norm="multilevel")),
+    ("poisson", dict(loss="residual", residual_norm="operator", bc_mode="lift")),
+    ("reaction_diffusion", dict()),
     ("reaction_diffusion", dict(quadrature="nodes", bc_mode="lift")), ("darcy", dict()),
     ("darcy", dict(ritz=True)), ("reaction_diffusion", dict(ritz=True, bc_mode="lift")),
     ("darcy", dict(ritz=True, ritz_fields=3))]
 EXTRA_3D = [("poisson3d", dict(quadrature="nodes", bc_mode="lift")),
             ("poisson3d", dict(loss="residual")),
-            ("poisson3d", dict(loss="residual", residual_norm="multilevel"))]
+            ("poisson3d", dict(loss="residual", residual_norm="multilevel")),
+            ("poisson3d", dict(loss="residual", residual_norm="operator"))]
 
 
 def configs(dims, extra):

@@ -9,14 +9,16 @@ import operator
 import torch
 
 from diffnet.generators import impose_dirichlet
+from diffnet.problems.contract.operator_norm import operator_norm
 from diffnet.problems.contract.residual_norm import residual_norm
 from diffnet.stencils import FiniteDifference, check_block_sizes, derivative_names
 from diffnet.validation import check_choice, check_number
 from diffnet.problems.families.diffusion import KLDiffusionProblem
+from diffnet.problems.families.faces_residual import FacesOperator
 
 LOSSES = ("energy", "residual")
 BC_MODES = ("overwrite", "lift")
-RESIDUAL_NORMS = ("l2", "multilevel")
+RESIDUAL_NORMS = ("l2", "multilevel", "operator")
 
 
 class DirichletX:
@@ -78,10 +80,21 @@ class Poisson(DirichletX, KLDiffusionProblem):
         "multilevel" by ``residual_norm(r, self, coefficient=1 / nu)``, its split-exact
         multilevel norm (H^-1-like: conditioned like the energy instead of its square;
         :mod:`.contract.residual_norm`), of div(nu grad u) / sqrt(nu).
+        "operator": a conservative residual instead, r = dE/du / h^2 at every node (E the
+        "faces" energy: the five-point finite-volume -div(nu grad u), half cells on the walls,
+        zero exactly at the reference solution; :mod:`.faces_residual`), the Dirichlet columns
+        x = 0, 1 not unknowns, and "pde" = ``operator_norm(r, self, apply, interior=(0, 1))``
+        / 2 with ``apply`` the same linear map (:mod:`.contract.operator_norm`: a V-cycle of
+        that operator, so "pde" is about the energy error whatever the contrast of nu). Why
+        not the Sobel residual above: operator_norm needs a symmetric operator, and the
+        non-conservative form's linear part is not. The walls' zero flux is in r's wall rows
+        (the energy's natural condition), so "bc" = 0 and ``bc_weight`` and ``stencil`` do
+        not enter; ``quadrature`` must be "faces" (the "nodes" energy's gradient is neither
+        radius 1 nor the reference's scheme). Either ``bc_mode``.
 
     Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly (``on_block``):
     the interior mean of "residual" follows global node indices and each wall counts on the
-    blocks holding it.
+    blocks holding it; "operator" gathers r and its stencil whole on every block.
 
     The code holds for any number of axes (``dims``): ``Poisson3D`` is this class on the cube.
     """
@@ -98,9 +111,18 @@ class Poisson(DirichletX, KLDiffusionProblem):
         self.bc_weight = check_number("bc_weight", bc_weight, lo=0.0)
         self.bc_mode = check_choice("bc_mode", bc_mode, BC_MODES)
         self.residual_norm = check_choice("residual_norm", residual_norm, RESIDUAL_NORMS)
-        if self.loss == "residual":     # the first, then the second derivative along every axis
+        if self.conservative and self.quadrature != "faces":
+            raise ValueError('residual_norm = "operator" measures the gradient of the "faces" '
+                             'energy (the finite-volume residual), not of quadrature = '
+                             f'{self.quadrature!r}: set quadrature = "faces" (the default)')
+        if self.loss == "residual" and not self.conservative:   # first, then second derivatives
             self.fd = FiniteDifference(self.spacing, self.stencil,
                                        derivatives=derivative_names(self.dims)[:2 * self.dims])
+
+    @property
+    def conservative(self) -> bool:
+        """Is the loss the conservative residual in operator_norm (class docstring)?"""
+        return self.loss == "residual" and self.residual_norm == "operator"
 
     def config(self) -> dict:
         return {**super().config(), "loss": self.loss, "bc_weight": self.bc_weight,
@@ -108,13 +130,15 @@ class Poisson(DirichletX, KLDiffusionProblem):
 
     def check_block(self, block) -> None:
         super().check_block(block)
-        if self.loss == "residual":
+        if self.loss == "residual" and not self.conservative:
             check_block_sizes(block)
 
     def loss_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.loss == "energy":
             pde = self.diffusion_energy(u, inputs[:, 0:1])
             return {"pde": pde, "bc": torch.zeros_like(pde)}
+        if self.conservative:
+            return self.conservative_terms(u, inputs)
         b, n = u.shape[0], self.dims
         d = self.fd(torch.cat([u, inputs[:, 1:2]], dim=0), self.block)   # u and log nu, one conv
         du, dl = d[:b], d[b:]
@@ -134,6 +158,14 @@ class Poisson(DirichletX, KLDiffusionProblem):
         pde = (self.mean(r.square(), interior=1) if self.residual_norm == "l2"
                else residual_norm(r, self, coefficient=1 / inputs[:, 0:1]))
         return {"pde": pde, "bc": self.bc_weight * bc}
+
+    def conservative_terms(self, u: torch.Tensor, inputs: torch.Tensor) -> dict:
+        """The terms of the conservative residual: "pde" = operator_norm / 2 of the energy's
+        gradient / h^2 (about the energy error), "bc" = 0."""
+        apply = FacesOperator(self, inputs[:, 0:1].detach())
+        pde = 0.5 * operator_norm(apply(u), self, apply,
+                                  interior=(0,) * (self.dims - 1) + (1,))
+        return {"pde": pde, "bc": torch.zeros_like(pde)}
 
     def diffusion_options(self) -> dict:
         return {"dirichlet": "poisson"}

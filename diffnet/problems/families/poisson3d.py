@@ -44,7 +44,9 @@ class Poisson3D(Poisson):
       * "residual" (ablation): "pde" = mean over the interior nodes of (u_xx + u_yy + u_zz +
         grad(log nu) . grad u)^2 = (div(nu grad u) / nu)^2, derivatives of u and log nu by ONE
         ``FiniteDifference(kind=stencil)`` call; "bc" = bc_weight * the mean over the four
-        zero-flux faces of the mean of (du/dn)^2 there.
+        zero-flux faces of the mean of (du/dn)^2 there. ``residual_norm`` as in ``Poisson``:
+        "l2" (this mean square), "multilevel", or "operator" (the conservative seven-point
+        finite-volume residual in ``operator_norm``; "bc" = 0).
 
     Domain parallelism: every loss, quadrature and ``bc_mode`` splits exactly on a block of the
     (D, H, W) grid (``on_block``), as the 2-D ``Poisson`` does.
