@@ -21,6 +21,7 @@ import pytest
 
 from deepfusion.app.launch import GRACE_S, LAUNCHER_ENV, launch_argv
 from deepfusion.engine.checkpoint.store import seal_status
+from deepfusion.engine.run import keeper
 from deepfusion.engine.run.keeper import DUP_S, Ladder
 from tests.mpi_util import HANG_GUARD, ROOT
 from tests.test_runlock import steps, tiny, wait_for_steps  # noqa: F401 (tiny: fixture)
@@ -175,6 +176,31 @@ def test_a_launcher_that_does_not_stop_gets_term_then_kill(tmp_path):
     assert "still running 0.5 s after SIGUSR1: SIGTERM to python" in said[1]
     assert "still running 0.5 s after SIGTERM: SIGKILL to python" in said[2]
     assert log.read_text().splitlines()[1:] == ["got SIGUSR1", "got SIGTERM"]
+
+
+def test_a_fault_of_the_launch_itself_stops_the_launcher_with_a_checkpoint(tmp_path, monkeypatch,
+                                                                         capfd):
+    argv, env, log = fake_launch(tmp_path)
+    for k in ("FAKE_LOG", "FAKE_MODE"):
+        monkeypatch.setenv(k, env[k])
+    real, seen = keeper.pump, []
+
+    def failing(pipes, out, wake, timeout):  # fails once the launcher has said it is ready
+        ready = real(pipes, out, wake, timeout)
+        seen.append(capfd.readouterr().out)
+        if "ready" in "".join(seen):
+            raise RuntimeError("a fault of the launch process")
+        return ready
+    monkeypatch.setattr(keeper, "pump", failing)
+    handlers = {sig: signal.getsignal(sig) for sig in keeper.STOPS}
+    with pytest.raises(RuntimeError):
+        keeper.keep(shlex.split(argv[argv.index("--launcher") + 1]), grace=100)
+    assert "stopping python" in capfd.readouterr().err
+    until = time.monotonic() + HANG_GUARD
+    while "got SIGUSR1" not in log.read_text() and time.monotonic() < until:
+        time.sleep(0.1)
+    assert log.read_text().splitlines()[1:] == ["got SIGUSR1"]
+    assert {sig: signal.getsignal(sig) for sig in keeper.STOPS} == handlers  # ours again
 
 
 def read_until(fd, token: bytes) -> bytes:

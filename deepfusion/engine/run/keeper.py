@@ -128,23 +128,35 @@ def keep(argv: list[str], grace: float, out: Output | None = None) -> int:
             return 128 + heard[0]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        who = f"{os.path.basename(argv[0])} (PID {proc.pid})"
-        pipes = {proc.stdout: 1, proc.stderr: 2}
-        while True:
-            ready = pump(pipes, out, wake_r, ladder.wait_s(time.monotonic()))
-            now = time.monotonic()
-            heard = drain(wake_r) if wake_r in ready else []
-            for step in [ladder.heard(s, now) for s in heard] + [ladder.due(now)]:
-                if step is not None and proc.poll() is None:
-                    out.say(step.why.format(who=who))
-                    signal_quietly(proc.pid, step.send)
-            if proc.poll() is not None and not (pipes and ready):
-                break  # ended, and its output with it (or nothing more came: a process it
-                # started holds a pipe)
-        code = proc.wait()
+        try:
+            code = watch(proc, ladder, wake_r, out)
+        except BaseException:  # a fault of ours must not leave the job running unwatched
+            if proc.poll() is None:
+                out.say(f"stopping {os.path.basename(argv[0])} (PID {proc.pid}) with a "
+                        f"checkpoint (SIGUSR1): this process failed")
+                signal_quietly(proc.pid, signal.SIGUSR1)
+            raise
         return code if code >= 0 else 128 - code
     finally:
         restore(kept, wake_r)
+
+
+def watch(proc, ladder: Ladder, wake_r: int, out: Output) -> int:
+    """Relay ``proc``'s output and answer the stop signals until it ends; its return code."""
+    who = f"{os.path.basename(proc.args[0])} (PID {proc.pid})"
+    pipes = {proc.stdout: 1, proc.stderr: 2}
+    while True:
+        ready = pump(pipes, out, wake_r, ladder.wait_s(time.monotonic()))
+        now = time.monotonic()
+        heard = drain(wake_r) if wake_r in ready else []
+        for step in [ladder.heard(s, now) for s in heard] + [ladder.due(now)]:
+            if step is not None and proc.poll() is None:
+                out.say(step.why.format(who=who))
+                signal_quietly(proc.pid, step.send)
+        if proc.poll() is not None and not (pipes and ready):
+            break  # ended, and its output with it (or nothing more came: a process it
+            # started holds a pipe)
+    return proc.wait()
 
 
 def listen():
