@@ -33,9 +33,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from deepfusion.engine.run.watchdog import DUP_S  # copies of one request, for the ranks too
+
 STOPS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 LEVELS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL)  # what the launcher gets, in turn
-DUP_S = 5.0  # the ranks' watchdog counts signals within this of the first as copies too
 POLL_S = 1.0  # how often the launcher's exit is checked when nothing arrives
 CAUSES = {signal.SIGHUP: "the terminal or ssh session closed", signal.SIGINT: "Ctrl-C",
           signal.SIGTERM: "a request to end", signal.SIGUSR1: "a stop request"}
