@@ -1,5 +1,5 @@
 """``deepfusion``: train, demo, evaluate, calibrate, infer, solve, compare, export, config,
-problems, check-problem, check, status, plot, jobs.
+problems, check-problem, check, status, plot, jobs, launch.
 
 The top of the package: the parser is built here from every subcommand's own ``register``, the
 application's (:mod:`deepfusion.app`) and the job tools' (:mod:`deepfusion.jobs.cli`); no module
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from deepfusion.app import (calibrate, compare, config_command, demo, evaluate, export, infer,
-                            solve, train)
+                            launch, solve, train)
 from deepfusion.app import check as check_cli
 from deepfusion.app import check_problem as check_problem_cli
 from deepfusion.app import problems as problems_cli
@@ -46,8 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     check_cli.register(sub)
     status_cli.register(sub)
     register_jobs(sub)
+    launch.register(sub, check=parse_command)
     spelt_whole(p)
     return p
+
+
+def parse_command(argv: list[str]) -> None:
+    """What ``deepfusion launch`` runs on every rank parses as a command of its own (argparse's
+    message and exit 2 otherwise), before any rank starts."""
+    build_parser().parse_args(argv)
 
 
 def spelt_whole(parser: argparse.ArgumentParser) -> None:

@@ -115,6 +115,10 @@ def parse(argv: list[str]) -> None:
     from deepfusion.cli import build_parser
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "cmd", None) == "launch":  # the command every rank runs parses too
+        from deepfusion.app.launch import command_of
+
+        parse(command_of(args))
     if getattr(args, "cmd", None) == "jobs":
         import importlib
 
@@ -153,6 +157,9 @@ def test_the_command_finder_sees_launchers_and_skips_synopses():
     assert deepfusion_argv("pip install deepfusion") is None
     with pytest.raises(AssertionError):
         test_every_command_in_the_manual_parses(["train", "--no-such-flag"], _Capture())
+    with pytest.raises(AssertionError):  # under deepfusion launch too
+        test_every_command_in_the_manual_parses(["launch", "-n", "2", "--", "train", "--no-such"],
+                                                _Capture())
 
 
 class _Capture:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import shlex
 import signal
 import subprocess
 import sys
@@ -51,10 +52,26 @@ def test_a_launcher_is_known_by_its_program_name():
 
 
 def test_the_warning_gives_the_exact_command_that_outlives_the_terminal():
-    text = warning(MPIEXEC, ["deepfusion", "train", "c.toml"])
+    text = warning(MPIEXEC, ["deepfusion", "train", "c.toml"], ranks=2)
     assert "without a checkpoint" in text and "PID 10" in text
+    assert ("Start it as deepfusion launch -n 2 -- train c.toml and a closed terminal stops "
+            "every rank with a checkpoint (exit 99)") in text
     assert "nohup mpiexec -n 2 deepfusion train c.toml > train.log 2>&1 &" in text
     assert "setsid" in text and "tmux" in text and "batch job" in text
+
+
+@pytest.mark.parametrize("launcher,argv,ranks,launch", [
+    (("mpiexec", "-n", "2", "deepfusion", "train", "c.toml"), ["/v/bin/deepfusion", "train",
+     "c.toml"], 2, "deepfusion launch -n 2 -- train c.toml"),
+    (("/v/bin/mpiexec", "-np", "4", "-bind-to", "core", "/v/bin/python3", "-u", "-m",
+      "deepfusion", "train", "a b.toml"), ["/x/__main__.py", "train", "a b.toml"], 4,
+     "deepfusion launch --launcher '/v/bin/mpiexec -bind-to core' -n 4 -- train 'a b.toml'"),
+    (("srun", "--mpi=pmi2", "deepfusion", "train", "c.toml"), ["deepfusion", "train", "c.toml"],
+     8, "deepfusion launch --launcher 'srun --mpi=pmi2' -n 8 -- train c.toml"),
+    ((), ["deepfusion", "train", "c.toml"], None, "deepfusion launch -n P -- train c.toml"),
+])
+def test_the_launch_command_keeps_the_launcher_and_its_options(launcher, argv, ranks, launch):
+    assert hangup.launch_command(launcher, argv, ranks) == launch
 
 
 def test_the_chain_of_this_process_is_read_from_proc():
@@ -105,6 +122,18 @@ def test_real_launches_in_a_terminal(prefix, risk):
     out = in_terminal(f"{prefix}{MPIEXEC_BIN} -n 1 {sys.executable} -c \"{PROBE}\" 2>&1 | cat")  # (a pipe: nohup keeps stdout)
     line = next(x for x in out.splitlines() if "AT-RISK" in x)
     assert line.strip() == (f"AT-RISK {MPIEXEC_BIN}" if risk else "AT-RISK None"), out
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not os.path.exists(MPIEXEC_BIN), reason="no mpiexec beside the python")
+def test_a_launch_under_deepfusion_launch_is_not_at_risk():
+    """deepfusion launch keeps the launcher out of the terminal's session: nothing to warn of
+    (the probe stands where the ranks' program is; it ignores the command after it)."""
+    probe = shlex.join([MPIEXEC_BIN, "-n", "1", sys.executable, "-c", PROBE])
+    out = in_terminal(shlex.join([sys.executable, "-m", "deepfusion", "launch", "--launcher",
+                                  probe, "--", "status", "RUN"]))
+    line = next(x for x in out.splitlines() if "AT-RISK" in x)
+    assert line.strip() == "AT-RISK None", out
 
 
 def test_a_hangup_ignored_at_start_stays_ignored():

@@ -38,7 +38,8 @@ ROOMS = {
         "communicator, threads, the pool's split, memory formats, gradient buckets, halos, "
         "parallelize", ("diffnet",)),
     "deepfusion.engine.run": Room(
-        "the run directory's lock and log, ETA, stop signals and watchdog, the test hook",
+        "the run directory's lock and log, ETA, stop signals and watchdog, the launcher's "
+        "keeper, the test hook",
         ("deepfusion.engine.errors", "deepfusion.engine.checkpoint")),
     "deepfusion.engine.predict": Room(
         "the one prediction service: a checkpoint loaded for prediction, the pipeline, the "

@@ -86,7 +86,7 @@ def train_locked(args, comm, cfg) -> int:
     if past:
         say_once(comm, f"deepfusion: warning: {past}")
     if comm.rank == 0:  # a closed terminal would kill the launcher: said before any work
-        say_note(comm, hangup.note(sys.argv))
+        say_note(comm, hangup.note(sys.argv, comm.size))
     compile_cache_env(cfg)  # before torch compiles anything
     layout, _node = setup_threads(comm, cfg.parallel.threads_per_rank)  # before torch is imported
     say_note(comm, reuse_freed_memory(cfg.parallel.reuses_memory()))

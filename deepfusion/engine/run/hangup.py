@@ -4,9 +4,10 @@ A closed terminal or ssh session sends SIGHUP to the processes of the terminal's
 shell and its jobs, so the launcher (``mpiexec``), never the ranks. MPICH's ``mpiexec`` (hydra)
 does not catch SIGHUP: it dies of it, and its proxies then SIGKILL the ranks, which run in
 sessions of their own. No rank hears a catchable signal, so none can write a checkpoint; what
-saves the run is to start the launcher where no hang-up reaches it: ``nohup`` (SIGHUP ignored,
-which the launcher keeps), ``setsid`` (no terminal), ``tmux``/``screen`` (a terminal that
-outlives the session) or a batch job.
+saves the run is to start the launcher where no hang-up reaches it: ``deepfusion launch`` (the
+launcher in a session of its own, the hang-up turned into a stop with a checkpoint:
+:mod:`.keeper`), ``nohup`` (SIGHUP ignored, which the launcher keeps), ``setsid`` (no
+terminal), ``tmux``/``screen`` (a terminal that outlives the session) or a batch job.
 
 :func:`at_risk` decides from the environment and the chain of processes from this one up
 (:func:`process_chain`, read from ``/proc``): the launcher above this process is at risk when
@@ -60,16 +61,46 @@ def at_risk(env, chain: list[Proc]) -> Proc | None:
     return launcher
 
 
-def warning(launcher: Proc, argv: list[str]) -> str:
+def warning(launcher: Proc, argv: list[str], ranks: int | None = None) -> str:
     """The line rank 0 prints at start when ``launcher`` is at risk; ``argv``: this command's
-    (``sys.argv``), for the exact command that outlives the terminal."""
+    (``sys.argv``) and ``ranks`` its number of ranks, for the exact commands that survive the
+    terminal."""
     run = launcher.argv or ("mpiexec", "...", "deepfusion", *argv[1:])
     cmd = shlex.join(run)
     return (f"started from a terminal: if it closes (a dropped ssh session), its hang-up kills "
             f"the launcher (PID {launcher.pid}) and every rank at once, without a checkpoint, "
-            f"losing the steps since the last one. To outlive the terminal: nohup {cmd} "
+            f"losing the steps since the last one. Start it as "
+            f"{launch_command(launcher.argv, argv, ranks)} and a closed terminal stops every "
+            f"rank with a checkpoint (exit 99); or outlive the terminal: nohup {cmd} "
             f"> train.log 2>&1 & (or setsid, tmux or screen, or a batch job: deepfusion jobs "
             f"render); --resume continues from the newest checkpoint either way")
+
+
+def launch_command(launcher_argv, argv: list[str], ranks: int | None = None) -> str:
+    """``deepfusion launch`` for the same job: the launcher's -n (or ``ranks``), and its name
+    and other options as ``--launcher`` unless it is a plain ``mpiexec``."""
+    words, args = list(launcher_argv), list(argv[1:])
+    if args and words[-len(args):] == args:
+        words = words[:-len(args)]
+    if words[-2:] == ["-m", "deepfusion"]:
+        words = words[:-2]
+        while words and not os.path.basename(words[-1]).startswith("python"):
+            words.pop()  # the interpreter's own options
+        words = words[:-1]
+    elif words and os.path.basename(words[-1]) == "deepfusion":
+        words = words[:-1]
+    else:
+        words = []  # a program of its own between launcher and deepfusion: launcher unknown
+    head, opts, n = words[:1], [], str(ranks) if ranks else "P"
+    it = iter(words[1:])
+    for w in it:
+        if w in ("-n", "-np"):
+            n = next(it, n)
+        else:
+            opts.append(w)
+    plain = head and os.path.basename(head[0]) == "mpiexec" and not opts
+    given = "" if plain or not head else f"--launcher {shlex.quote(shlex.join(head + opts))} "
+    return f"deepfusion launch {given}-n {n} -- {shlex.join(args)}"
 
 
 def process_chain(pid: int | None = None, depth: int = DEPTH) -> list[Proc]:
@@ -94,7 +125,8 @@ def process_chain(pid: int | None = None, depth: int = DEPTH) -> list[Proc]:
     return chain
 
 
-def note(argv: list[str]) -> str:
-    """The warning for this process, or "" (nothing at risk, or nothing to read)."""
+def note(argv: list[str], ranks: int | None = None) -> str:
+    """The warning for this process of ``ranks``, or "" (nothing at risk, or nothing to
+    read)."""
     launcher = at_risk(os.environ, process_chain())
-    return warning(launcher, argv) if launcher is not None else ""
+    return warning(launcher, argv, ranks) if launcher is not None else ""
