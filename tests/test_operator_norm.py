@@ -217,8 +217,8 @@ def refusal(match, r=None, grid=(9, 9), apply=None, **kw):
 def test_bad_input_is_refused_with_the_fix():
     grid, h = (9, 9), spacing_of((9, 9))
     lap = diffusion(torch.ones(1, 1, *grid, dtype=torch.float64), Block(grid), h)
-    refusal(r"r must be one residual field.*\(B, \*\[9, 9\]\)", r=torch.zeros(1, 2, 9, 9))
-    refusal(r"r must be one residual field", r=torch.zeros(1, 8, 9))
+    refusal(r"r must be one field on the grid.*\(B, \*\[9, 9\]\)", r=torch.zeros(1, 2, 9, 9))
+    refusal(r"r must be one field on the grid", r=torch.zeros(1, 8, 9))
     refusal(r"needs spacing=", spacing=None)
     refusal(r"spacing must give a positive spacing", spacing=(0.1,))
     refusal(r"not a linear operator of stencil radius 1.*residual_norm",

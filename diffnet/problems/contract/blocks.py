@@ -233,3 +233,16 @@ def interior_mask(block, interior, like: torch.Tensor) -> torch.Tensor:
         i = block.indices(a, like)
         mask = mask.unsqueeze(-1) * ((i >= k) & (i < g - k)).to(like.dtype)
     return mask
+
+
+def one_field_shape(t: torch.Tensor, block, what: str) -> tuple:
+    """The shape (B, 1, *shape) a nodal field ``t`` on ``block``, (B, *shape) or (B, 1,
+    *shape), is taken as; ValueError naming ``what`` (e.g. "operator_norm: r") otherwise."""
+    d = block.dims
+    if t.dim() == d + 1 and tuple(t.shape[1:]) == block.shape:
+        return (t.shape[0], 1, *block.shape)
+    if t.dim() == d + 2 and t.shape[1] == 1 and tuple(t.shape[2:]) == block.shape:
+        return tuple(t.shape)
+    raise ValueError(f"{what} must be one field on the grid, (B, *{list(block.shape)}) or "
+                     f"(B, 1, *{list(block.shape)}), got {tuple(t.shape)} (a system of several "
+                     f"fields is not supported: its stencil couples fields)")

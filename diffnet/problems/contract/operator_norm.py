@@ -56,7 +56,8 @@ every block and two gathers of the grid per call.
 Nodes closer than ``interior`` to the boundary are not unknowns (Dirichlet nodes): r and A are
 masked there (A becomes M A M, M the mask), and they count as zero.
 
-Which norm when: the energy (``self.edges``) when the PDE has one; this norm when the residual
+Which norm when: the energy (``self.edges``) when the PDE has one, or the energy of a symmetric
+residual (:func:`~diffnet.problems.residual_energy`, no V-cycle); this norm when the residual
 comes from a symmetric positive operator (an energy's gradient, -div(a grad u) + c u with any a
 and c >= 0) and the grid is whole: it is the energy up to the V-cycle's band; residual_norm
 when the operator is not symmetric (advection) or ``apply`` is not at hand, or when a split
@@ -68,7 +69,7 @@ import math
 
 import torch
 
-from diffnet.problems.contract.blocks import block_and_spacing, interior_mask
+from diffnet.problems.contract.blocks import block_and_spacing, interior_mask, one_field_shape
 from diffnet.problems.contract.multigrid import (build_hierarchy, offsets, probe, shifted,
                                                  stencil_apply, vcycles)
 
@@ -114,7 +115,7 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
     True
     """
     block, spacing = block_and_spacing(where, spacing, "operator_norm")
-    shape = _check_r(r, block)
+    shape = one_field_shape(r, block, "operator_norm: r")
     if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
                for k in (smoothing, cycles)):
         raise ValueError(f"smoothing and cycles must be integers >= 1, got smoothing="
@@ -157,17 +158,3 @@ def check_stencil(s: torch.Tensor, apply, block, who: str = "operator_norm") -> 
         raise ValueError(f"{who} needs a symmetric operator (an energy's gradient, "
                          "-div(a grad u) + c u): apply's stencil is not symmetric. For a "
                          "non-symmetric one use residual_norm(..., advection=...)")
-
-
-
-def _check_r(r, block) -> tuple:
-    """The shape (B, 1, *grid) r is taken as; ValueError otherwise."""
-    d = block.dims
-    if r.dim() == d + 1 and tuple(r.shape[1:]) == block.shape:
-        return (r.shape[0], 1, *block.shape)
-    if r.dim() == d + 2 and r.shape[1] == 1 and tuple(r.shape[2:]) == block.shape:
-        return tuple(r.shape)
-    raise ValueError(f"r must be one residual field on the grid, (B, *{list(block.shape)}) or "
-                     f"(B, 1, *{list(block.shape)}), got {tuple(r.shape)} (a system of several "
-                     f"fields is not supported: its stencil couples fields)")
-

@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from diffnet.problems.contract.blocks import block_and_spacing, interior_mask
+from diffnet.problems.contract.blocks import block_and_spacing, interior_mask, one_field_shape
 from diffnet.problems.contract.multigrid import probe
 from diffnet.problems.contract.operator_norm import check_stencil
 
@@ -81,8 +81,8 @@ def residual_energy(r: torch.Tensor, u: torch.Tensor, where, apply, *, spacing=N
     True
     """
     block, spacing = block_and_spacing(where, spacing, "residual_energy")
-    shape = _shape(r, block, "r")
-    if _shape(u, block, "u") != shape:
+    shape = one_field_shape(r, block, "residual_energy: r")
+    if one_field_shape(u, block, "residual_energy: u") != shape:
         raise ValueError(f"residual_energy: r and u must have the same shape, got "
                          f"{tuple(r.shape)} and {tuple(u.shape)}")
     x, v = r.reshape(shape), u.reshape(shape)
@@ -97,15 +97,3 @@ def residual_energy(r: torch.Tensor, u: torch.Tensor, where, apply, *, spacing=N
         value = (vd * rd).flatten(1).sum(1) - (vd * mask * apply(mask * vd)).flatten(1).sum(1) / 2
     slope = ((v - vd) * rd).flatten(1).sum(1)
     return math.prod(spacing) * (value + slope)
-
-
-def _shape(t, block, name) -> tuple:
-    """The shape (B, 1, *grid) ``t`` is taken as; ValueError otherwise."""
-    d = block.dims
-    if t.dim() == d + 1 and tuple(t.shape[1:]) == block.shape:
-        return (t.shape[0], 1, *block.shape)
-    if t.dim() == d + 2 and t.shape[1] == 1 and tuple(t.shape[2:]) == block.shape:
-        return tuple(t.shape)
-    raise ValueError(f"residual_energy: {name} must be one field on the grid, (B, "
-                     f"*{list(block.shape)}) or (B, 1, *{list(block.shape)}), got "
-                     f"{tuple(t.shape)}")
