@@ -163,6 +163,7 @@ class ResidualFamily(Problem):
         if norm not in self.NORMS:
             raise ValueError(f"norm must be one of {list(self.NORMS)}, got {norm!r}")
         self.norm = norm
+        self.energy_checked = False    # norm "energy": the operator's symmetry probed once
 
     def config(self) -> dict:
         return {**super().config(), "norm": self.norm}
@@ -200,8 +201,7 @@ class ResidualFamily(Problem):
             apply = lambda v: self.residual(v, inputs) - at_zero     # noqa: E731
             if self.norm == "vcycle":    # a V-cycle of the scheme's own operator
                 return {"pde": operator_norm(r, self, apply)}
-            # the energy whose gradient is r; its symmetry probed on the first call only
-            checked, self._energy_checked = getattr(self, "_energy_checked", False), True
+            checked, self.energy_checked = self.energy_checked, True  # the energy, gradient r
             return {"pde": residual_energy(r, u, self, apply, check=not checked)}
         return {"pde": self.mean(r.square(), interior=1)}
 

@@ -161,12 +161,19 @@ def _whole_edges(t: torch.Tensor, dim: int):
     return t.narrow(dim, 0, n - 1), second
 
 
-def owned_edges(p: torch.Tensor, block, axis: int):
-    """(first, second) nodes of the edges along grid ``axis`` that this block owns, from
-    ``p = block.halo(x, 1)`` (B, C, *shape + 2): see :func:`edges`."""
+def lines_along(p: torch.Tensor, block, axis: int) -> torch.Tensor:
+    """The lines along grid ``axis`` through the block's own nodes of ``p = block.halo(x, 1)``
+    (B, C, *shape + 2): the halo kept along ``axis`` only."""
     for a, n in enumerate(block.shape):
         if a != axis:
             p = p.narrow(2 + a, 1, n)
+    return p
+
+
+def owned_edges(p: torch.Tensor, block, axis: int):
+    """(first, second) nodes of the edges along grid ``axis`` that this block owns, from
+    ``p = block.halo(x, 1)`` (B, C, *shape + 2): see :func:`edges`."""
+    p = lines_along(p, block, axis)
     count = block.shape[axis] - int(block.at_hi(axis))
     dim = 2 + axis
     return p.narrow(dim, 1, count), p.narrow(dim, 2, count)

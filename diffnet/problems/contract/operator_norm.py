@@ -124,8 +124,7 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
     mask = interior_mask(block, interior, x)
     masked = lambda v: mask * apply(mask * v)       # noqa: E731 (A restricted to the unknowns)
     with torch.no_grad():
-        part = probe(masked, x.detach(), block.start, block.grid)
-        stencil = block.gather_whole(part.contiguous())
+        stencil = whole_stencil(masked, x.detach(), block)
         if check:
             check_stencil(stencil, masked, block)
         hierarchy = build_hierarchy(stencil, levels)
@@ -133,6 +132,12 @@ def operator_norm(r: torch.Tensor, where, apply, *, spacing=None, levels: int | 
                     cycles)
     rz = (x * mask * block.local(z)).flatten(1).sum(1)
     return math.prod(spacing) * (2 * rz - rz.detach())
+
+
+def whole_stencil(apply, like: torch.Tensor, block) -> torch.Tensor:
+    """(B, 3^d, *grid) the radius-1 stencil of the linear ``apply``, probed on ``block``'s
+    nodes (``like``: (B, 1, *shape) there) and gathered whole on every block."""
+    return block.gather_whole(probe(apply, like, block.start, block.grid).contiguous())
 
 
 def check_stencil(s: torch.Tensor, apply, block, who: str = "operator_norm") -> None:

@@ -40,8 +40,7 @@ import math
 import torch
 
 from diffnet.problems.contract.blocks import block_and_spacing, interior_mask, one_field_shape
-from diffnet.problems.contract.multigrid import probe
-from diffnet.problems.contract.operator_norm import check_stencil
+from diffnet.problems.contract.operator_norm import check_stencil, whole_stencil
 
 
 def residual_energy(r: torch.Tensor, u: torch.Tensor, where, apply, *, spacing=None,
@@ -90,9 +89,8 @@ def residual_energy(r: torch.Tensor, u: torch.Tensor, where, apply, *, spacing=N
     with torch.no_grad():
         if check:
             masked = lambda w: mask * apply(mask * w)       # noqa: E731 (A on the unknowns)
-            check_stencil(block.gather_whole(probe(masked, x.detach(), block.start,
-                                                   block.grid).contiguous()),
-                          masked, block, who="residual_energy")
+            check_stencil(whole_stencil(masked, x.detach(), block), masked, block,
+                          who="residual_energy")
         vd, rd = v.detach(), x.detach() * mask
         value = (vd * rd).flatten(1).sum(1) - (vd * mask * apply(mask * vd)).flatten(1).sum(1) / 2
     slope = ((v - vd) * rd).flatten(1).sum(1)

@@ -25,6 +25,7 @@ import operator
 
 import torch
 
+from diffnet.problems.contract.blocks import lines_along
 from diffnet.problems.families.diffusion import axis_weights, harmonic_mean
 
 
@@ -40,7 +41,7 @@ class FacesOperator:
         weights = [problem.part(w) for w in axis_weights(problem.grid, nu)]
         self.coefficients = []      # per axis: the faces' weights w, one more than the nodes
         for a, (h, n) in enumerate(zip(problem.spacing, problem.grid)):
-            line = self.along(padded, a)
+            line = lines_along(padded, self.block, a)
             k = harmonic_mean(line.narrow(2 + a, 1, line.shape[2 + a] - 1),
                               line.narrow(2 + a, 0, line.shape[2 + a] - 1))
             # as ``KLDiffusionProblem``'s edge pairs: midpoint along the axis, trapezoid across
@@ -48,19 +49,11 @@ class FacesOperator:
                                       [w for b, w in enumerate(weights) if b != a])
             self.coefficients.append(k * (0.5 / ((n - 1) * h * h)) * across)
 
-    def along(self, padded: torch.Tensor, axis: int) -> torch.Tensor:
-        """The padded field's lines along ``axis`` through the block's own nodes: the ghosts
-        kept along ``axis`` only."""
-        for b in range(self.block.dims):
-            if b != axis:
-                padded = padded.narrow(2 + b, 1, self.block.shape[b])
-        return padded
-
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         padded = self.block.halo(v.contiguous(), 1)
         out = 0
         for a, w in enumerate(self.coefficients):
-            flux = w * torch.diff(self.along(padded, a), dim=2 + a)  # w (v[i + 1] - v[i])
+            flux = w * torch.diff(lines_along(padded, self.block, a), dim=2 + a)  # w (v[i + 1] - v[i])
             n = self.block.shape[a]
             out = out + (flux.narrow(2 + a, 0, n) - flux.narrow(2 + a, 1, n))
         return self.scale * out
