@@ -1,7 +1,8 @@
 """``train.time_budget`` and the re-planned schedule: the budget read from its text, the count
-decided from the measured step time (the slowest rank's, on every rank alike), the schedule
-held until then and run to the decided end, the decision recorded and kept by a resume, and
-decided again when the budget or train.max_steps changes. Step times are fixed through the
+decided from the measured step time (the slowest rank's, on every rank alike), then finally
+from the wall time per step a quarter of the way on, the schedule held until the first
+decision and run to the decided end, the decisions recorded and kept by a resume, and decided
+again when the budget or train.max_steps changes. Step times are fixed through the
 test hook (tests/budget_clock.py): nothing here depends on how fast the machine is."""
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from deepfusion.config import ConfigError, load_config
 from deepfusion.config.plans import budget_seconds
 from deepfusion.engine.checkpoint.store import load_checkpoint
-from deepfusion.engine.train.budget import MEASURE, RESERVE, SKIP, TimeBudget, decide
+from deepfusion.engine.train.budget import (CHECK_AT, FINAL_RESERVE, MEASURE, RESERVE, SKIP,
+                                            TimeBudget, decide)
 from deepfusion.engine.train.schedule import Schedule
 from deepfusion.engine.train.stepper import lr_at
 from tests.budget_clock import clock_env
@@ -33,8 +35,13 @@ def records(run_dir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
-def expected_steps(budget, step_s, at, elapsed):
-    return at + int((budget - elapsed) * (1 - RESERVE) // step_s)
+def expected_steps(budget, step_s, at, elapsed, final=False):
+    return at + int((budget - elapsed) * (1 - (FINAL_RESERVE if final else RESERVE)) // step_s)
+
+
+def check_step(at, steps):
+    """The step of the final decision after a first one at ``at`` for ``steps``."""
+    return at + max(MEASURE, int((steps - at) * CHECK_AT))
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -75,8 +82,8 @@ def test_the_count_fills_the_time_left_less_the_reserve():
 def test_the_measured_time_skips_the_first_steps_and_is_a_median():
     now = iter([0.0, 50.0, 51.0] + [51.0 + s for s in (1, 2, 3, 13, 14, 15, 16, 17)])
     b = TimeBudget(100.0, 0, clock=lambda: next(now))  # t0 = 0: step 1 takes 50 s
-    due = [b.tick() for _ in range(DECIDE_AT)]
-    assert due == [False] * (DECIDE_AT - 1) + [True]
+    due = [b.tick(step) for step in range(1, DECIDE_AT + 1)]
+    assert due == [None] * (DECIDE_AT - 1) + ["decide"]
     assert b.step_seconds() == 1.0  # steps 3..10: 1 1 1 10 1 1 1 1, the median; 50 s not seen
 
 
@@ -117,13 +124,18 @@ def test_two_ranks_decide_alike_from_the_slowest_rank(budget_run):
     """Each rank sees its own step time; the decision takes rank 1's 2 s, rank 0's clock
     (5 s after 10 steps of 0.5 s) and is broadcast: both ranks stop at the same step."""
     _, d, p = budget_run
-    (rec,) = records(d, "time_budget")
-    want = expected_steps(60.0, 2.0, DECIDE_AT, DECIDE_AT * 0.5)
-    assert (rec["step_s"], rec["at_step"], rec["elapsed_s"], rec["steps"]) == \
-        (2.0, DECIDE_AT, 5.0, want)
+    rec, last = records(d, "time_budget")
+    first = expected_steps(60.0, 2.0, DECIDE_AT, DECIDE_AT * 0.5)
+    assert (rec["step_s"], rec["at_step"], rec["elapsed_s"], rec["steps"], rec["final"]) == \
+        (2.0, DECIDE_AT, 5.0, first, False)
+    # finally from the wall time per step since then: rank 1's 2 s again, rank 0's clock
+    c = check_step(DECIDE_AT, first)
+    want = expected_steps(60.0, 2.0, c, c * 0.5, final=True)
+    assert (last["step_s"], last["at_step"], last["elapsed_s"], last["steps"], last["final"]) \
+        == (2.0, c, c * 0.5, want, True)
     steps = records(d, "step")
     assert [r["step"] for r in steps] == list(range(1, want + 1))
-    assert p.stdout.count(f"-> {want} steps") == 1  # said once
+    assert p.stdout.count(f"-> {first} steps") == 1 and p.stdout.count(f"-> {want} steps") == 1
     state = load_checkpoint(os.path.join(d, "checkpoints", f"step_{want:08d}.h5"))
     assert state["meta"]["time_budget"]["steps"] == want
 
@@ -133,10 +145,14 @@ def test_the_schedule_holds_until_decided_then_runs_to_the_end(budget_run):
     _, d, _ = budget_run
     lr = [r["lr"] for r in records(d, "step")]
     assert lr[:DECIDE_AT] == [3e-3] * DECIDE_AT  # held at its peak while measuring
-    n = len(lr)
-    v = [(s - DECIDE_AT) * n / (n - DECIDE_AT) for s in range(DECIDE_AT, n)]
-    assert lr[DECIDE_AT:] == pytest.approx(
-        [1e-5 + 0.5 * (3e-3 - 1e-5) * (1 + math.cos(math.pi * x / n)) for x in v])
+    first = records(d, "time_budget")[0]["steps"]
+    c = check_step(DECIDE_AT, first)
+    v = [(s - DECIDE_AT) * first / (first - DECIDE_AT) for s in range(DECIDE_AT, c + 2)]
+    cosine = [1e-5 + 0.5 * (3e-3 - 1e-5) * (1 + math.cos(math.pi * x / first)) for x in v]
+    assert lr[DECIDE_AT:c + 1] == pytest.approx(cosine[:-1])  # the first decision's plan
+    tail = lr[c:]             # then from where it stood to the final decision's later end
+    assert all(a > b for a, b in zip(tail, tail[1:])) and tail[-1] < 2e-5
+    assert cosine[-1] < tail[1] < tail[0]  # no jump: slower than the first plan's next step
 
 
 def run_here(args, seconds="1"):
@@ -152,14 +168,20 @@ def test_a_resume_keeps_the_decided_count_bit_for_bit(tmp_path):
     for d in (full, cut):
         p = run_here(["train", str(tmp_path / "b.toml"), "--set", f"run.dir={d}"])
         assert p.returncode == 0, p.stderr
-    n = records(full, "time_budget")[0]["steps"]
-    assert n == expected_steps(60.0, 1.0, DECIDE_AT, DECIDE_AT)
+    first, final = records(full, "time_budget")
+    assert first["steps"] == expected_steps(60.0, 1.0, DECIDE_AT, DECIDE_AT)
+    c = check_step(DECIDE_AT, first["steps"])
+    n = final["steps"]
+    assert n == expected_steps(60.0, 1.0, c, c, final=True) and final["at_step"] == c
+    assert n > first["steps"]  # the smaller final reserve: the wall time counts the rest
     for name in os.listdir(os.path.join(cut, "checkpoints")):
-        if name != "step_00000012.h5":  # back to step 12, after the decision
+        if name != "step_00000024.h5":  # back to step 24, after the final decision
             os.remove(os.path.join(cut, "checkpoints", name))
     p = run_here(["train", "--resume", cut])
     assert p.returncode == 0, p.stderr
     assert "re-planned" not in p.stdout
+    assert [{k: v for k, v in r.items() if k != "run"} for r in records(cut, "time_budget")] \
+        == [{k: v for k, v in r.items() if k != "run"} for r in (first, final)]
     strip = ("run", "time_step", "samples_per_s", "elapsed_s", "segment_s", "eta_s",
              "eta_scaled", "time_data", "time_optimizer", "time_forward", "time_backward",
              "time_allreduce")
@@ -179,13 +201,20 @@ def test_another_budget_or_cap_on_resume_decides_again_and_replans(tmp_path):
             os.remove(os.path.join(d, "checkpoints", name))
     p = run_here(["train", "--resume", d, "--set", 'train.time_budget="90s"'])
     assert p.returncode == 0, p.stderr
-    first, again = records(d, "time_budget")
-    assert first["steps"] == len(before) and again["at_step"] == 12 and again["step_s"] == 1.0
+    first, again, final = records(d, "time_budget")
+    assert first["at_step"] == DECIDE_AT and not first["final"]
+    assert again["at_step"] == 12 and again["step_s"] == 1.0 and not again["final"]
     assert again["steps"] == expected_steps(90.0, 1.0, 12, again["elapsed_s"])
     assert "train.time_budget 60 s -> 90 s: decided again" in p.stdout
     assert "is re-planned to end after" in p.stdout
+    # then finally, in this process: fewer than MEASURE steps of its own were timed by then,
+    # so the recorded step time stands in
+    c = check_step(12, again["steps"])
+    assert (final["at_step"], final["step_s"], final["final"]) == (c, 1.0, True)
+    assert final["steps"] == expected_steps(90.0, 1.0, c, final["elapsed_s"], final=True)
     after = records(d, "step")
-    assert len(after) == again["steps"]
+    assert len(after) == final["steps"]
+    again = final
     assert after[12]["lr"] == pytest.approx(before[12]["lr"], rel=1e-12)  # continues, no jump
     assert after[-1]["lr"] == pytest.approx(1e-5, rel=0.2)  # its last step: about min_lr
     p = run_here(["train", "--resume", d, "--set", 'train.time_budget="90s"',
@@ -207,15 +236,16 @@ def test_a_resume_before_the_decision_decides_in_its_own_process(tmp_path):
             os.remove(os.path.join(d, "checkpoints", name))
     p = run_here(["train", "--resume", d])
     assert p.returncode == 0, p.stderr
-    (rec,) = records(d, "time_budget")
+    rec, final = records(d, "time_budget")
     assert rec["at_step"] == 4 + DECIDE_AT
+    assert final["at_step"] == check_step(4 + DECIDE_AT, rec["steps"]) and final["final"]
     assert [r["lr"] for r in records(d, "step")][:4 + DECIDE_AT] == [3e-3] * (4 + DECIDE_AT)
 
 
 @pytest.mark.mpi
 def test_status_counts_against_the_decided_steps(budget_run):
     _, d, _ = budget_run
-    n = records(d, "time_budget")[0]["steps"]
+    n = records(d, "time_budget")[-1]["steps"]   # the final decision's
     p = deepfusion_here(["status", d, "--json"])
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)

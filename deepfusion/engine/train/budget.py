@@ -1,5 +1,5 @@
 """``train.time_budget``: the step count that ends the training within a wall-time budget,
-decided once from the run's own step time.
+decided from the run's own step time, then checked once against the wall time.
 
 The run times its steps in this process: the first ``SKIP`` are not counted (the first step
 fills the allocator's pools, the input cache and the network's lazy state; the second can
@@ -11,7 +11,17 @@ broadcasts the decision, so every rank stops at the same step. The count fills t
 less a reserve (``RESERVE`` of it) for what the loop does besides steps: the validations, the
 checkpoints, the final one. ``train.max_steps``, if set, caps it.
 
-The decision is logged once, recorded in ``metrics.jsonl`` (``{"kind": "time_budget"}``) and
+The first steps are slower than the rest (caches, the allocator, and on some hosts the clock
+ramping up: a 15-minute budget once ended after 11.7 minutes, its first steps at 0.124 s and
+the rest at 0.10 s), and the reserve is a guess at the validations' and checkpoints' share. So
+the count is decided once more, ``final``, at the step ``CHECK_AT`` of the way from the first
+decision to its end: from the wall time per step since then (validations and checkpoints
+included, so only ``FINAL_RESERVE`` is kept, for the final validation and checkpoint), rank
+0's clock against the slowest rank's, broadcast. A process resumed between the two decisions
+times its steps from its own ``SKIP``-th on; if fewer than ``MEASURE`` of them reach the check,
+the first decision's step time stands in, so the check is at the same step either way.
+
+Each decision is logged, recorded in ``metrics.jsonl`` (``{"kind": "time_budget"}``) and
 in every checkpoint, so a resume continues the same count; a resume under another budget or
 another ``train.max_steps`` decides again from the recorded step time and the run's time at
 the checkpoint. Until the count is decided the learning-rate schedule is held at its start
@@ -28,6 +38,8 @@ from dataclasses import asdict, dataclass
 SKIP = 2        # steps of this process not timed: warm-up of the allocator, caches, lazy state
 MEASURE = 8     # steps timed after them
 RESERVE = 0.1   # share of the time left kept for validations and checkpoints
+CHECK_AT = 0.25  # the final decision: this share of the way from the first to its end
+FINAL_RESERVE = 0.03  # kept then: the wall time per step counts the validations already
 UNDECIDED = 2 ** 40  # a budget run's step count until decided (the loop's bound, never reached)
 
 
@@ -41,6 +53,13 @@ class Decision:
     at_step: int        # the step after which it was decided
     elapsed_s: float    # the run's training time then (resumed segments included)
     steps: int          # the run's step count
+    final: bool = False  # decided again from the wall time per step: not checked again
+
+    def check_step(self) -> int | None:
+        """The step the count is decided again at (None: final)."""
+        if self.final:
+            return None
+        return self.at_step + max(MEASURE, int((self.steps - self.at_step) * CHECK_AT))
 
     def record(self) -> dict:
         return asdict(self)
@@ -53,23 +72,27 @@ class Decision:
         left = max(0.0, self.budget_s - self.elapsed_s)
         cap = f", capped by train.max_steps = {self.max_steps}" if self.steps == self.max_steps \
             else ""
-        return (f"time budget {self.budget_s:g} s: {self.step_s:.3g} s per step (measured, the "
-                f"slowest rank's), {left:.0f} s left at step {self.at_step} less a "
-                f"{RESERVE:.0%} reserve for validations and checkpoints -> {self.steps} steps"
+        what = ("of wall time since the first decision (the slowest rank's, validations and "
+                "checkpoints included)" if self.final else "(measured, the slowest rank's)")
+        kept = (f"{FINAL_RESERVE:.0%} reserve for the final validation and checkpoint"
+                if self.final else f"{RESERVE:.0%} reserve for validations and checkpoints")
+        return (f"time budget {self.budget_s:g} s: {self.step_s:.3g} s per step {what}, "
+                f"{left:.0f} s left at step {self.at_step} less a {kept} -> {self.steps} steps"
                 f"{cap}")
 
 
 def decide(budget_s: float, max_steps: int, step_s: float, at_step: int,
-           elapsed_s: float) -> Decision:
+           elapsed_s: float, final: bool = False) -> Decision:
     """The step count that fits ``budget_s`` at ``step_s`` per step, decided after
     ``at_step`` steps and ``elapsed_s`` seconds: never fewer than ``at_step`` (a spent budget
-    ends the run where it is), at most ``max_steps`` if that is set."""
-    left = max(0.0, budget_s - elapsed_s) * (1.0 - RESERVE)
+    ends the run where it is), at most ``max_steps`` if that is set; ``final``: from the wall
+    time per step, keeping the smaller reserve."""
+    left = max(0.0, budget_s - elapsed_s) * (1.0 - (FINAL_RESERVE if final else RESERVE))
     steps = at_step + (int(left // step_s) if step_s > 0 else 0)
     if max_steps > 0:
         steps = min(steps, max(max_steps, at_step))
     return Decision(float(budget_s), int(max_steps), float(step_s), int(at_step),
-                    float(elapsed_s), int(steps))
+                    float(elapsed_s), int(steps), bool(final))
 
 
 class TimeBudget:
@@ -81,14 +104,21 @@ class TimeBudget:
         self.t0 = clock()
         self.ends: list[float] = []
         self.decision: Decision | None = None
+        self.mark: tuple | None = None   # (step, clock) the wall-time window starts at
 
-    def tick(self) -> bool:
-        """A step ended: whether the count is now due to be decided (on every rank alike:
-        every rank takes the same steps)."""
-        if self.decision is not None:
-            return False
-        self.ends.append(self.clock())
-        return len(self.ends) == SKIP + MEASURE
+    def tick(self, step: int) -> str | None:
+        """Global step ``step`` ended: "decide" or "check" when the count is due to be
+        decided, first or finally, else None (on every rank alike: every rank takes the same
+        steps)."""
+        now = self.clock()
+        if self.decision is None:
+            self.ends.append(now)
+            return "decide" if len(self.ends) == SKIP + MEASURE else None
+        if self.mark is None:       # resumed after the first decision: past the warm-up
+            self.ends.append(now)
+            if len(self.ends) == SKIP:
+                self.mark = (step, now)
+        return "check" if step == self.decision.check_step() else None
 
     def step_seconds(self) -> float:
         """The median wall time of the timed steps."""
@@ -103,6 +133,21 @@ class TimeBudget:
         if times is not None:  # rank 0
             elapsed = elapsed_before + self.clock() - self.t0
             d = decide(self.seconds, self.max_steps, max(times), step, elapsed)
+        self.decision = comm.bcast_obj(d)
+        self.mark = (step, self.clock())
+        return self.decision
+
+    def check(self, comm, step: int, elapsed_before: float) -> Decision:
+        """The final decision at ``step`` (collective), from the wall time per step since
+        ``mark`` (the first decision's step time if fewer than ``MEASURE`` steps were timed)."""
+        mark_step, mark_t = self.mark if self.mark is not None else (step, 0.0)
+        window = (self.clock() - mark_t) / (step - mark_step) if step - mark_step >= MEASURE \
+            else self.decision.step_s
+        times = comm.gather_obj(window)
+        d = None
+        if times is not None:  # rank 0
+            elapsed = elapsed_before + self.clock() - self.t0
+            d = decide(self.seconds, self.max_steps, max(times), step, elapsed, final=True)
         self.decision = comm.bcast_obj(d)
         return self.decision
 

@@ -106,10 +106,8 @@ class Trainer:
                 continue
             self.step += 1
             self.log_step(epoch, res)
-            if self.budget is not None and self.budget.tick():  # (the same step on every rank)
-                decided = self.budget.decide(self.comm, self.step, self.elapsed_before)
-                self.set_length(decided)
-                self.replan(decided.text())
+            if self.budget is not None:
+                self.budget_due(self.budget.tick(self.step))
             self.check_in_sync()
             self.maybe_checkpoint(res)
             if s == self.visit.steps_per_epoch - 1:
@@ -182,6 +180,19 @@ class Trainer:
         self.log.set_plan(self.visits)
         if record:
             self.log.record({"kind": "time_budget", "step": self.step, **d.record()})
+
+    def budget_due(self, due: str | None):
+        """The time budget's count decided at this step, first or finally (collective: the
+        same step on every rank), and the schedule re-planned to it."""
+        if due is None:
+            return
+        decide = self.budget.decide if due == "decide" else self.budget.check
+        before, d = self.total_steps, decide(self.comm, self.step, self.elapsed_before)
+        self.set_length(d)
+        if due == "decide" or d.steps != before:
+            self.replan(d.text())
+        else:
+            self.log.info(f"{d.text()}: unchanged")
 
     def replan(self, why: str):
         """Re-plan the schedule of the current visit from this step to its (new) end,
