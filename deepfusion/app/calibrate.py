@@ -80,7 +80,8 @@ def cmd_calibrate(args, comm) -> int:
     cl, problem = loaded.channels_last, loaded.problem
     dtype = next(loaded.model.parameters()).dtype
     summary = evaluate(convert_model(loaded.model, cl), problem, comm, n=args.samples,
-                       seed=args.seed, dtype=dtype, channels_last=cl, check=True)
+                       seed=args.seed, dtype=dtype, channels_last=cl, check=True,
+                       correction=loaded.trained("problem").get("correction", 0))
     rec = collective_check(comm, store, summary, loaded.path, problem, loaded.step, args.error)
     if rec is not None:
         say_once(comm, f"{summary_line(rec)} -> {os.path.abspath(loaded.path)}", err=False)

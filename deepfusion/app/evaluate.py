@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from deepfusion.app.options import ANSWER_SET_HELP, add_set, add_threads, problem_options
+from deepfusion.app.options import (ANSWER_SET_HELP, add_correction, add_set, add_threads,
+                                    correction_of, problem_options)
 from deepfusion.config.files import as_set_flags
 from deepfusion.app.outputs import check_output, checkpoint_paths
 from deepfusion.app.policy import collective_check, run_distributed, say_note, say_once
@@ -33,6 +34,7 @@ def register(sub) -> None:
                         "must exist, and it is never the checkpoint or another file of a run")
     add_threads(e)
     add_set(e, ANSWER_SET_HELP)
+    add_correction(e)
     e.set_defaults(run=lambda args: run_distributed(cmd_evaluate, args))
 
 
@@ -47,6 +49,7 @@ def evaluation_target(args):
     n = data["test_samples"] if args.samples is None else args.samples
     if n < 1:
         raise ValueError(f"--samples must be >= 1, got {n}")
+    args.correction = correction_of(args, loaded)
     return loaded, seed, n, loaded.seed_notes(seed, held_out=True)
 
 
@@ -80,7 +83,7 @@ def cmd_evaluate(args, comm) -> int:
     dtype = next(loaded.model.parameters()).dtype
     model = convert_model(loaded.model, cl)
     summary = evaluate(model, problem, comm, n=n, seed=seed, dtype=dtype, channels_last=cl,
-                       check=True)
+                       check=True, correction=args.correction)
     if summary is None:
         return 0
     summary.pop("_examples")
@@ -89,9 +92,11 @@ def cmd_evaluate(args, comm) -> int:
                                    f"eval_seed{seed}.json")
     with open(out, "w") as f:
         json.dump({"checkpoint": os.path.abspath(path), "step": loaded.meta.get("step"),
-                   "grid": list(problem.grid), "options": args.options, **summary}, f, indent=1)
+                   "grid": list(problem.grid), "options": args.options,
+                   "correction": args.correction, **summary}, f, indent=1)
     kind = "test" if not notes else "NOT a test draw:"
-    given = as_set_flags(args.options)
+    given = " ".join(filter(None, [as_set_flags(args.options), f"--correction "
+                                   f"{args.correction}" if args.correction else ""]))
     print(f"{kind} {quantity(summary)} over {n} draws (seed {seed}) of {os.path.basename(path)}"
           f" on {grid_text(problem.grid)}{' with ' + given if given else ''}: "
           f"{summary_text(summary)} -> {out}", flush=True)

@@ -19,7 +19,8 @@ import os
 
 from deepfusion.app.fields_run import (check_batch, check_out, execute, input_args, resolve,
                                        set_threads)
-from deepfusion.app.options import ANSWER_SET_HELP, add_set, problem_options
+from deepfusion.app.options import (ANSWER_SET_HELP, add_correction, add_set, correction_of,
+                                    problem_options)
 from deepfusion.app.outputs import checkpoint_paths
 from deepfusion.app.policy import collective_check, run_distributed, say_once
 
@@ -40,6 +41,7 @@ def register(sub) -> None:
                         "physical extent its filters and receptive field cover (they count "
                         "nodes), so its error there can be far above the training error")
     add_set(i, ANSWER_SET_HELP)
+    add_correction(i)
     i.add_argument("--refine", type=float, metavar="TOL",
                    help="refine each answer with the problem's iterative reference solver "
                         "(the network's answer is its initial guess) to the relative residual "
@@ -75,6 +77,12 @@ def _load(args):
     args.options = problem_options(args, "infer")
     loaded = load(args.checkpoint, grid=parse_grid(args.grid), work_grid=_work_grid(args),
                   options=args.options)
+    args.correction = correction_of(args, loaded)
+    if args.correction and args.domain:
+        raise ValueError(f"--domain splits each answer over ranks, and the coarse correction "
+                         f"({args.correction} cells, the run's problem.correction unless "
+                         f"--correction is given) needs it whole on one: give --correction 0 "
+                         f"or no --domain")
     if args.precision == "bf16":
         import torch
 
@@ -121,7 +129,7 @@ def _infer(args, comm) -> int:
     check = collective_check(comm, _check, args, problem)
     threshold = threshold_for(meta, problem) if check else None
     pipe = service.pipeline(model, problem, work=work, channels_last=loaded.channels_last,
-                            domain=domain)
+                            domain=domain, correction=args.correction)
     compute = service.Predictor(pipe, samples, warmup=warm, finish=service.as_arrays(
         problem, samples, refine=args.refine, check=check,
         threshold=threshold.value if threshold is not None else None))

@@ -1,5 +1,5 @@
-"""The flags ``evaluate``, ``infer`` and ``solve`` share: ``--set problem.options.KEY=VALUE``
-and ``--threads``.
+"""The flags ``evaluate``, ``infer`` and ``solve`` share: ``--set problem.options.KEY=VALUE``,
+``--threads`` and (the commands that answer from a checkpoint) ``--correction``.
 
 ``--set`` reads its VALUE as TOML, with the parser of ``deepfusion train --set``
 (:func:`deepfusion.config.apply_overrides`), and on these commands takes only the keys of the
@@ -28,6 +28,25 @@ THREADS_HELP = ("threads per rank (default 0 = auto: the host's cores / ranks); 
 def add_set(p, help_text: str) -> None:
     """``--set problem.options.KEY=VALUE`` (repeatable)."""
     p.add_argument("--set", action="append", metavar="problem.options.KEY=VALUE", help=help_text)
+
+
+CORRECTION_HELP = ("cells per axis of the answers' coarse correction (the training loss "
+                   "minimised over their rescalings on a coarse partition, docs/your-own-pde.md"
+                   "#the-coarse-correction); 0 = none; default: the run's problem.correction")
+
+
+def add_correction(p) -> None:
+    p.add_argument("--correction", type=int, default=None, metavar="M", help=CORRECTION_HELP)
+
+
+def correction_of(args, loaded) -> int:
+    """The coarse correction to answer with: ``--correction`` if given, else the checkpoint's
+    ``problem.correction`` (0 for a run that set none). ValueError for a negative one."""
+    m = args.correction if getattr(args, "correction", None) is not None \
+        else loaded.trained("problem").get("correction", 0)
+    if int(m) < 0:
+        raise ValueError(f"--correction must be >= 0 (cells per axis; 0 = none), got {m}")
+    return int(m)
 
 
 def add_threads(p) -> None:

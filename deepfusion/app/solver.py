@@ -11,6 +11,7 @@ split is ``deepfusion infer --domain``'s.
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ import torch
 from diffnet.problems import has_answer_residual
 
 from deepfusion.app.fields_run import DEFAULT_SEED
+from deepfusion.app.options import correction_of
 from deepfusion.app.samples import (Samples, check_params, fields_inputs, range_refusal,
                                     range_warnings)
 from deepfusion.engine.predict import service
@@ -30,7 +32,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.floa
 
 
 def load(path, *, work_grid: str = "trained", batch: int = 8, threads: int | None = None,
-         dtype=None, options: dict | None = None) -> "Solver":
+         dtype=None, options: dict | None = None, correction: int | None = None) -> "Solver":
     """The solver of a checkpoint file, or of a run directory's newest complete checkpoint.
 
     Args:
@@ -43,6 +45,9 @@ def load(path, *, work_grid: str = "trained", batch: int = 8, threads: int | Non
             'bfloat16' (CPUs with avx512_bf16 / amx_bf16 only), or a torch dtype.
         options: problem options that replace the checkpoint's (``infer --set
             problem.options.KEY=VALUE``), e.g. how the answer is formed.
+        correction: cells per axis of the answers' coarse correction (``infer --correction``,
+            docs/your-own-pde.md#the-coarse-correction); None: the run's
+            ``problem.correction``; 0: none. ``predict`` can override it.
 
     Raises ValueError naming the problem: no checkpoint there, a file that is not a
     checkpoint, or options that do not fit the network.
@@ -54,7 +59,7 @@ def load(path, *, work_grid: str = "trained", batch: int = 8, threads: int | Non
         if level == "WARNING":
             warnings.warn(text, stacklevel=3)
     return Solver(loaded, work_grid=work_grid, batch=batch, threads=threads, dtype=dtype,
-                  options=options)
+                  options=options, correction=correction)
 
 
 def as_dtype(dtype) -> torch.dtype | None:
@@ -82,7 +87,7 @@ class Solver:
     """
 
     def __init__(self, loaded, *, work_grid="trained", batch=8, threads=None, dtype=None,
-                 options=None):
+                 options=None, correction=None):
         dtype = as_dtype(dtype)
         model, problem = loaded.model, loaded.problem
         self.model = (model if dtype is None else model.to(dtype)).requires_grad_(False)
@@ -92,6 +97,9 @@ class Solver:
         self.batch = check_batch(batch)
         resolve_work_grid(self.work_grid, self.meta)   # a bad spelling fails here, not at predict
         self.channels_last = loaded.channels_last
+        # the coarse correction of every answer (predict can override it); not in ``module``,
+        # which is the network's answer as a differentiable (exportable) torch module
+        self.correction = correction_of(SimpleNamespace(correction=correction), loaded)
         self.module = service.answer_module(self.model, problem)
         self._problems: dict = {self.grid: problem}
         self.last_refine: dict = {}     # predict(refine=...)'s per-sample records
@@ -148,7 +156,7 @@ class Solver:
         return problem.build_input(params, dtype=torch.float64).numpy()
 
     def predict(self, inputs=None, *, params=None, grid=None, work_grid=None, batch=None,
-                threads=None, refine=None, check: bool = False):
+                threads=None, refine=None, check: bool = False, correction=None):
         """The answers (N, *grid) to input fields or to parameter vectors.
 
         ``inputs``: (N, C, *grid) numpy array or torch tensor, channels in ``self.channels``
@@ -166,6 +174,9 @@ class Solver:
         ``last_check`` ({"residual": (N,), "flagged": (N,), "threshold" (None: none, only
         non-finite answers flagged), "threshold_source", "threshold_text"},
         docs/answer-check.md; ValueError, before any work, for a problem without one).
+
+        ``correction``: cells per axis of the answers' coarse correction (None: the solver's,
+        the run's ``problem.correction`` unless :func:`load` was given one; 0: none).
 
         The dtype is the network's (float32 for a bfloat16 network). ValueError naming what is
         wrong: a wrong channel count or grid axes (a missing axis named), non-finite values,
@@ -185,7 +196,9 @@ class Solver:
             u = self.empty_answer(problem, refine)
             return u if kind == "torch" else u.numpy()
         problem, work = self._on_grid(problem.grid, work_grid)
-        u = self._run(problem, work, samples, batch, threads or self.threads)
+        m = self.correction if correction is None else \
+            correction_of(SimpleNamespace(correction=correction), None)
+        u = self._run(problem, work, samples, batch, threads or self.threads, m)
         warn_nonfinite(u)
         if refine is not None:
             x = samples.inputs(problem, 0, samples.n, torch.float64)
@@ -250,8 +263,9 @@ class Solver:
         dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         return torch.zeros((0, *problem.grid), dtype=dtype)
 
-    def _run(self, problem, work, samples, batch: int, threads) -> torch.Tensor:
-        pipe = service.pipeline(self.model, problem, work=work, channels_last=self.channels_last)
+    def _run(self, problem, work, samples, batch: int, threads, correction: int = 0):
+        pipe = service.pipeline(self.model, problem, work=work, channels_last=self.channels_last,
+                                correction=correction)
         before = torch.get_num_threads()
         try:
             if threads:

@@ -161,7 +161,7 @@ class FinalValidation:
         summary = evaluate(pmodel.module, trainer.problem, self.comm, n=cfg.data.eval_samples,
                            seed=cfg.data.eval_seed, dtype=torch_dtype(cfg),
                            channels_last=cfg.model.channels_last, domain=pmodel.domain,
-                           check=True)
+                           check=True, correction=cfg.problem.correction)
         if summary is None:
             return None
         summary.update(step=trainer.step, level=visit.level, grid=list(visit.grid))

@@ -37,6 +37,12 @@ class ProblemConfig(Section):
                          item_ge=4, min_len=1, max_len=3)
     options: dict[str, Any] = option({}, "problem-specific keyword arguments passed to the problem "
                                      "constructor (validated there), e.g. {c_range = [3, 6]}")
+    correction: int = option(0, "the coarse correction every answer gets (validation, evaluate, "
+                                "infer, the Python API; not the training loss): the minimiser of "
+                                "the training loss over the answer's rescalings on a partition "
+                                "of this many cells per axis, for a linear PDE with a quadratic "
+                                "loss (docs/your-own-pde.md#the-coarse-correction); 0 = off",
+                             ge=0)
 
     def _validate(self):
         if "grid" in self.options:
@@ -354,6 +360,12 @@ class Config:
                 f"parallel.domain = {self.parallel.domain} must give one block count per axis of "
                 f"problem.grid = {self.problem.grid}, e.g. {[1] * (len(self.problem.grid) - 1) + [2]}",
                 key="parallel.domain")
+        if self.problem.correction and self.parallel.domain:
+            raise ConfigError(
+                f"problem.correction = {self.problem.correction} corrects each answer on the "
+                f"whole grid of one rank, and parallel.domain = {self.parallel.domain} splits it: "
+                f"drop one (problem.correction = 0, or parallel.domain = [])",
+                key="problem.correction")
         if (not self.train.levels and not self.train.time_budget.strip()
                 and self.optim.switch_to_lbfgs_epoch >= self.train.epochs):
             raise ConfigError(

@@ -13,7 +13,9 @@ Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g throu
 :func:`neumann` and :func:`robin` are loss terms, :func:`mesh`, :func:`bubble` and
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
 (:mod:`.contract.cells`). The answer residual every problem has from its loss:
-:func:`loss_residual` (:func:`residual_kind`: the family's own or that one). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
+:func:`loss_residual` (:func:`residual_kind`: the family's own or that one). The coarse
+correction of an answer by its loss's minimiser over coarse rescalings, for any linear PDE:
+:func:`coarse_correction` (:mod:`.contract.correction`). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from diffnet.problems.contract.base import Problem, residual_kind
 from diffnet.problems.contract.boundary import (bubble, dirichlet, mesh, neumann, normal_derivative,
                                                 robin, transfinite_lift, wall_names)
 from diffnet.problems.contract.cells import block_cells, cell_means
+from diffnet.problems.contract.correction import coarse_correction
 from diffnet.problems.contract.derived import check_derived_channels
 from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
                                               has_derived_channels, has_reference, refines,
@@ -82,4 +85,5 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "check_reference", "entry_point_names", "available_text",
            "residual_norm", "operator_norm", "residual_energy", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
+           "coarse_correction",
            "residual_kind", "Poisson"]

@@ -30,10 +30,12 @@ from deepfusion.engine.predict.plots import fields_figure, views
 
 @torch.no_grad()
 def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: int = 8,
-            channels_last: bool = True, domain=None, terms: bool = False) -> tuple:
+            channels_last: bool = True, domain=None, terms: bool = False,
+            correction: int = 0) -> tuple:
     """(inputs (n, C, *grid), predictions (n, *grid)) for parameter vectors (n, k), in batches
     through the prediction service in this rank (its unit) alone; with ``terms``, a third
-    item: each loss term of each prediction ({name: (n,)}).
+    item: each loss term of each prediction ({name: (n,)}). ``correction``: the answers'
+    coarse correction (cells per axis, 0: none).
 
     Under a domain split (``domain``, ``model`` and ``problem`` on its block) the group's first
     rank gets the whole inputs and predictions, the other ranks empty arrays; the terms are the
@@ -42,7 +44,8 @@ def predict(model, problem, params: np.ndarray, *, dtype=torch.float32, batch: i
         return {k: problem.block.sum(v.detach().contiguous()).double().numpy()
                 for k, v in problem.loss_terms(u, x).items()}
     pipe = service.pipeline(model, problem, channels_last=channels_last, domain=domain,
-                            dtype=dtype, post=loss_terms if terms else None)
+                            dtype=dtype, post=loss_terms if terms else None,
+                            correction=correction)
     samples = Samples(params)
     model.eval()
     done = service.predict_here(pipe, samples, batch, mode=torch.no_grad,
@@ -77,10 +80,12 @@ def answer_residuals(problem, preds: np.ndarray, params: np.ndarray,
 
 
 def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
-             channels_last: bool = True, domain=None, check: bool = False) -> dict | None:
+             channels_last: bool = True, domain=None, check: bool = False,
+             correction: int = 0) -> dict | None:
     """Relative L2 / max errors on ``n`` held-out draws; the summary on rank 0, None elsewhere.
     ``check``: each draw's answer residual too ("residual", in draw order), what calibrates
-    the threshold of the answer check (:mod:`.calibration`).
+    the threshold of the answer check (:mod:`.calibration`). ``correction``: the answers'
+    coarse correction (cells per axis, 0: none).
 
     Under a domain split (``domain``: the model's :class:`~deepfusion.engine.parallel.parallelize.Domain`,
     ``problem`` on its block) each group predicts its draws block by block and its first rank
@@ -88,11 +93,11 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
     solver: :func:`evaluate_loss`."""
     if not has_reference(problem):
         return evaluate_loss(model, problem, comm, n=n, seed=seed, dtype=dtype,
-                             channels_last=channels_last, domain=domain)
+                             channels_last=channels_last, domain=domain, correction=correction)
     idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
     inputs, preds = predict(model, problem, params, dtype=dtype, channels_last=channels_last,
-                            domain=domain)
+                            domain=domain, correction=correction)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports its draws
         idx, params = idx[:0], params[:0]
     t_inf = time.perf_counter() - t0
@@ -126,13 +131,14 @@ def evaluate(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
 
 
 def evaluate_loss(model, problem, comm, *, n: int, seed: int, dtype=torch.float32,
-                  channels_last: bool = True, domain=None) -> dict | None:
+                  channels_last: bool = True, domain=None, correction: int = 0) -> dict | None:
     """The loss of each prediction and its terms on ``n`` held-out draws, for a problem with no
     reference solver (no error to measure); the summary on rank 0, None elsewhere."""
     idx, params = _my_draws(problem, comm, n, seed, domain)
     t0 = time.perf_counter()
     _inputs, _preds, terms = predict(model, problem, params, dtype=dtype, terms=True,
-                                     channels_last=channels_last, domain=domain)
+                                     channels_last=channels_last, domain=domain,
+                                     correction=correction)
     if domain is not None and domain.comm.rank != 0:  # the group's first rank reports
         idx, params, terms = idx[:0], params[:0], {}
     local = {"idx": idx.tolist(), "params": params.tolist(), "t_inf": time.perf_counter() - t0,

@@ -7,7 +7,8 @@ One batch at a time::
     samples[lo:hi] -> inputs on the work grid (parameter draws rendered there, given fields
     resampled), under a domain split only this rank's block of them (draws rendered at the
     block's nodes alone: Problem.build_block_input) -> memory format -> the answer
-    (diffnet.answer.Answer: network, boundary imposition, answer head) -> post-step (extra
+    (diffnet.answer.Answer: network, boundary imposition, answer head) -> the coarse
+    correction, if asked (diffnet.problems.coarse_correction, whole grid only) -> post-step (extra
     per-sample outputs, on the block) -> the whole field on the group's first rank ->
     interpolated to the output grid
 
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from diffnet.answer import Answer
+from diffnet.problems import coarse_correction
 from diffnet.resample import resample_nodes
 from diffnet.split_layers import check_generator_split, split_generator
 
@@ -128,11 +130,19 @@ class Pipeline:
     already on this rank's block (:func:`split_for_prediction`). ``post(u, x) -> {name:
     (b,) array}``: a per-batch post-step on the answer ``u`` (b, 1, *block) and the network
     input ``x`` on the work grid's block (e.g. loss terms, a residual check); collective
-    within a group if it sums over the blocks.
+    within a group if it sums over the blocks. ``correction``: the cells per axis of the
+    coarse correction of every answer (0: none; ValueError with a domain split, whose answers
+    are not whole on one rank).
     """
 
     def __init__(self, model, problem, *, work=None, channels_last: bool = False,
-                 domain: Domain | None = None, dtype=None, post: Callable | None = None):
+                 domain: Domain | None = None, dtype=None, post: Callable | None = None,
+                 correction: int = 0):
+        if correction and domain is not None:
+            raise ValueError(f"the coarse correction ({correction} cells) needs each answer "
+                             f"whole on one rank; a domain split's answers are not: answer "
+                             f"without it (correction 0) or without the split")
+        self.correction = int(correction)
         self.problem = problem
         self.on = work or problem
         self.module = AnswerOnGrid(model, problem, work, channels_last)
@@ -165,6 +175,8 @@ class Pipeline:
         when it already is the network's input)."""
         xin = self.module.formatted(self.network_input(samples, lo, hi, x))
         u = self.answer(xin)
+        if self.correction:
+            u = coarse_correction(self.on, u, xin, self.correction)
         # the post-step: per-sample outputs computed from the answer on this rank's block
         extra = self.post(u, xin) if self.post is not None else {}
         del xin

@@ -35,11 +35,11 @@ from deepfusion.engine.predict.refine import refine_batch
 
 
 def pipeline(model, problem, *, work=None, channels_last: bool = False, domain=None,
-             dtype=None, post=None) -> Pipeline:
+             dtype=None, post=None, correction: int = 0) -> Pipeline:
     """The prediction pipeline of ``model`` for ``problem`` (the output grid), the network on
     ``work``'s grid (None: the output grid); see :class:`Pipeline` for the rest."""
     return Pipeline(model, problem, work=work, channels_last=channels_last, domain=domain,
-                    dtype=dtype, post=post)
+                    dtype=dtype, post=post, correction=correction)
 
 
 def answer_module(model, problem, work=None) -> AnswerOnGrid:

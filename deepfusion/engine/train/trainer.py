@@ -272,7 +272,7 @@ class Trainer:
             return
         s = evaluate(self.model.module, self.problem, self.comm, n=n, seed=self.cfg.data.eval_seed,
                      dtype=self.dtype, channels_last=self.cfg.model.channels_last,
-                     domain=self.model.domain)
+                     domain=self.model.domain, correction=self.cfg.problem.correction)
         if s is not None:
             v = self.visit
             self.log.record({"kind": "eval", "epoch": epoch, "step": self.step, "level": v.level,

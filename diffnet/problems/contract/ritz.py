@@ -136,6 +136,25 @@ def solve_gram(g: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.linalg.solve(g[i], rhs[i]) for i in range(b)])
 
 
+def coarse_lines(n: int, m: int) -> list[int]:
+    """The m + 1 node indices of an axis of ``n`` nodes that the lines of an m-cell coarse
+    partition sit on: round(c (n - 1) / m), c = 0..m."""
+    return [round(c * (n - 1) / m) for c in range(m + 1)]
+
+
+def line_hats(n: int, lines) -> torch.Tensor:
+    """(len(lines), n) float64 1-D hats over the node indices of an axis of ``n`` nodes: hat c
+    is 1 on node ``lines[c]``, 0 on the other lines, linear in the node index between them."""
+    i = torch.arange(n, dtype=torch.float64)
+    t = torch.zeros(n, dtype=torch.float64)                   # the coarse coordinate
+    for c in range(len(lines) - 1):
+        lo, hi = lines[c], lines[c + 1]
+        seg = (i >= lo) & (i <= hi)
+        t[seg] = c + (i[seg] - lo) / (hi - lo)
+    return (1 - (t[None] - torch.arange(len(lines), dtype=torch.float64)[:, None]).abs()
+            ).clamp_min(0)
+
+
 class Partition:
     """The (m + 1)^2 bilinear hats phi_a of an m x m coarse partition of a 2-D node grid.
 
@@ -150,20 +169,8 @@ class Partition:
     def __init__(self, grid, m: int):
         assert len(grid) == 2 and 1 <= m <= min(grid) - 1, (grid, m)
         self.grid, self.m = tuple(grid), m
-        self.lines = [[round(c * (n - 1) / m) for c in range(m + 1)] for n in grid]
-        self.hats = [self._hats(n, lines) for n, lines in zip(grid, self.lines)]
-
-    @staticmethod
-    def _hats(n: int, lines) -> torch.Tensor:
-        """(m + 1, n) float64 1-D hats over the node indices."""
-        i = torch.arange(n, dtype=torch.float64)
-        t = torch.zeros(n, dtype=torch.float64)                   # the coarse coordinate
-        for c in range(len(lines) - 1):
-            lo, hi = lines[c], lines[c + 1]
-            seg = (i >= lo) & (i <= hi)
-            t[seg] = c + (i[seg] - lo) / (hi - lo)
-        return (1 - (t[None] - torch.arange(len(lines), dtype=torch.float64)[:, None]).abs()
-                ).clamp_min(0)
+        self.lines = [coarse_lines(n, m) for n in grid]
+        self.hats = [line_hats(n, lines) for n, lines in zip(grid, self.lines)]
 
     def block_hats(self, block, like: torch.Tensor):
         """The 1-D hats (m + 1, n_y), (m + 1, n_x) cut to the block's nodes, in like's dtype."""

@@ -1,0 +1,141 @@
+"""The coarse correction (``diffnet.problems.coarse_correction``, ``problem.correction``): the
+loss's minimiser over an answer's rescalings on a coarse partition. It recovers the discrete
+solution exactly when the answer is the solution divided by a field of the partition's span,
+never raises the loss, works in 3-D, refuses a non-quadratic loss and cells the grid cannot
+hold; the engine answers with it where the run or the command asks (validation, evaluate,
+infer, the Python API) and refuses it with a domain split."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from deepfusion.config import ConfigError, load_config
+from diffnet.problems import coarse_correction, get_problem
+from diffnet.problems.contract.correction import partition_hats
+from diffnet.problems.contract.loss_residual import free_nodes
+from tests.in_process import deepfusion_here
+from tests.tiny_configs import TINY, variant
+
+
+def draws(p, n):
+    params = p.sample_params(0, range(n))
+    x = p.build_input(params, torch.float64)
+    ref = torch.as_tensor(np.stack([p.reference_solution(q) for q in params]))[:, None]
+    return x, ref
+
+
+def loss(p, u, x):
+    return sum(p.loss_terms(u, x).values())
+
+
+@pytest.mark.parametrize("grid,cells", [((17, 17), 2), ((17, 13), 4), ((9, 9, 9), 2)])
+def test_hats_are_a_partition_of_unity(grid, cells):
+    h = partition_hats(grid, cells)
+    assert h.shape == ((cells + 1) ** len(grid), *grid)
+    assert torch.allclose(h.sum(0), torch.ones(grid, dtype=torch.float64), atol=1e-14)
+    assert float(h.min()) >= 0.0
+
+
+@pytest.mark.parametrize("name,grid,cells", [("poisson", (17, 17), 2), ("poisson", (17, 17), 4),
+                                             ("poisson3d", (9, 9, 9), 2)])
+def test_the_solution_divided_by_a_field_of_the_span_is_recovered(name, grid, cells):
+    p = get_problem(name, grid=grid)
+    x, ref = draws(p, 2)
+    _, lift = free_nodes(p, x)
+    hats = partition_hats(grid, cells)
+    c = 1 + 0.3 * hats[len(hats) // 2] - 0.2 * hats[0]        # in the span, positive
+    u = lift + (ref - lift) / c
+    fixed = coarse_correction(p, u, x, cells)
+    assert float((u - ref).abs().max()) > 1e-2
+    assert float((fixed - ref).abs().max()) < 1e-6 * float(ref.abs().max())
+
+
+def test_the_loss_never_rises_and_a_bad_answer_is_kept():
+    p = get_problem("poisson", grid=(17, 17))
+    x, _ = draws(p, 3)
+    torch.manual_seed(0)
+    u = p.answer(0.1 * torch.randn(3, 1, 17, 17, dtype=torch.float64), x)
+    u[2, 0, 5, 5] = float("nan")
+    fixed = coarse_correction(p, u, x, 4)
+    assert bool((loss(p, fixed[:2], x[:2]) < loss(p, u[:2], x[:2])).all())
+    assert torch.isnan(fixed[2]).any() and torch.equal(fixed[2].isnan(), u[2].isnan())
+    assert fixed.dtype == u.dtype
+
+
+def test_a_float32_answer_under_inference_mode_is_corrected_in_its_dtype():
+    p = get_problem("poisson", grid=(17, 17))
+    x, ref = draws(p, 1)
+    with torch.inference_mode():
+        u = p.impose(ref * 1.1, x).float()     # the walls hold the data: a factor off inside
+        fixed = coarse_correction(p, u, x.float(), 0)     # one global factor
+    assert fixed.dtype == torch.float32
+    assert float((fixed - ref).norm()) < 1e-6 * float((u - ref).norm()) + 1e-6
+
+
+def test_a_non_quadratic_loss_and_too_many_cells_are_refused():
+    b = get_problem("burgers", grid=(16, 16))
+    x = b.build_input(b.sample_params(0, range(1)), torch.float64)
+    u = b.answer(torch.randn(1, 1, 16, 16, dtype=torch.float64), x)
+    with pytest.raises(ValueError, match="not quadratic in the answer.*problem.correction = 0"):
+        coarse_correction(b, u, x, 2)
+    p = get_problem("poisson", grid=(9, 9))
+    x, ref = draws(p, 1)
+    with pytest.raises(ValueError, match="use at most 8"):
+        coarse_correction(p, ref, x, 9)
+
+
+# -- the engine --------------------------------------------------------------------------------
+POISSON = variant(TINY, 'problem.name="poisson"', "train.epochs=2", "data.eval_samples=4")
+
+
+def test_config_refuses_a_correction_with_a_domain_split(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(POISSON)
+    assert load_config(str(path), ["problem.correction=4"]).problem.correction == 4
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path), ["problem.correction=4", "parallel.domain=[1, 2]"])
+    assert e.value.key == "problem.correction" and "parallel.domain = []" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def poisson_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("correction")
+    (tmp / "c.toml").write_text(POISSON)
+    d = str(tmp / "run")
+    p = deepfusion_here(["train", str(tmp / "c.toml"), "--set", f"run.dir={d}",
+                         "--set", "problem.correction=4"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def test_validation_evaluate_and_the_api_answer_with_the_runs_correction(poisson_run):
+    import deepfusion
+
+    d = poisson_run
+    out = {}
+    for flag in ([], ["--correction", "0"]):
+        p = deepfusion_here(["evaluate", d, "--samples", "4", *flag,
+                             "--out", os.path.join(d, f"e{len(flag)}.json")])
+        assert p.returncode == 0, p.stderr
+        with open(os.path.join(d, f"e{len(flag)}.json")) as f:
+            out[len(flag)] = json.load(f)
+    assert out[0]["correction"] == 4 and out[2]["correction"] == 0
+    assert out[0]["rel_l2_mean"] < out[2]["rel_l2_mean"]       # an untrained net: much better
+    s = deepfusion.load(d)
+    params = s.problem.sample_params(271828, range(4))            # evaluate's draws
+    ref = np.stack([s.problem.reference_solution(q) for q in params])
+    for m, key in ((None, 0), (0, 2)):
+        u = s.predict(params=params, correction=m)
+        e = np.linalg.norm((u - ref).reshape(4, -1), axis=1) / np.linalg.norm(
+            ref.reshape(4, -1), axis=1)
+        assert e.mean() == pytest.approx(out[key]["rel_l2_mean"], rel=1e-4)
+
+
+def test_infer_refuses_a_correction_with_a_domain_split(poisson_run, tmp_path):
+    p = deepfusion_here(["infer", poisson_run, "--samples", "2", "--domain", "1x2",
+                         "--out", str(tmp_path / "f.h5")])
+    assert p.returncode == 2 and "--correction 0" in p.stderr
