@@ -88,6 +88,39 @@ def test_a_non_quadratic_loss_and_too_many_cells_are_refused():
         coarse_correction(p, ref, x, 9)
 
 
+def brute(monkeypatch, p, u, x, cells):
+    """The correction from one gradient per hat (the colour classes turned off)."""
+    from diffnet.problems.contract import correction
+    with monkeypatch.context() as mp:
+        mp.setattr(correction, "colours_pay", lambda *a: False)
+        return coarse_correction(p, u, x, cells)
+
+
+@pytest.mark.parametrize("options,wide", [({}, False), ({"loss": "residual"}, True)])
+def test_colour_classes_give_the_hats_system_or_fall_back(monkeypatch, options, wide):
+    """An energy's Hessian reaches a node's neighbours: 9 coloured gradients give the same
+    correction as 25 (m = 4). A squared residual's reaches two nodes: the coloured system is
+    not symmetric, so it falls back to one gradient per hat (and remembers it)."""
+    from diffnet.problems.contract import correction
+    from diffnet.problems.contract.loss_residual import whole_copy
+
+    p = get_problem("poisson", grid=(33, 33), **options)
+    x, ref = draws(p, 2)
+    _, lift = free_nodes(p, x)
+    t = torch.linspace(0, 1, 33, dtype=torch.float64)
+    smooth = torch.sin(3 * t)[:, None] * torch.cos(2 * t)[None]     # a shape error, not noise
+    u = lift + (ref - lift) * (1 + 0.2 * smooth)
+    calls = []
+    real = correction.gradient_steps
+    monkeypatch.setattr(correction, "gradient_steps", lambda *a: calls.append(len(a[-1])) or
+                        real(*a))
+    fixed = coarse_correction(p, u, x, 4)
+    assert (whole_copy(p) in correction._WIDE) is wide
+    assert calls[0] == 9 and (sum(calls) > 9 * 2) is wide
+    assert torch.allclose(fixed, brute(monkeypatch, p, u, x, 4), rtol=0, atol=1e-10)
+    assert float((fixed - ref).norm()) < float((u - ref).norm())
+
+
 # -- the engine --------------------------------------------------------------------------------
 POISSON = variant(TINY, 'problem.name="poisson"', "train.epochs=2", "data.eval_samples=4")
 

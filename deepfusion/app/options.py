@@ -31,8 +31,8 @@ def add_set(p, help_text: str) -> None:
 
 
 CORRECTION_HELP = ("cells per axis of the answers' coarse correction (the training loss "
-                   "minimised over their rescalings on a coarse partition, docs/your-own-pde.md"
-                   "#the-coarse-correction); 0 = none; default: the run's problem.correction")
+                   "minimised over their rescalings on a coarse partition, "
+                   "docs/coarse-correction.md); 0 = none; default: the run's problem.correction")
 
 
 def add_correction(p) -> None:

@@ -46,7 +46,7 @@ def load(path, *, work_grid: str = "trained", batch: int = 8, threads: int | Non
         options: problem options that replace the checkpoint's (``infer --set
             problem.options.KEY=VALUE``), e.g. how the answer is formed.
         correction: cells per axis of the answers' coarse correction (``infer --correction``,
-            docs/your-own-pde.md#the-coarse-correction); None: the run's
+            docs/coarse-correction.md); None: the run's
             ``problem.correction``; 0: none. ``predict`` can override it.
 
     Raises ValueError naming the problem: no checkpoint there, a file that is not a

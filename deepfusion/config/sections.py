@@ -41,7 +41,7 @@ class ProblemConfig(Section):
                                 "infer, the Python API; not the training loss): the minimiser of "
                                 "the training loss over the answer's rescalings on a partition "
                                 "of this many cells per axis, for a linear PDE with a quadratic "
-                                "loss (docs/your-own-pde.md#the-coarse-correction); 0 = off",
+                                "loss (docs/coarse-correction.md); 0 = off",
                              ge=0)
 
     def _validate(self):

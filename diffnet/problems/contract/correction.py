@@ -22,10 +22,15 @@ G_ab = (phi_a v) . H (phi_b v) and b_a = (phi_a v) . g(u), J + 1 gradients of J 
 fields per answer. A non-linear PDE or loss (Burgers' Lax-Oleinik functional) has no such G:
 a probe (g(u + 2v) - g(u) against twice g(u + v) - g(u)) refuses it, naming the problem.
 
-Cost: the J gradients are one batched pass of the loss over J fields per answer; at 64 x 64
-with m = 8 (J = 81) a few times a direct sparse solve of the same grid, at 32^3 with m = 4
-(J = 125) about the network's own forward pass. It runs on the whole grid of one process (a
-domain split gathers the answer first).
+Cost: J gradients of the loss per answer, in passes of many fields. Where the loss's Hessian
+reaches only a node's 3^d neighbours (an energy or ``residual_energy`` of a 3^d stencil) and
+every coarse cell is at least two nodes wide, H (phi_b v) meets only the hats next to b, so
+the hats are summed in 3^d colour classes (b mod 3 per axis), one gradient per class, and each
+product (phi_a v) . H (sum of class q) is the one G_ab of a's neighbour b in class q: 9
+gradients in 2-D, 27 in 3-D, whatever m. The Hessian of a loss is symmetric, and a Hessian
+that reaches farther (a multilevel norm, a squared residual) mixes the neighbours of a class
+into a non-symmetric G, so a G that is not symmetric to rounding falls back to the J
+gradients (remembered for the problem). It runs on the whole grid of one process.
 
 >>> import torch
 >>> from diffnet.problems import get_problem, coarse_correction
@@ -39,7 +44,9 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -51,6 +58,11 @@ from diffnet.validation import check_int
 # relative departure from an affine gradient above which the loss is taken as non-quadratic:
 # float64 rounding of a gradient sums ~1e-13; a non-linear loss departs at order one
 AFFINE_RTOL = 1e-6
+# relative asymmetry of a coloured G above which the Hessian is taken to reach beyond a
+# node's neighbours (rounding: ~1e-13)
+SYMMETRY_RTOL = 1e-8
+# the whole-grid problems whose Hessian was found to reach farther: J gradients from then on
+_WIDE: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def partition_hats(grid, cells: int) -> torch.Tensor:
@@ -102,13 +114,15 @@ def correct_one(p, u, x, phi, fields_per_pass: int) -> torch.Tensor:
     v = (u - lift) * free
     g = loss_gradient(p, u, x).detach() * free
     f = v * phi[:, None]                                              # (J, 1, *grid)
-    hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
-                    for s in range(0, len(f), fields_per_pass)])
-    check_affine(p, u, x, free, g, v, hf, f)
     j = len(f)
-    fv, hv = f.reshape(j, -1), hf.reshape(j, -1)
-    gram = (fv @ hv.T)[None]
-    rhs = -(fv @ g.reshape(-1))[None]
+    gram = coloured_gram(p, u, x, free, g, f) if colours_pay(p, phi) else None
+    if gram is None:
+        hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
+                        for s in range(0, len(f), fields_per_pass)])
+        check_affine(p, u, x, free, g, v, hf)
+        gram = f.reshape(j, -1) @ hf.reshape(j, -1).T
+    gram = gram[None]
+    rhs = -(f.reshape(j, -1) @ g.reshape(-1))[None]
     scale = math.sqrt(float(gram.diagonal(dim1=1, dim2=2).abs().mean()) or 1.0)
     d = solve_gram(gram / scale ** 2, rhs / scale ** 2)[0]            # scaled: a loss's units
     return u + (d.view(j, *([1] * (f.dim() - 1))) * f).sum(0, keepdim=True)
@@ -121,9 +135,44 @@ def gradient_steps(p, u, x, free, g, f) -> torch.Tensor:
                           x.expand(k, *x.shape[1:])).detach() * free) - g
 
 
-def check_affine(p, u, x, free, g, v, hf, f) -> None:
+def colours_pay(p, phi) -> bool:
+    """Whether to try the colour classes: fewer gradients than hats, every coarse cell at
+    least two nodes wide (a hat's neighbours' neighbours then lie beyond its Hessian's
+    reach), and the problem's Hessian not already found wider."""
+    d, j = len(p.grid), len(phi)
+    cells = round(j ** (1 / d)) - 1
+    return 3 ** d < j and all(n - 1 >= 2 * cells for n in p.grid) and p not in _WIDE
+
+
+def coloured_gram(p, u, x, free, g, f):
+    """(J, J) G from one gradient per colour class (module docstring), or None (remembered)
+    where the result is not symmetric: the Hessian reaches beyond a node's neighbours."""
+    d, j = len(p.grid), len(f)
+    m1 = round(j ** (1 / d))
+    hat = np.stack(np.unravel_index(np.arange(j), (m1,) * d), axis=1)      # (J, d)
+    classes = [np.array(q) for q in itertools.product(range(3), repeat=d)]
+    sums = torch.cat([f[torch.from_numpy((hat % 3 == q).all(1))].sum(0, keepdim=True)
+                      for q in classes])
+    hs = gradient_steps(p, u, x, free, g, sums)
+    check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hs)
+    prods = f.reshape(j, -1) @ hs.reshape(len(classes), -1).T                # (J, classes)
+    gram = torch.zeros(j, j, dtype=f.dtype)
+    for c, q in enumerate(classes):
+        partner = hat + (q - hat + 1) % 3 - 1      # the neighbour (or itself) in class q
+        ok = ((partner >= 0) & (partner < m1)).all(1)
+        b = np.ravel_multi_index(tuple(partner[ok].T), (m1,) * d)
+        gram[torch.from_numpy(np.flatnonzero(ok)), torch.from_numpy(b)] = prods[ok, c]
+    size = float(gram.abs().max())
+    if float((gram - gram.T).abs().max()) > SYMMETRY_RTOL * size:
+        _WIDE.add(p)
+        return None
+    return gram
+
+
+def check_affine(p, u, x, free, g, v, hf) -> None:
     """ValueError unless the loss's gradient is affine in the answer along v: H (2 v) from a
-    gradient at u + 2 v against twice H v from the hats' (the hats sum to one)."""
+    gradient at u + 2 v against twice H v, the sum of ``hf`` (H of fields summing to v: the
+    hats sum to one)."""
     twice = (loss_gradient(p, u + 2 * v, x).detach() * free) - g
     once = hf.sum(0, keepdim=True)
     size = float(twice.norm())
