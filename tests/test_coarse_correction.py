@@ -168,6 +168,21 @@ def test_validation_evaluate_and_the_api_answer_with_the_runs_correction(poisson
         assert e.mean() == pytest.approx(out[key]["rel_l2_mean"], rel=1e-4)
 
 
+def test_infer_answers_with_the_correction_and_records_it(poisson_run, tmp_path):
+    import h5py
+
+    out = {}
+    for m in ("4", "0"):
+        path = str(tmp_path / f"f{m}.h5")
+        p = deepfusion_here(["infer", poisson_run, "--samples", "3", "--correction", m,
+                             "--out", path])
+        assert p.returncode == 0, p.stderr
+        with h5py.File(path, "r") as f:
+            assert int(f.attrs["correction"]) == int(m)
+            out[m] = f["u"][...]
+    assert not np.allclose(out["4"], out["0"])
+
+
 def test_infer_refuses_a_correction_with_a_domain_split(poisson_run, tmp_path):
     p = deepfusion_here(["infer", poisson_run, "--samples", "2", "--domain", "1x2",
                          "--out", str(tmp_path / "f.h5")])

@@ -1,7 +1,7 @@
 """``train.time_budget`` and the re-planned schedule: the budget read from its text, the count
-decided from the measured step time (the slowest rank's, on every rank alike), then finally
-from the wall time per step a quarter of the way on, the schedule held until the first
-decision and run to the decided end, the decisions recorded and kept by a resume, and decided
+decided from the measured step time (the slowest rank's, on every rank alike), then checked
+three times from the wall time per step (a quarter, half and three quarters of the way), the
+schedule held until the first decision and run to the decided end, the decisions recorded and kept by a resume, and decided
 again when the budget or train.max_steps changes. Step times are fixed through the
 test hook (tests/budget_clock.py): nothing here depends on how fast the machine is."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from deepfusion.config import ConfigError, load_config
 from deepfusion.config.plans import budget_seconds
 from deepfusion.engine.checkpoint.store import load_checkpoint
-from deepfusion.engine.train.budget import (CHECK_AT, FINAL_RESERVE, MEASURE, RESERVE, SKIP,
+from deepfusion.engine.train.budget import (CHECK_RESERVE, CHECKS, MEASURE, RESERVE, SKIP,
                                             TimeBudget, decide)
 from deepfusion.engine.train.schedule import Schedule
 from deepfusion.engine.train.stepper import lr_at
@@ -35,13 +35,29 @@ def records(run_dir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
-def expected_steps(budget, step_s, at, elapsed, final=False):
-    return at + int((budget - elapsed) * (1 - (FINAL_RESERVE if final else RESERVE)) // step_s)
+def expected_steps(budget, step_s, at, elapsed, check=False):
+    return at + int((budget - elapsed) * (1 - (CHECK_RESERVE if check else RESERVE)) // step_s)
 
 
-def check_step(at, steps):
-    """The step of the final decision after a first one at ``at`` for ``steps``."""
-    return at + max(MEASURE, int((steps - at) * CHECK_AT))
+def check_step(at, steps, check=0):
+    """The step of the check after a decision (check ``check``) at ``at`` for ``steps``."""
+    return at + max(MEASURE, (steps - at) // (CHECKS + 1 - check))
+
+
+def expected_decisions(budget, step_s, elapsed_at, first_at=DECIDE_AT):
+    """[(at_step, steps, check)] of a run whose steps take ``step_s`` on its slowest rank and
+    whose rank 0 reads ``elapsed_at(step)`` seconds at a step: the first decision, then each
+    check the run reaches before its end."""
+    steps = expected_steps(budget, step_s, first_at, elapsed_at(first_at))
+    out, at = [(first_at, steps, 0)], first_at
+    for k in range(1, CHECKS + 1):
+        c = check_step(at, steps, k - 1)
+        if c > steps:
+            break
+        steps = expected_steps(budget, step_s, c, elapsed_at(c), check=True)
+        out.append((c, steps, k))
+        at = c
+    return out
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -124,20 +140,18 @@ def test_two_ranks_decide_alike_from_the_slowest_rank(budget_run):
     """Each rank sees its own step time; the decision takes rank 1's 2 s, rank 0's clock
     (5 s after 10 steps of 0.5 s) and is broadcast: both ranks stop at the same step."""
     _, d, p = budget_run
-    rec, last = records(d, "time_budget")
-    first = expected_steps(60.0, 2.0, DECIDE_AT, DECIDE_AT * 0.5)
-    assert (rec["step_s"], rec["at_step"], rec["elapsed_s"], rec["steps"], rec["final"]) == \
-        (2.0, DECIDE_AT, 5.0, first, False)
-    # finally from the wall time per step since then: rank 1's 2 s again, rank 0's clock
-    c = check_step(DECIDE_AT, first)
-    want = expected_steps(60.0, 2.0, c, c * 0.5, final=True)
-    assert (last["step_s"], last["at_step"], last["elapsed_s"], last["steps"], last["final"]) \
-        == (2.0, c, c * 0.5, want, True)
+    recs = records(d, "time_budget")
+    want = expected_decisions(60.0, 2.0, lambda step: step * 0.5)
+    assert [(r["at_step"], r["steps"], r["check"]) for r in recs] == want
+    assert len(want) == CHECKS + 1 and recs[-1]["final"] and not recs[-2]["final"]
+    assert recs[0]["elapsed_s"] == 5.0 and {r["step_s"] for r in recs} == {2.0}
+    n = want[-1][1]
     steps = records(d, "step")
-    assert [r["step"] for r in steps] == list(range(1, want + 1))
-    assert p.stdout.count(f"-> {first} steps") == 1 and p.stdout.count(f"-> {want} steps") == 1
-    state = load_checkpoint(os.path.join(d, "checkpoints", f"step_{want:08d}.h5"))
-    assert state["meta"]["time_budget"]["steps"] == want
+    assert [r["step"] for r in steps] == list(range(1, n + 1))
+    for _, count, _ in want:       # each decision said once
+        assert p.stdout.count(f"-> {count} steps") >= 1
+    state = load_checkpoint(os.path.join(d, "checkpoints", f"step_{n:08d}.h5"))
+    assert state["meta"]["time_budget"]["steps"] == n
 
 
 @pytest.mark.mpi
@@ -145,13 +159,13 @@ def test_the_schedule_holds_until_decided_then_runs_to_the_end(budget_run):
     _, d, _ = budget_run
     lr = [r["lr"] for r in records(d, "step")]
     assert lr[:DECIDE_AT] == [3e-3] * DECIDE_AT  # held at its peak while measuring
-    first = records(d, "time_budget")[0]["steps"]
-    c = check_step(DECIDE_AT, first)
+    recs = records(d, "time_budget")
+    first, c = recs[0]["steps"], recs[1]["at_step"]
     v = [(s - DECIDE_AT) * first / (first - DECIDE_AT) for s in range(DECIDE_AT, c + 2)]
     cosine = [1e-5 + 0.5 * (3e-3 - 1e-5) * (1 + math.cos(math.pi * x / first)) for x in v]
     assert lr[DECIDE_AT:c + 1] == pytest.approx(cosine[:-1])  # the first decision's plan
-    tail = lr[c:]             # then from where it stood to the final decision's later end
-    assert all(a > b for a, b in zip(tail, tail[1:])) and tail[-1] < 2e-5
+    tail = lr[c:]            # then from where it stood to each later decision's end
+    assert all(a >= b for a, b in zip(tail, tail[1:])) and tail[-1] < 2e-5
     assert cosine[-1] < tail[1] < tail[0]  # no jump: slower than the first plan's next step
 
 
@@ -168,20 +182,20 @@ def test_a_resume_keeps_the_decided_count_bit_for_bit(tmp_path):
     for d in (full, cut):
         p = run_here(["train", str(tmp_path / "b.toml"), "--set", f"run.dir={d}"])
         assert p.returncode == 0, p.stderr
-    first, final = records(full, "time_budget")
-    assert first["steps"] == expected_steps(60.0, 1.0, DECIDE_AT, DECIDE_AT)
-    c = check_step(DECIDE_AT, first["steps"])
-    n = final["steps"]
-    assert n == expected_steps(60.0, 1.0, c, c, final=True) and final["at_step"] == c
-    assert n > first["steps"]  # the smaller final reserve: the wall time counts the rest
+    recs = records(full, "time_budget")
+    assert [(r["at_step"], r["steps"], r["check"]) for r in recs] == \
+        expected_decisions(60.0, 1.0, lambda step: step)
+    n, last = recs[-1]["steps"], recs[-1]["at_step"]
+    assert n > recs[0]["steps"]  # the smaller reserve: the wall time counts the rest
+    after = 12 * (last // 12 + 1)  # the first checkpoint after the last check
     for name in os.listdir(os.path.join(cut, "checkpoints")):
-        if name != "step_00000024.h5":  # back to step 24, after the final decision
+        if name != f"step_{after:08d}.h5":
             os.remove(os.path.join(cut, "checkpoints", name))
     p = run_here(["train", "--resume", cut])
     assert p.returncode == 0, p.stderr
     assert "re-planned" not in p.stdout
     assert [{k: v for k, v in r.items() if k != "run"} for r in records(cut, "time_budget")] \
-        == [{k: v for k, v in r.items() if k != "run"} for r in (first, final)]
+        == [{k: v for k, v in r.items() if k != "run"} for r in recs]
     strip = ("run", "time_step", "samples_per_s", "elapsed_s", "segment_s", "eta_s",
              "eta_scaled", "time_data", "time_optimizer", "time_forward", "time_backward",
              "time_allreduce")
@@ -201,20 +215,23 @@ def test_another_budget_or_cap_on_resume_decides_again_and_replans(tmp_path):
             os.remove(os.path.join(d, "checkpoints", name))
     p = run_here(["train", "--resume", d, "--set", 'train.time_budget="90s"'])
     assert p.returncode == 0, p.stderr
-    first, again, final = records(d, "time_budget")
-    assert first["at_step"] == DECIDE_AT and not first["final"]
-    assert again["at_step"] == 12 and again["step_s"] == 1.0 and not again["final"]
+    first, again, *checks = records(d, "time_budget")
+    assert first["at_step"] == DECIDE_AT and first["check"] == 0
+    assert again["at_step"] == 12 and again["step_s"] == 1.0 and again["check"] == 0
     assert again["steps"] == expected_steps(90.0, 1.0, 12, again["elapsed_s"])
     assert "train.time_budget 60 s -> 90 s: decided again" in p.stdout
     assert "is re-planned to end after" in p.stdout
-    # then finally, in this process: fewer than MEASURE steps of its own were timed by then,
-    # so the recorded step time stands in
-    c = check_step(12, again["steps"])
-    assert (final["at_step"], final["step_s"], final["final"]) == (c, 1.0, True)
-    assert final["steps"] == expected_steps(90.0, 1.0, c, final["elapsed_s"], final=True)
+    # then checked in this process, as a new run is
+    before_check = again
+    for k, c in enumerate(checks, 1):
+        assert c["check"] == k and c["step_s"] == 1.0
+        assert c["at_step"] == check_step(before_check["at_step"], before_check["steps"], k - 1)
+        assert c["steps"] == expected_steps(90.0, 1.0, c["at_step"], c["elapsed_s"], check=True)
+        before_check = c
+    assert checks and checks[-1]["final"]
     after = records(d, "step")
-    assert len(after) == final["steps"]
-    again = final
+    assert len(after) == checks[-1]["steps"]
+    again = checks[-1]
     assert after[12]["lr"] == pytest.approx(before[12]["lr"], rel=1e-12)  # continues, no jump
     assert after[-1]["lr"] == pytest.approx(1e-5, rel=0.2)  # its last step: about min_lr
     p = run_here(["train", "--resume", d, "--set", 'train.time_budget="90s"',
@@ -236,9 +253,9 @@ def test_a_resume_before_the_decision_decides_in_its_own_process(tmp_path):
             os.remove(os.path.join(d, "checkpoints", name))
     p = run_here(["train", "--resume", d])
     assert p.returncode == 0, p.stderr
-    rec, final = records(d, "time_budget")
+    rec, first_check, *_ = records(d, "time_budget")
     assert rec["at_step"] == 4 + DECIDE_AT
-    assert final["at_step"] == check_step(4 + DECIDE_AT, rec["steps"]) and final["final"]
+    assert first_check["at_step"] == check_step(4 + DECIDE_AT, rec["steps"])
     assert [r["lr"] for r in records(d, "step")][:4 + DECIDE_AT] == [3e-3] * (4 + DECIDE_AT)
 
 

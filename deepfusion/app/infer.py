@@ -137,7 +137,7 @@ def _infer(args, comm) -> int:
              "step": loaded.step,
              "work_grid": list((work or problem).grid),
              "domain": list(domain.split) if domain else [],
-             "options": args.options}
+             "options": args.options, "correction": args.correction}
     if threshold is not None:   # NaN: no threshold (only non-finite answers are flagged)
         attrs["residual_threshold"] = float("nan") if threshold.value is None \
             else threshold.value

@@ -14,12 +14,14 @@ checkpoints, the final one. ``train.max_steps``, if set, caps it.
 The first steps are slower than the rest (caches, the allocator, and on some hosts the clock
 ramping up: a 15-minute budget once ended after 11.7 minutes, its first steps at 0.124 s and
 the rest at 0.10 s), and the reserve is a guess at the validations' and checkpoints' share. So
-the count is decided once more, ``final``, at the step ``CHECK_AT`` of the way from the first
-decision to its end: from the wall time per step since then (validations and checkpoints
-included, so only ``FINAL_RESERVE`` is kept, for the final validation and checkpoint), rank
-0's clock against the slowest rank's, broadcast. A process resumed between the two decisions
-times its steps from its own ``SKIP``-th on; if fewer than ``MEASURE`` of them reach the check,
-the first decision's step time stands in, so the check is at the same step either way.
+a host's speed can change under a run (a neighbour on a shared node), the count is checked
+``CHECKS`` times, at a quarter, half and three quarters of the way from the first decision to
+its end: each decided again from the wall time per step since the decision before
+(validations and checkpoints included, so only ``CHECK_RESERVE`` is kept, for the final
+validation and checkpoint), rank 0's clock against the slowest rank's, broadcast; the last
+one is ``final``. A process resumed between two decisions times its steps from its own
+``SKIP``-th on; if fewer than ``MEASURE`` of them reach the check, the recorded step time stands
+in, so the check is at the same step either way.
 
 Each decision is logged, recorded in ``metrics.jsonl`` (``{"kind": "time_budget"}``) and
 in every checkpoint, so a resume continues the same count; a resume under another budget or
@@ -33,13 +35,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 SKIP = 2        # steps of this process not timed: warm-up of the allocator, caches, lazy state
 MEASURE = 8     # steps timed after them
 RESERVE = 0.1   # share of the time left kept for validations and checkpoints
-CHECK_AT = 0.25  # the final decision: this share of the way from the first to its end
-FINAL_RESERVE = 0.03  # kept then: the wall time per step counts the validations already
+CHECKS = 3      # decided again at 1/4, 1/2 and 3/4 of the way from the first decision
+CHECK_RESERVE = 0.03  # kept then: the wall time per step counts the validations already
 UNDECIDED = 2 ** 40  # a budget run's step count until decided (the loop's bound, never reached)
 
 
@@ -53,46 +55,56 @@ class Decision:
     at_step: int        # the step after which it was decided
     elapsed_s: float    # the run's training time then (resumed segments included)
     steps: int          # the run's step count
-    final: bool = False  # decided again from the wall time per step: not checked again
+    check: int = 0      # 0: the first decision; k: its k-th check, from the wall time per step
+
+    @property
+    def final(self) -> bool:
+        return self.check >= CHECKS
 
     def check_step(self) -> int | None:
-        """The step the count is decided again at (None: final)."""
+        """The step the count is decided again at (None: final): a quarter of the way from the
+        first decision, then a third and a half of the way left."""
         if self.final:
             return None
-        return self.at_step + max(MEASURE, int((self.steps - self.at_step) * CHECK_AT))
+        share = (self.steps - self.at_step) // (CHECKS + 1 - self.check)
+        return self.at_step + max(MEASURE, share)
 
     def record(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "final": self.final}
 
     @classmethod
     def from_record(cls, rec: dict | None) -> Decision | None:
-        return None if not rec else cls(**rec)
+        if not rec:
+            return None
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in rec.items() if k in names})
 
     def text(self) -> str:
         left = max(0.0, self.budget_s - self.elapsed_s)
         cap = f", capped by train.max_steps = {self.max_steps}" if self.steps == self.max_steps \
             else ""
-        what = ("of wall time since the first decision (the slowest rank's, validations and "
-                "checkpoints included)" if self.final else "(measured, the slowest rank's)")
-        kept = (f"{FINAL_RESERVE:.0%} reserve for the final validation and checkpoint"
-                if self.final else f"{RESERVE:.0%} reserve for validations and checkpoints")
+        what = (f"of wall time since the decision before (check {self.check} of {CHECKS}; the "
+                f"slowest rank's, validations and checkpoints included)" if self.check
+                else "(measured, the slowest rank's)")
+        kept = (f"{CHECK_RESERVE:.0%} reserve for the final validation and checkpoint"
+                if self.check else f"{RESERVE:.0%} reserve for validations and checkpoints")
         return (f"time budget {self.budget_s:g} s: {self.step_s:.3g} s per step {what}, "
                 f"{left:.0f} s left at step {self.at_step} less a {kept} -> {self.steps} steps"
                 f"{cap}")
 
 
 def decide(budget_s: float, max_steps: int, step_s: float, at_step: int,
-           elapsed_s: float, final: bool = False) -> Decision:
+           elapsed_s: float, check: int = 0) -> Decision:
     """The step count that fits ``budget_s`` at ``step_s`` per step, decided after
     ``at_step`` steps and ``elapsed_s`` seconds: never fewer than ``at_step`` (a spent budget
-    ends the run where it is), at most ``max_steps`` if that is set; ``final``: from the wall
-    time per step, keeping the smaller reserve."""
-    left = max(0.0, budget_s - elapsed_s) * (1.0 - (FINAL_RESERVE if final else RESERVE))
+    ends the run where it is), at most ``max_steps`` if that is set; ``check`` k > 0: the k-th
+    check, from the wall time per step, keeping the smaller reserve."""
+    left = max(0.0, budget_s - elapsed_s) * (1.0 - (CHECK_RESERVE if check else RESERVE))
     steps = at_step + (int(left // step_s) if step_s > 0 else 0)
     if max_steps > 0:
         steps = min(steps, max(max_steps, at_step))
     return Decision(float(budget_s), int(max_steps), float(step_s), int(at_step),
-                    float(elapsed_s), int(steps), bool(final))
+                    float(elapsed_s), int(steps), int(check))
 
 
 class TimeBudget:
@@ -138,8 +150,8 @@ class TimeBudget:
         return self.decision
 
     def check(self, comm, step: int, elapsed_before: float) -> Decision:
-        """The final decision at ``step`` (collective), from the wall time per step since
-        ``mark`` (the first decision's step time if fewer than ``MEASURE`` steps were timed)."""
+        """The next check's decision at ``step`` (collective), from the wall time per step
+        since ``mark`` (the recorded step time if fewer than ``MEASURE`` steps were timed)."""
         mark_step, mark_t = self.mark if self.mark is not None else (step, 0.0)
         window = (self.clock() - mark_t) / (step - mark_step) if step - mark_step >= MEASURE \
             else self.decision.step_s
@@ -147,8 +159,10 @@ class TimeBudget:
         d = None
         if times is not None:  # rank 0
             elapsed = elapsed_before + self.clock() - self.t0
-            d = decide(self.seconds, self.max_steps, max(times), step, elapsed, final=True)
+            d = decide(self.seconds, self.max_steps, max(times), step, elapsed,
+                       check=self.decision.check + 1)
         self.decision = comm.bcast_obj(d)
+        self.mark = (step, self.clock())      # the next check times the steps from here
         return self.decision
 
     def resumed(self, recorded: Decision | None, step: int, elapsed_s: float) -> tuple:

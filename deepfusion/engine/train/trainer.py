@@ -182,7 +182,7 @@ class Trainer:
             self.log.record({"kind": "time_budget", "step": self.step, **d.record()})
 
     def budget_due(self, due: str | None):
-        """The time budget's count decided at this step, first or finally (collective: the
+        """The time budget's count decided at this step, first or checked (collective: the
         same step on every rank), and the schedule re-planned to it."""
         if due is None:
             return
