@@ -115,7 +115,7 @@ def test_colour_classes_give_the_hats_system_or_fall_back(monkeypatch, options, 
     monkeypatch.setattr(correction, "gradient_steps", lambda *a: calls.append(len(a[-1])) or
                         real(*a))
     fixed = coarse_correction(p, u, x, 4)
-    assert (whole_copy(p) in correction._WIDE) is wide
+    assert (whole_copy(p) in correction.WIDE_HESSIANS) is wide
     assert calls[0] == 9 and (sum(calls) > 9 * 2) is wide
     assert torch.allclose(fixed, brute(monkeypatch, p, u, x, 4), rtol=0, atol=1e-10)
     assert float((fixed - ref).norm()) < float((u - ref).norm())

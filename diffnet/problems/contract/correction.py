@@ -62,7 +62,7 @@ AFFINE_RTOL = 1e-6
 # node's neighbours (rounding: ~1e-13)
 SYMMETRY_RTOL = 1e-8
 # the whole-grid problems whose Hessian was found to reach farther: J gradients from then on
-_WIDE: "weakref.WeakSet" = weakref.WeakSet()
+WIDE_HESSIANS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def partition_hats(grid, cells: int) -> torch.Tensor:
@@ -107,7 +107,7 @@ def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 
 
 
 def correct_one(p, u, x, phi, fields_per_pass: int) -> torch.Tensor:
-    """(1, 1, *grid) one answer corrected (float64): the Galerkin system from J + 1 gradients."""
+    """(1, 1, *grid) one answer corrected (float64), its system from the loss's gradients."""
     if not bool(torch.isfinite(u).all()):
         return u
     free, lift = free_nodes(p, x)
@@ -141,7 +141,7 @@ def colours_pay(p, phi) -> bool:
     reach), and the problem's Hessian not already found wider."""
     d, j = len(p.grid), len(phi)
     cells = round(j ** (1 / d)) - 1
-    return 3 ** d < j and all(n - 1 >= 2 * cells for n in p.grid) and p not in _WIDE
+    return 3 ** d < j and all(n - 1 >= 2 * cells for n in p.grid) and p not in WIDE_HESSIANS
 
 
 def coloured_gram(p, u, x, free, g, f):
@@ -164,7 +164,7 @@ def coloured_gram(p, u, x, free, g, f):
         gram[torch.from_numpy(np.flatnonzero(ok)), torch.from_numpy(b)] = prods[ok, c]
     size = float(gram.abs().max())
     if float((gram - gram.T).abs().max()) > SYMMETRY_RTOL * size:
-        _WIDE.add(p)
+        WIDE_HESSIANS.add(p)
         return None
     return gram
 
