@@ -183,6 +183,20 @@ def test_infer_answers_with_the_correction_and_records_it(poisson_run, tmp_path)
     assert not np.allclose(out["4"], out["0"])
 
 
+def test_a_correction_that_cannot_work_is_refused_before_any_work(poisson_run, tmp_path):
+    """A non-quadratic loss (Burgers) in the config: exit 2 before training, no run
+    directory; cells the grid cannot hold on evaluate: exit 2 before the evaluation."""
+    (tmp_path / "b.toml").write_text(variant(TINY, "problem.correction=4"))
+    d = tmp_path / "run"
+    p = deepfusion_here(["train", str(tmp_path / "b.toml"), "--set", f"run.dir={d}"])
+    assert p.returncode == 2 and "problem.correction = 4" in p.stderr
+    assert "not quadratic" in p.stderr and not d.exists()
+    p = deepfusion_here(["evaluate", poisson_run, "--samples", "2", "--correction", "99",
+                         "--out", str(tmp_path / "e.json")])
+    assert p.returncode == 2 and "use at most 15" in p.stderr
+    assert not (tmp_path / "e.json").exists()
+
+
 def test_infer_refuses_a_correction_with_a_domain_split(poisson_run, tmp_path):
     p = deepfusion_here(["infer", poisson_run, "--samples", "2", "--domain", "1x2",
                          "--out", str(tmp_path / "f.h5")])

@@ -43,7 +43,19 @@ def build_checked(cfg, check):
     model, specs = check(build_model, cfg, problem)
     problems = check(problem_factory, cfg, problem)
     check(check_splits, cfg, problems, per_rank=True)
+    check(check_answer_correction, cfg, problem)
     return problem, model, specs, problems
+
+
+def check_answer_correction(cfg, problem) -> None:
+    """``problem.correction`` tried on one answer of the problem (its loss must be quadratic,
+    the cells must fit the grid): refused before training, not at the first validation."""
+    from diffnet.problems.contract.correction import check_correction
+
+    try:
+        check_correction(problem, cfg.problem.correction)
+    except ValueError as e:
+        raise ValueError(f"problem.correction = {cfg.problem.correction}: {e}") from None
 
 
 def torch_dtype(cfg) -> torch.dtype:

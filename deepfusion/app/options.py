@@ -39,13 +39,22 @@ def add_correction(p) -> None:
     p.add_argument("--correction", type=int, default=None, metavar="M", help=CORRECTION_HELP)
 
 
-def correction_of(args, loaded) -> int:
+def correction_of(args, loaded, problem=None) -> int:
     """The coarse correction to answer with: ``--correction`` if given, else the checkpoint's
-    ``problem.correction`` (0 for a run that set none). ValueError for a negative one."""
+    ``problem.correction`` (0 for a run that set none). ValueError for a negative one, and,
+    given the ``problem`` it corrects on, for cells its grid cannot hold or a loss that is not
+    quadratic (tried on one answer: before the work, not in the middle of it)."""
     m = args.correction if getattr(args, "correction", None) is not None \
         else loaded.trained("problem").get("correction", 0)
     if int(m) < 0:
         raise ValueError(f"--correction must be >= 0 (cells per axis; 0 = none), got {m}")
+    if problem is not None and m:
+        from diffnet.problems.contract.correction import check_correction
+
+        try:
+            check_correction(problem, int(m))
+        except ValueError as e:
+            raise ValueError(f"--correction {m}: {e}") from None
     return int(m)
 
 

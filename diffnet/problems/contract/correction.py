@@ -63,6 +63,8 @@ AFFINE_RTOL = 1e-6
 SYMMETRY_RTOL = 1e-8
 # the whole-grid problems whose Hessian was found to reach farther: J gradients from then on
 WIDE_HESSIANS: "weakref.WeakSet" = weakref.WeakSet()
+# problem -> the cells ``check_correction`` has passed for it (checked once per problem)
+CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def partition_hats(grid, cells: int) -> torch.Tensor:
@@ -85,6 +87,23 @@ def check_cells(cells, grid) -> int:
         raise ValueError(f"the coarse correction's cells = {cells} needs at least {cells + 1} "
                          f"nodes per axis, the grid is {list(grid)}: use at most "
                          f"{min(grid) - 1}")
+    return cells
+
+
+def check_correction(problem, cells) -> int:
+    """``cells`` checked for ``problem`` before any answer needs it: its range on the grid,
+    then the correction of one answer to a draw of the family (an imposed random output),
+    which refuses a loss that is not quadratic. ValueError naming the fix; ``cells`` as an int
+    (0: nothing to check)."""
+    cells = check_cells(cells, problem.grid)
+    if cells and cells not in CHECKED.setdefault(problem, set()):
+        x = problem.build_input(problem.sample_params(0, range(1)), torch.float64)
+        raw = torch.randn(1, problem.output_channels, *problem.grid, dtype=torch.float64,
+                          generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            u = problem.answer(0.1 * raw, x)
+        coarse_correction(problem, u, x, cells)
+        CHECKED[problem].add(cells)
     return cells
 
 
