@@ -50,7 +50,7 @@ def build_checked(cfg, check):
 def check_answer_correction(cfg, problem) -> None:
     """``problem.correction`` tried on one answer of the problem (its loss must be quadratic,
     the cells must fit the grid): refused before training, not at the first validation."""
-    from diffnet.problems.contract.correction import check_correction
+    from diffnet.problems import check_correction
 
     try:
         check_correction(problem, cfg.problem.correction)

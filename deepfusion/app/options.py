@@ -49,7 +49,7 @@ def correction_of(args, loaded, problem=None) -> int:
     if int(m) < 0:
         raise ValueError(f"--correction must be >= 0 (cells per axis; 0 = none), got {m}")
     if problem is not None and m:
-        from diffnet.problems.contract.correction import check_correction
+        from diffnet.problems import check_correction
 
         try:
             check_correction(problem, int(m))

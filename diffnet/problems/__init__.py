@@ -26,7 +26,7 @@ from diffnet.problems.contract.base import Problem, residual_kind
 from diffnet.problems.contract.boundary import (bubble, dirichlet, mesh, neumann, normal_derivative,
                                                 robin, transfinite_lift, wall_names)
 from diffnet.problems.contract.cells import block_cells, cell_means
-from diffnet.problems.contract.correction import coarse_correction
+from diffnet.problems.contract.correction import check_correction, coarse_correction
 from diffnet.problems.contract.derived import check_derived_channels
 from diffnet.problems.contract.family import (Axis, Family, check_reference, has_answer_residual,
                                               has_derived_channels, has_reference, refines,
@@ -85,5 +85,5 @@ __all__ = ["PROBLEMS", "GROUP", "Problem", "Axis", "Family", "Loss", "Plain", "R
            "check_reference", "entry_point_names", "available_text",
            "residual_norm", "operator_norm", "residual_energy", "dirichlet", "neumann", "robin", "normal_derivative", "mesh",
            "bubble", "transfinite_lift", "wall_names", "cell_means", "block_cells", "loss_residual",
-           "coarse_correction",
+           "coarse_correction", "check_correction",
            "residual_kind", "Poisson"]
