@@ -1,5 +1,5 @@
 """``train.time_budget``: the step count that ends the training within a wall-time budget,
-decided from the run's own step time, then checked once against the wall time.
+decided from the run's own step time, then checked three times against the wall time.
 
 The run times its steps in this process: the first ``SKIP`` are not counted (the first step
 fills the allocator's pools, the input cache and the network's lazy state; the second can
@@ -13,8 +13,8 @@ checkpoints, the final one. ``train.max_steps``, if set, caps it.
 
 The first steps are slower than the rest (caches, the allocator, and on some hosts the clock
 ramping up: a 15-minute budget once ended after 11.7 minutes, its first steps at 0.124 s and
-the rest at 0.10 s), and the reserve is a guess at the validations' and checkpoints' share. So
-a host's speed can change under a run (a neighbour on a shared node), the count is checked
+the rest at 0.10 s), the reserve is a guess at the validations' and checkpoints' share, and a
+host's speed can change under a run (a neighbour on a shared node). So the count is checked
 ``CHECKS`` times, at a quarter, half and three quarters of the way from the first decision to
 its end: each decided again from the wall time per step since the decision before
 (validations and checkpoints included, so only ``CHECK_RESERVE`` is kept, for the final
@@ -120,7 +120,7 @@ class TimeBudget:
 
     def tick(self, step: int) -> str | None:
         """Global step ``step`` ended: "decide" or "check" when the count is due to be
-        decided, first or finally, else None (on every rank alike: every rank takes the same
+        decided, first or again, else None (on every rank alike: every rank takes the same
         steps)."""
         now = self.clock()
         if self.decision is None:
@@ -140,14 +140,7 @@ class TimeBudget:
     def decide(self, comm, step: int, elapsed_before: float) -> Decision:
         """The decision after global step ``step`` (collective): the slowest rank's step
         time, rank 0's clock, rank 0's arithmetic, broadcast."""
-        times = comm.gather_obj(self.step_seconds())
-        d = None
-        if times is not None:  # rank 0
-            elapsed = elapsed_before + self.clock() - self.t0
-            d = decide(self.seconds, self.max_steps, max(times), step, elapsed)
-        self.decision = comm.bcast_obj(d)
-        self.mark = (step, self.clock())
-        return self.decision
+        return self.settle(comm, step, elapsed_before, self.step_seconds(), 0)
 
     def check(self, comm, step: int, elapsed_before: float) -> Decision:
         """The next check's decision at ``step`` (collective), from the wall time per step
@@ -155,14 +148,19 @@ class TimeBudget:
         mark_step, mark_t = self.mark if self.mark is not None else (step, 0.0)
         window = (self.clock() - mark_t) / (step - mark_step) if step - mark_step >= MEASURE \
             else self.decision.step_s
-        times = comm.gather_obj(window)
+        return self.settle(comm, step, elapsed_before, window, self.decision.check + 1)
+
+    def settle(self, comm, step: int, elapsed_before: float, step_s: float,
+               check: int) -> Decision:
+        """The decision at ``step`` from this rank's ``step_s`` (collective): the slowest
+        rank's, rank 0's clock and arithmetic, broadcast; the next check times from here."""
+        times = comm.gather_obj(step_s)
         d = None
         if times is not None:  # rank 0
             elapsed = elapsed_before + self.clock() - self.t0
-            d = decide(self.seconds, self.max_steps, max(times), step, elapsed,
-                       check=self.decision.check + 1)
+            d = decide(self.seconds, self.max_steps, max(times), step, elapsed, check=check)
         self.decision = comm.bcast_obj(d)
-        self.mark = (step, self.clock())      # the next check times the steps from here
+        self.mark = (step, self.clock())
         return self.decision
 
     def resumed(self, recorded: Decision | None, step: int, elapsed_s: float) -> tuple:
