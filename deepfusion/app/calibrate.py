@@ -81,7 +81,7 @@ def cmd_calibrate(args, comm) -> int:
     dtype = next(loaded.model.parameters()).dtype
     summary = evaluate(convert_model(loaded.model, cl), problem, comm, n=args.samples,
                        seed=args.seed, dtype=dtype, channels_last=cl, check=True,
-                       correction=loaded.trained("problem").get("correction", 0))
+                       correction=loaded.correction)
     rec = collective_check(comm, store, summary, loaded.path, problem, loaded.step, args.error)
     if rec is not None:
         say_once(comm, f"{summary_line(rec)} -> {os.path.abspath(loaded.path)}", err=False)

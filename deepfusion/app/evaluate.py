@@ -49,7 +49,7 @@ def evaluation_target(args):
     n = data["test_samples"] if args.samples is None else args.samples
     if n < 1:
         raise ValueError(f"--samples must be >= 1, got {n}")
-    args.correction = correction_of(args, loaded, loaded.problem)
+    args.correction = correction_of(args.correction, loaded, loaded.problem)
     return loaded, seed, n, loaded.seed_notes(seed, held_out=True)
 
 

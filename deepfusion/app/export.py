@@ -366,7 +366,7 @@ def export(path: str, fmt: str, out: str, *, grid=None, work_grid=None, options=
     loaded = load(path, grid=grid, work_grid=work_grid or "trained", options=options,
                   notes=notes)
     model, problem, work, meta = loaded.model, loaded.problem, loaded.work, loaded.meta
-    cells = loaded.trained("problem").get("correction", 0)
+    cells = loaded.correction
     if cells:   # autograd through the loss: no graph format holds it
         notes.append(("note", f"the run answers with a coarse correction (problem.correction "
                               f"= {cells}); the file answers without it, as the network does: "

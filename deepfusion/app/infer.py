@@ -77,7 +77,7 @@ def _load(args):
     args.options = problem_options(args, "infer")
     loaded = load(args.checkpoint, grid=parse_grid(args.grid), work_grid=_work_grid(args),
                   options=args.options)
-    args.correction = correction_of(args, loaded, loaded.work or loaded.problem)
+    args.correction = correction_of(args.correction, loaded, loaded.work or loaded.problem)
     if args.correction and args.domain:
         raise ValueError(f"--domain splits each answer over ranks, and the coarse correction "
                          f"({args.correction} cells, the run's problem.correction unless "

@@ -39,22 +39,21 @@ def add_correction(p) -> None:
     p.add_argument("--correction", type=int, default=None, metavar="M", help=CORRECTION_HELP)
 
 
-def correction_of(args, loaded, problem=None) -> int:
-    """The coarse correction to answer with: ``--correction`` if given, else the checkpoint's
-    ``problem.correction`` (0 for a run that set none). ValueError for a negative one, and,
-    given the ``problem`` it corrects on, for cells its grid cannot hold or a loss that is not
-    quadratic (tried on one answer: before the work, not in the middle of it)."""
-    m = args.correction if getattr(args, "correction", None) is not None \
-        else loaded.trained("problem").get("correction", 0)
+def correction_of(given, loaded, problem, flag: str = "--correction") -> int:
+    """The coarse correction to answer with: ``given`` (the command's ``flag``) if not None,
+    else the checkpoint's (``loaded.correction``). ValueError for a negative one, and for cells
+    the ``problem``'s grid cannot hold or a loss that is not quadratic (tried on one answer:
+    before the work, not in the middle of it)."""
+    m = loaded.correction if given is None else given
     if int(m) < 0:
-        raise ValueError(f"--correction must be >= 0 (cells per axis; 0 = none), got {m}")
-    if problem is not None and m:
+        raise ValueError(f"{flag} must be >= 0 (cells per axis; 0 = none), got {m}")
+    if m:
         from diffnet.problems import check_correction
 
         try:
             check_correction(problem, int(m))
         except ValueError as e:
-            raise ValueError(f"--correction {m}: {e}") from None
+            raise ValueError(f"{flag} {m}: {e}") from None
     return int(m)
 
 

@@ -11,7 +11,6 @@ split is ``deepfusion infer --domain``'s.
 from __future__ import annotations
 
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -99,8 +98,7 @@ class Solver:
         self.channels_last = loaded.channels_last
         # the coarse correction of every answer (predict can override it); not in ``module``,
         # which is the network's answer as a differentiable (exportable) torch module
-        self.correction = correction_of(SimpleNamespace(correction=correction), loaded,
-                                        problem)
+        self.correction = correction_of(correction, loaded, problem, "load(correction=...)")
         self.module = service.answer_module(self.model, problem)
         self._problems: dict = {self.grid: problem}
         self.last_refine: dict = {}     # predict(refine=...)'s per-sample records
@@ -198,7 +196,7 @@ class Solver:
             return u if kind == "torch" else u.numpy()
         problem, work = self._on_grid(problem.grid, work_grid)
         m = self.correction if correction is None else \
-            correction_of(SimpleNamespace(correction=correction), None, work or problem)
+            correction_of(correction, None, work or problem, "predict(correction=...)")
         u = self._run(problem, work, samples, batch, threads or self.threads, m)
         warn_nonfinite(u)
         if refine is not None:

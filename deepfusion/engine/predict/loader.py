@@ -308,6 +308,12 @@ class Loaded:
         return bool(self.trained("model").get("channels_last", False))
 
     @property
+    def correction(self) -> int:
+        """The cells of the coarse correction the run answers with (0: none, or a run from
+        before the setting)."""
+        return int(self.trained("problem").get("correction", 0))
+
+    @property
     def step(self) -> int:
         return int(self.meta.get("step", -1))
 
