@@ -45,7 +45,6 @@ True
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
 
 import numpy as np
@@ -120,12 +119,12 @@ def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 
         x = torch.from_numpy(np.array(inputs.detach().cpu().double().numpy()))
         w = torch.from_numpy(np.array(u.detach().cpu().double().numpy()))
         phi = partition_hats(p.grid, cells)
-        out = [correct_one(p, w[i:i + 1], x[i:i + 1], phi, fields_per_pass)
+        out = [correct_one(p, w[i:i + 1], x[i:i + 1], phi, cells, fields_per_pass)
                for i in range(len(w))]
     return torch.cat(out).to(u.dtype) if out else u
 
 
-def correct_one(p, u, x, phi, fields_per_pass: int) -> torch.Tensor:
+def correct_one(p, u, x, phi, cells: int, fields_per_pass: int) -> torch.Tensor:
     """(1, 1, *grid) one answer corrected (float64), its system from the loss's gradients."""
     if not bool(torch.isfinite(u).all()):
         return u
@@ -134,16 +133,14 @@ def correct_one(p, u, x, phi, fields_per_pass: int) -> torch.Tensor:
     g = loss_gradient(p, u, x).detach() * free
     f = v * phi[:, None]                                              # (J, 1, *grid)
     j = len(f)
-    gram = coloured_gram(p, u, x, free, g, f) if colours_pay(p, phi) else None
+    gram = coloured_gram(p, u, x, free, g, f, cells) if colours_pay(p, cells) else None
     if gram is None:
         hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
                         for s in range(0, len(f), fields_per_pass)])
         check_affine(p, u, x, free, g, v, hf)
         gram = f.reshape(j, -1) @ hf.reshape(j, -1).T
-    gram = gram[None]
-    rhs = -(f.reshape(j, -1) @ g.reshape(-1))[None]
-    scale = math.sqrt(float(gram.diagonal(dim1=1, dim2=2).abs().mean()) or 1.0)
-    d = solve_gram(gram / scale ** 2, rhs / scale ** 2)[0]            # scaled: a loss's units
+    # (solve_gram's shift is relative to G's diagonal: the loss's units do not matter)
+    d = solve_gram(gram[None], -(f.reshape(j, -1) @ g.reshape(-1))[None])[0]
     return u + (d.view(j, *([1] * (f.dim() - 1))) * f).sum(0, keepdim=True)
 
 
@@ -154,20 +151,19 @@ def gradient_steps(p, u, x, free, g, f) -> torch.Tensor:
                           x.expand(k, *x.shape[1:])).detach() * free) - g
 
 
-def colours_pay(p, phi) -> bool:
+def colours_pay(p, cells: int) -> bool:
     """Whether to try the colour classes: fewer gradients than hats, every coarse cell at
     least two nodes wide (a hat's neighbours' neighbours then lie beyond its Hessian's
     reach), and the problem's Hessian not already found wider."""
-    d, j = len(p.grid), len(phi)
-    cells = round(j ** (1 / d)) - 1
-    return 3 ** d < j and all(n - 1 >= 2 * cells for n in p.grid) and p not in WIDE_HESSIANS
+    d = len(p.grid)
+    return (3 ** d < (cells + 1) ** d and all(n - 1 >= 2 * cells for n in p.grid)
+            and p not in WIDE_HESSIANS)
 
 
-def coloured_gram(p, u, x, free, g, f):
+def coloured_gram(p, u, x, free, g, f, cells: int):
     """(J, J) G from one gradient per colour class (module docstring), or None (remembered)
     where the result is not symmetric: the Hessian reaches beyond a node's neighbours."""
-    d, j = len(p.grid), len(f)
-    m1 = round(j ** (1 / d))
+    d, j, m1 = len(p.grid), len(f), cells + 1
     hat = np.stack(np.unravel_index(np.arange(j), (m1,) * d), axis=1)      # (J, d)
     classes = [np.array(q) for q in itertools.product(range(3), repeat=d)]
     sums = torch.cat([f[torch.from_numpy((hat % 3 == q).all(1))].sum(0, keepdim=True)
