@@ -1,36 +1,41 @@
 """The coarse correction of an answer: the minimiser of the problem's own training loss over
-the answer's local rescalings on a coarse partition, for any linear PDE with a quadratic loss
-(``coarse_correction``; the engine's ``problem.correction``).
+the answer's local rescalings and a coarse finite-element space on a coarse partition, for any
+linear PDE with a quadratic loss (``coarse_correction``; the engine's ``problem.correction``).
 
 For an answer u with boundary lift g (``impose`` of the zero output) and v = u - g on the
 nodes ``impose`` leaves free, the corrected answer is
 
-    u + sum_a d_a phi_a v,     d = argmin L(u + sum_a d_a phi_a v),
+    u + sum_a (c_a phi_a v + e_a phi_a),     (c, e) = argmin L(u + ...),
 
 phi_a the (m + 1)^d tensor-product hats of an m^d coarse partition (bilinear / trilinear in the
-node index, a partition of unity). The span holds v itself, so the loss can only fall, and
-the correction is the partition-of-unity Galerkin method (Melenk and Babuska, 1996) with the
-network's answer as the local shape: the network has to get the solution's shape right, the
-amplitudes region by region come from the equation. For an energy (or ``residual_energy``)
-that is the best answer in the energy norm over the span; for a residual norm the best in
-that norm. It is the Ritz head's partition (:mod:`.ritz`) for any problem, from its loss alone.
+node index, a partition of unity), taken on the free nodes. This is the partition-of-unity
+(generalised finite-element) method of Melenk and Babuska (1996) with the local space
+{v, 1} on every patch: the network's answer gives the shape at the scales a coarse cell cannot
+resolve, the coarse hats the smooth error the network leaves, and the equation sets both
+amplitudes region by region. The span holds v, so the loss can only fall. Neither part alone
+does it: the network's error is mostly smooth (what gradient descent on a PDE loss fits last),
+the coarse space alone misses everything below a cell. For an energy (or ``residual_energy``)
+the answer is the best in the energy norm over the span; for a residual norm the best in that
+norm. It generalises the Ritz head's partition (:mod:`.ritz`) to any problem, from its loss
+alone.
 
 Why the loss, not the PDE: every problem has one and nothing else is needed of it. With L
-quadratic in u its gradient is affine, g(u + w) = g(u) + H w, so the system G d = -b is
-assembled from gradients alone (autograd through the loss, float64, the whole grid):
-G_ab = (phi_a v) . H (phi_b v) and b_a = (phi_a v) . g(u), J + 1 gradients of J = (m + 1)^d
-fields per answer. A non-linear PDE or loss (Burgers' Lax-Oleinik functional) has no such G:
-a probe (g(u + 2v) - g(u) against twice g(u + v) - g(u)) refuses it, naming the problem.
+quadratic in u its gradient is affine, g(u + w) = g(u) + H w, so the system G d = -b over the
+2J fields f_i (the phi_a v, then the phi_a) is assembled from gradients alone (autograd through
+the loss, float64, the whole grid): G_ij = f_i . H f_j and b_i = f_i . g(u), 2J + 1 gradients,
+J = (m + 1)^d, per answer. A non-linear PDE or loss (Burgers' Lax-Oleinik functional) has no
+such G: a probe (g(u + 2w) - g(u) against twice g(u + w) - g(u)) refuses it, naming the
+problem.
 
-Cost: J gradients of the loss per answer, in passes of many fields. Where the loss's Hessian
-reaches only a node's 3^d neighbours (an energy or ``residual_energy`` of a 3^d stencil) and
-every coarse cell is at least two nodes wide, H (phi_b v) meets only the hats next to b, so
-the hats are summed in 3^d colour classes (b mod 3 per axis), one gradient per class, and each
-product (phi_a v) . H (sum of class q) is the one G_ab of a's neighbour b in class q: 9
-gradients in 2-D, 27 in 3-D, whatever m. The Hessian of a loss is symmetric, and a Hessian
-that reaches farther (a multilevel norm, a squared residual) mixes the neighbours of a class
-into a non-symmetric G, so a G that is not symmetric to rounding falls back to the J
-gradients (remembered for the problem). It runs on the whole grid of one process.
+Cost: where the loss's Hessian reaches only a node's 3^d neighbours (an energy or
+``residual_energy`` of a 3^d stencil) and every coarse cell is at least two nodes wide,
+H f_j meets only the fields of the hats next to j's, so each kind of field is summed in 3^d
+colour classes (hat index mod 3 per axis), one gradient per class, and each product
+f_i . H (sum of a class) is the one G_ij of i's neighbour j in that class: 18 gradients in 2-D,
+54 in 3-D, whatever m. The Hessian of a loss is symmetric, and a Hessian that reaches farther
+(a multilevel norm, a squared residual) mixes the neighbours of a class into a non-symmetric
+G, so a G that is not symmetric to rounding falls back to the 2J gradients (remembered for the
+problem). It runs on the whole grid of one process.
 
 >>> import torch
 >>> from diffnet.problems import get_problem, coarse_correction
@@ -109,8 +114,8 @@ def check_correction(problem, cells) -> int:
 def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 512):
     """(B, 1, *grid) the answers ``u`` (B, 1, *grid) to ``inputs`` (B, C, *grid) corrected by
     the minimiser of ``problem``'s loss over their rescalings by the hats of a ``cells``^d
-    coarse partition (module docstring), in u's dtype; torch tensors on the problem's whole
-    grid. A non-finite answer is returned as it is. ValueError where the loss is not quadratic
+    coarse partition plus those hats (module docstring), in u's dtype; torch tensors on the
+    problem's whole grid. A non-finite answer is returned as it is. ValueError where the loss is not quadratic
     in the answer. ``fields_per_pass`` bounds the fields one gradient pass takes (memory)."""
     cells = check_cells(cells, problem.grid)
     with torch.inference_mode(False), torch.enable_grad():
@@ -125,19 +130,20 @@ def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 
 
 
 def correct_one(p, u, x, phi, cells: int, fields_per_pass: int) -> torch.Tensor:
-    """(1, 1, *grid) one answer corrected (float64), its system from the loss's gradients."""
+    """(1, 1, *grid) one answer corrected (float64), its system from the loss's gradients:
+    the fields phi_a v, then phi_a (module docstring)."""
     if not bool(torch.isfinite(u).all()):
         return u
     free, lift = free_nodes(p, x)
     v = (u - lift) * free
     g = loss_gradient(p, u, x).detach() * free
-    f = v * phi[:, None]                                              # (J, 1, *grid)
+    f = torch.cat([v * phi[:, None], free * phi[:, None]])              # (2J, 1, *grid)
     j = len(f)
     gram = coloured_gram(p, u, x, free, g, f, cells) if colours_pay(p, cells) else None
     if gram is None:
         hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
                         for s in range(0, len(f), fields_per_pass)])
-        check_affine(p, u, x, free, g, v, hf)
+        check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hf)
         gram = f.reshape(j, -1) @ hf.reshape(j, -1).T
     # (solve_gram's shift is relative to G's diagonal: the loss's units do not matter)
     d = solve_gram(gram[None], -(f.reshape(j, -1) @ g.reshape(-1))[None])[0]
@@ -161,21 +167,25 @@ def colours_pay(p, cells: int) -> bool:
 
 
 def coloured_gram(p, u, x, free, g, f, cells: int):
-    """(J, J) G from one gradient per colour class (module docstring), or None (remembered)
-    where the result is not symmetric: the Hessian reaches beyond a node's neighbours."""
-    d, j, m1 = len(p.grid), len(f), cells + 1
-    hat = np.stack(np.unravel_index(np.arange(j), (m1,) * d), axis=1)      # (J, d)
-    classes = [np.array(q) for q in itertools.product(range(3), repeat=d)]
-    sums = torch.cat([f[torch.from_numpy((hat % 3 == q).all(1))].sum(0, keepdim=True)
-                      for q in classes])
+    """(2J, 2J) G from one gradient per kind of field and colour class (module docstring), or
+    None (remembered) where the result is not symmetric: the Hessian reaches beyond a node's
+    neighbours."""
+    d, n, m1 = len(p.grid), len(f), cells + 1
+    j = m1 ** d                                                     # field i is of hat i mod J
+    hat = np.stack(np.unravel_index(np.arange(n) % j, (m1,) * d), axis=1)      # (2J, d)
+    kind = np.arange(n) // j                                        # 0: phi_a v, 1: phi_a
+    classes = [(k, np.array(q)) for k in range(n // j)
+               for q in itertools.product(range(3), repeat=d)]
+    sums = torch.cat([f[torch.from_numpy((kind == k) & (hat % 3 == q).all(1))]
+                      .sum(0, keepdim=True) for k, q in classes])
     hs = gradient_steps(p, u, x, free, g, sums)
     check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hs)
-    prods = f.reshape(j, -1) @ hs.reshape(len(classes), -1).T                # (J, classes)
-    gram = torch.zeros(j, j, dtype=f.dtype)
-    for c, q in enumerate(classes):
+    prods = f.reshape(n, -1) @ hs.reshape(len(classes), -1).T               # (2J, classes)
+    gram = torch.zeros(n, n, dtype=f.dtype)
+    for c, (k, q) in enumerate(classes):
         partner = hat + (q - hat + 1) % 3 - 1      # the neighbour (or itself) in class q
         ok = ((partner >= 0) & (partner < m1)).all(1)
-        b = np.ravel_multi_index(tuple(partner[ok].T), (m1,) * d)
+        b = k * j + np.ravel_multi_index(tuple(partner[ok].T), (m1,) * d)
         gram[torch.from_numpy(np.flatnonzero(ok)), torch.from_numpy(b)] = prods[ok, c]
     size = float(gram.abs().max())
     if float((gram - gram.T).abs().max()) > SYMMETRY_RTOL * size:
@@ -186,8 +196,7 @@ def coloured_gram(p, u, x, free, g, f, cells: int):
 
 def check_affine(p, u, x, free, g, v, hf) -> None:
     """ValueError unless the loss's gradient is affine in the answer along v: H (2 v) from a
-    gradient at u + 2 v against twice H v, the sum of ``hf`` (H of fields summing to v: the
-    hats sum to one)."""
+    gradient at u + 2 v against twice H v, the sum of ``hf`` (H of fields summing to v)."""
     twice = (loss_gradient(p, u + 2 * v, x).detach() * free) - g
     once = hf.sum(0, keepdim=True)
     size = float(twice.norm())
@@ -198,6 +207,6 @@ def check_affine(p, u, x, free, g, v, hf) -> None:
         raise ValueError(
             f"problem {p.name!r}: its loss is not quadratic in the answer (its gradient departs "
             f"from an affine one by {departure:.1e} relative), so the coarse correction, the "
-            f"loss's minimiser over the answer's coarse rescalings, is not a linear solve: it "
+            f"loss's minimiser over a coarse space built on the answer, is not a linear solve: it "
             f"needs a linear PDE and an energy or residual-norm loss; set problem.correction "
             f"= 0")
