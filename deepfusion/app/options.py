@@ -31,7 +31,7 @@ def add_set(p, help_text: str) -> None:
 
 
 CORRECTION_HELP = ("cells per axis of the answers' coarse correction (the training loss "
-                   "minimised over their rescalings on a coarse partition, "
+                   "minimised over their rescalings and a coarse partition's hats, "
                    "docs/coarse-correction.md); 0 = none; default: the run's problem.correction")
 
 

@@ -39,9 +39,9 @@ class ProblemConfig(Section):
                                      "constructor (validated there), e.g. {c_range = [3, 6]}")
     correction: int = option(0, "the coarse correction every answer gets (validation, evaluate, "
                                 "infer, the Python API; not the training loss): the minimiser of "
-                                "the training loss over the answer's rescalings on a partition "
-                                "of this many cells per axis, for a linear PDE with a quadratic "
-                                "loss (docs/coarse-correction.md); 0 = off",
+                                "the training loss over the answer's rescalings and the coarse "
+                                "hats of a partition of this many cells per axis, for a linear "
+                                "PDE with a quadratic loss (docs/coarse-correction.md); 0 = off",
                              ge=0)
 
     def _validate(self):

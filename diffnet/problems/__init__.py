@@ -14,7 +14,8 @@ Boundary data (:mod:`.contract.boundary`): :func:`dirichlet` imposes u = g throu
 :func:`transfinite_lift` the fields they are built from; :func:`cell_means` coarsens a field
 (:mod:`.contract.cells`). The answer residual every problem has from its loss:
 :func:`loss_residual` (:func:`residual_kind`: the family's own or that one). The coarse
-correction of an answer by its loss's minimiser over coarse rescalings, for any linear PDE:
+correction of an answer by its loss's minimiser over its coarse rescalings and the coarse
+hats, for any linear PDE:
 :func:`coarse_correction` (:mod:`.contract.correction`). The families are in :mod:`.families`, the problem checker in :mod:`.check`.
 """
 from __future__ import annotations

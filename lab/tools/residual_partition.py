@@ -37,7 +37,7 @@ def main(argv=None):
     ap.add_argument("--out", help="a JSON file for the rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    solver = deepfusion.load(args.run)
+    solver = deepfusion.load(args.run, correction=0)     # the network's own answers
     p = solver.problem
     params = p.sample_params(args.seed, range(args.samples))
     answers = np.asarray(solver.predict(params=params), dtype=np.float64)
