@@ -98,3 +98,61 @@ def test_a_resume_reads_its_checkpoint_once_and_says_what_it_skipped(tmp_path, c
     assert reads.count(os.path.basename(newest)) == 1, reads
     assert err.count("skipped checkpoint step_00000099.h5") == 1, err
     assert f"resumed from {newest} at step 4" in out + err
+
+
+def test_a_deleted_run_id_still_refuses_another_runs_checkpoint(tmp_path, cli):
+    """The records carry the run's id: deleting run_id does not let another run's file in."""
+    a = train(cli, tmp_path, "a", "train.init_seed=1")
+    x = train(cli, tmp_path, "x")
+    ours = read_run_id(str(x))
+    (x / RUN_ID).unlink()
+    theirs, _ = ckpt.find_checkpoint(str(a))
+    shutil.copy(theirs, x / "checkpoints" / "step_00000012.h5")
+    before = files(x)
+    rc, _, err = cli(["train", "--resume", str(x), "--set", "train.max_steps=14"])
+    assert rc == 2 and f"not by this one (id {ours})" in err, err
+    assert files(x) == before
+
+
+def test_a_resume_that_changes_the_problem_or_the_start_is_refused(tmp_path, cli):
+    a = train(cli, tmp_path, "a")
+    x = train(cli, tmp_path, "x")
+    before = files(x)
+    other, _ = ckpt.find_checkpoint(str(a))
+    for sets, said in ((['problem.name="poisson"'], "a resume continues the same PDE"),
+                       ([f"model.init_from={other}"], "a resume continues this run's own")):
+        args = ["train", "--resume", str(x), "--set", "train.max_steps=6"]
+        rc, _, err = cli(args + [a for s in sets for a in ("--set", s)])
+        assert rc == 2 and said in err, err
+        assert files(x) == before
+
+
+def test_a_config_naming_another_run_dir_is_refused_on_resume(tmp_path, cli):
+    x = train(cli, tmp_path, "x")
+    other = tmp_path / "other.toml"
+    other.write_text(variant(TINY, "train.max_steps=6", f'run.dir="{tmp_path / "elsewhere"}"'))
+    before = files(x)
+    rc, _, err = cli(["train", str(other), "--resume", str(x)])
+    assert rc == 2 and "names run.dir" in err and "drop --resume" in err, err
+    assert files(x) == before
+    # a job script's form: the config, --set run.dir and --resume naming one directory
+    rc, _, err = cli(["train", str(other), "--set", f"run.dir={x}", "--resume", str(x)])
+    assert rc == 0, err
+
+
+def test_check_and_jobs_render_refuse_another_runs_checkpoint_as_train_does(tmp_path, cli,
+                                                                            capsys):
+    from deepfusion.jobs import render
+
+    a = train(cli, tmp_path, "a", "train.init_seed=1")
+    y = train(cli, tmp_path, "y")
+    theirs, _ = ckpt.find_checkpoint(str(a))
+    shutil.copy(theirs, y / "checkpoints" / "step_00000012.h5")
+    rc, _, err = cli(["check", "--resume", str(y), "--ranks", "1", "--no-probe"])
+    assert rc == 2 and "was written by another run" in err, err
+    job = tmp_path / "job.sh"
+    capsys.readouterr()
+    rc = render.main(["--cluster", "local", "--ranks-per-node", "1", "--config",
+                      str(tmp_path / "y.toml"), "--run-dir", str(y), "--out", str(job)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "was written by another run" in err and not job.exists(), err

@@ -213,6 +213,16 @@ def test_overwrite_refuses_a_directory_with_files_no_run_writes(tmp_path, cli):
     (run / "thesis.txt").unlink()
     (run / "sub" / "notes.md").unlink()
     (run / "sub").rmdir()
+    # checkpoints/ holds the run's step files; a user's copy or notes there are theirs
+    newest = sorted((run / "checkpoints").iterdir())[-1]
+    (run / "checkpoints" / "notes.txt").write_text("which step was best")
+    (run / "checkpoints" / (newest.name + ".bak")).write_bytes(newest.read_bytes())
+    rc, _, err = cli(["train", str(cfg), "--set", f"run.dir={run}", "--overwrite"])
+    assert rc == 2 and (f"no run writes: checkpoints/notes.txt, checkpoints/{newest.name}.bak"
+                        in err), err
+    assert (run / "checkpoints" / "notes.txt").exists() and newest.exists()
+    (run / "checkpoints" / "notes.txt").unlink()
+    (run / "checkpoints" / (newest.name + ".bak")).unlink()
     rc, _, err = cli(["train", str(cfg), "--set", f"run.dir={run}", "--overwrite"])
     assert rc == 0, err
 

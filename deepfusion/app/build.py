@@ -25,8 +25,8 @@ from deepfusion.engine.train.plan import plan
 from deepfusion.engine.train.resuming import load_newest
 from deepfusion.engine.parallel.memformat import convert_model
 from deepfusion.engine.run.files import clear_run_dir
-from deepfusion.engine.run.identity import ensure_run_id, read_run_id
-from deepfusion.engine.run.resume import resume_refusal
+from deepfusion.engine.run.identity import ensure_run_id
+from deepfusion.engine.run.resume import check_own, resume_refusal
 from deepfusion.app.preflight import holds_run
 from deepfusion.app.problems import check_registry_options
 
@@ -246,16 +246,9 @@ def check_resume(cfg, model, rank: int):
         found = load_newest(d)
     except CheckpointError as exc:
         raise resume_refusal(d, exc) from None
-    path, meta, ours = found[0], found[1]["meta"], read_run_id(d)
-    theirs = meta.get("run_id")
-    if ours and theirs and ours != theirs:
-        where = (meta.get("config") or {}).get("run", {}).get("dir", "?")
-        raise ValueError(f"--resume {d}: {path} was written by another run (id {theirs}, "
-                         f"run.dir {where!r}), not by this one (id {ours}): a resume continues "
-                         f"its own run only. Remove that file to resume from this run's own "
-                         f"checkpoints, or start a new run from its weights on purpose: "
-                         f"deepfusion train CONFIG --set model.init_from={path} "
-                         f"--set run.dir=NEW_DIR")
+    path, meta = found[0], found[1]["meta"]
+    check_own(d, path, meta)
+    refuse_new_start(cfg, meta, d)
     differs = network_mismatch(model, cfg.model.name, meta, grown=True)
     if differs:
         raise ValueError(f"--resume {d}: its checkpoint {os.path.basename(path)} {differs}: a "
@@ -263,6 +256,25 @@ def check_resume(cfg, model, rank: int):
                          f"model.options (or put them back in the config); to train another "
                          f"network from these weights, start a new run in another directory")
     return found
+
+
+def refuse_new_start(cfg, meta: dict, d: str) -> None:
+    """ValueError where a resume's settings would make another run of it: another problem, or
+    other weights to start from (``model.init_from``)."""
+    saved = meta.get("config") or {}
+    was = (saved.get("problem") or {}).get("name")
+    if was and was != cfg.problem.name:
+        raise ValueError(f"--resume {d}: the run solves problem {was!r}, this config "
+                         f"{cfg.problem.name!r}: a resume continues the same PDE. Drop the "
+                         f"--set of problem.name; to train on {cfg.problem.name!r} from these "
+                         f"weights, start a new run with --set model.init_from=CHECKPOINT "
+                         f"--set run.dir=NEW_DIR")
+    started = (saved.get("model") or {}).get("init_from", "")
+    if cfg.model.init_from and cfg.model.init_from != started:
+        raise ValueError(f"--resume {d}: model.init_from = {cfg.model.init_from!r} starts a run "
+                         f"from other weights, and a resume continues this run's own. Drop "
+                         f"the --set of model.init_from, or start a new run from those "
+                         f"weights with --set run.dir=NEW_DIR")
 
 
 def prepare_run_dir(cfg, resume: bool, overwrite: bool, rank: int) -> None:

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 
+from deepfusion.config import stated
 from deepfusion.engine.parallel.data import check_divisible, group_count
 from deepfusion.engine.parallel.layout import check_precision
 from deepfusion.engine.run import hook
@@ -139,9 +140,23 @@ def apply_resume(args) -> None:
                                  f"there, drop --set run.dir; to start a new run from its "
                                  f"weights, use --set model.init_from=CHECKPOINT with "
                                  f"--set run.dir={other}")
+        named = any(str(item).partition("=")[0].strip() == "run.dir" for item in args.set or [])
         if args.config is None:
             args.config = os.path.join(args.resume, "config.toml")
+        elif not named:  # (a job script names the directory with --set run.dir as well)
+            refuse_other_dir(args.config, args.resume)
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
+
+
+def refuse_other_dir(config: str, resume: str) -> None:
+    """ValueError where ``config`` states a run.dir other than the ``--resume`` directory:
+    which run was meant is not clear (a requeued job gives its run's own config)."""
+    where = stated(config, "run", "dir")
+    if isinstance(where, str) and os.path.abspath(where) != os.path.abspath(resume):
+        raise ValueError(f"--resume {resume} continues the run in {resume}, but {config} "
+                         f"names run.dir = {where!r}. To continue {resume}, give its own "
+                         f"config ({os.path.join(resume, 'config.toml')}), none, or --set "
+                         f"run.dir={resume}; to start a new run in {where}, drop --resume")
 
 
 def data_units(cfg, size: int) -> int:

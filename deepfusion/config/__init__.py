@@ -4,7 +4,8 @@
 writing), ``sections`` the seven tables and :class:`Config`, ``files`` reading files and
 ``--set`` overrides. What callers outside the layer use is re-exported here.
 """
-from deepfusion.config.files import apply_overrides, config_changes, describe, dump_toml, load_config
+from deepfusion.config.files import (apply_overrides, config_changes, describe, dump_toml,
+                                     load_config, stated)
 from deepfusion.config.schema import ConfigError
 from deepfusion.config.sections import (Config, DataConfig, OptimConfig, ParallelConfig,
                                         config_from_dict, config_to_dict)
@@ -12,5 +13,5 @@ from deepfusion.config.sections import (Config, DataConfig, OptimConfig, Paralle
 __all__ = [
     "Config", "ConfigError", "DataConfig", "OptimConfig", "ParallelConfig", "apply_overrides",
     "config_changes", "config_from_dict", "config_to_dict", "describe", "dump_toml",
-    "load_config",
+    "load_config", "stated",
 ]

@@ -105,6 +105,13 @@ def _check_index(items: list, i: int, key: str) -> None:
                           f"0..{len(items) - 1}); set the whole array to add entries", key=key)
 
 
+def stated(path: str, section: str, key: str):
+    """The value ``path``'s TOML states for ``section.key`` as written (None where it states
+    none: the default would apply); ConfigError for a file that cannot be read."""
+    table = _read_toml(str(path)).get(section)
+    return table.get(key) if isinstance(table, dict) else None
+
+
 def _read_toml(path: str) -> dict:
     try:
         with open(path, "rb") as fh:

@@ -24,9 +24,19 @@ def written_by_a_run(name: str) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for pattern in WRITTEN)
 
 
+# what a run writes in checkpoints/: its step files and their temporaries while written
+CHECKPOINT_FILES = ("step_*.h5", "step_*.h5.tmp.*")
+
+
 def foreign(run_dir: str) -> list[str]:
-    """The names in ``run_dir`` that no run writes (sorted)."""
-    return sorted(n for n in os.listdir(run_dir) if not written_by_a_run(n))
+    """The names in ``run_dir``, and in its ``checkpoints/``, that no run writes (sorted)."""
+    others = [n for n in os.listdir(run_dir) if not written_by_a_run(n)]
+    where = os.path.join(run_dir, "checkpoints")
+    if os.path.isdir(where) and not os.path.islink(where):
+        others += [os.path.join("checkpoints", n) for n in os.listdir(where)
+                   if not any(fnmatch.fnmatch(n, p) for p in CHECKPOINT_FILES)
+                   or not os.path.isfile(os.path.join(where, n))]
+    return sorted(others)
 
 
 def check_overwrite(run_dir: str) -> None:

@@ -6,10 +6,12 @@ continue that run's weights into this run's record, with nothing but a changed s
 """
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
 RUN_ID = "run_id"
+METRICS = "metrics.jsonl"
 
 
 def read_run_id(run_dir: str) -> str | None:
@@ -21,13 +23,38 @@ def read_run_id(run_dir: str) -> str | None:
         return None
 
 
+def recorded_run_id(run_dir: str) -> str | None:
+    """The id the run's newest record of ``metrics.jsonl`` carries (None: no such record):
+    the run's identity where ``run_id`` was deleted, so that a deleted file does not let
+    another run's checkpoint in."""
+    try:
+        with open(os.path.join(run_dir, METRICS), errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("run"), str) and rec["run"]:
+            return rec["run"]
+    return None
+
+
+def run_identity(run_dir: str) -> str | None:
+    """The run's id: its ``run_id`` file, else the one its records carry (None: neither)."""
+    return read_run_id(run_dir) or recorded_run_id(run_dir)
+
+
 def ensure_run_id(run_dir: str) -> str:
-    """The run's id, written now if it has none (its first start; a run of an earlier version
-    takes one at its first resume)."""
+    """The run's id, written now if it has none: its records' id where ``run_id`` was lost,
+    else a new one (its first start; a run of an earlier version takes one at its first
+    resume)."""
     found = read_run_id(run_dir)
     if found:
         return found
-    new = uuid.uuid4().hex[:16]
+    new = recorded_run_id(run_dir) or uuid.uuid4().hex[:16]
     with open(os.path.join(run_dir, RUN_ID), "w") as f:
         f.write(new + "\n")
     return new
