@@ -64,3 +64,25 @@ def test_options_that_contradict_resume_are_refused_and_change_nothing(tiny_run,
     rc, _, err = cli(["train", "--resume", str(run), "--set", f"run.dir={run}",
                       "--set", "train.max_steps=6"])
     assert rc == 0, err                      # naming the same directory is no contradiction
+
+
+def test_a_records_file_the_run_cannot_replace_is_refused_at_the_start(tiny_run, cli,
+                                                                       monkeypatch):
+    """metrics.jsonl a directory, or a file the process may not write (immutable, read-only):
+    exit 2 naming it before anything is written, not a traceback at its first rewrite."""
+    cfg, run = tiny_run
+    config = (run / "config.toml").read_text()
+    records = run / "metrics.jsonl"
+    kept = records.read_bytes()
+    records.unlink()
+    records.mkdir()
+    rc, _, err = cli(["train", "--resume", str(run), "--set", "train.max_steps=8"])
+    assert rc == 2 and f"{records} is not a regular file" in err and "Traceback" not in err, err
+    records.rmdir()
+    records.write_bytes(kept)
+    real = os.access
+    monkeypatch.setattr(preflight.os, "access", lambda p, mode: False if str(p) == str(records)
+                        else real(p, mode))
+    with pytest.raises(ValueError, match="cannot replace .*metrics.jsonl: it is read-only"):
+        preflight.check_writable(str(run))
+    assert (run / "config.toml").read_text() == config

@@ -156,3 +156,16 @@ def test_check_and_jobs_render_refuse_another_runs_checkpoint_as_train_does(tmp_
                       str(tmp_path / "y.toml"), "--run-dir", str(y), "--out", str(job)])
     err = capsys.readouterr().err
     assert rc == 2 and "was written by another run" in err and not job.exists(), err
+
+
+def test_infer_on_a_run_directory_refuses_another_runs_checkpoint(tmp_path, cli):
+    a = train(cli, tmp_path, "a", "train.init_seed=1")
+    x = train(cli, tmp_path, "x")
+    theirs, _ = ckpt.find_checkpoint(str(a))
+    copied = x / "checkpoints" / "step_00000012.h5"
+    shutil.copy(theirs, copied)
+    rc, _, err = cli(["infer", str(x), "--samples", "1", "--out", str(tmp_path / "p.h5")])
+    assert rc == 2 and "was written by another run" in err and str(copied) in err, err
+    assert not (tmp_path / "p.h5").exists()
+    rc, _, err = cli(["infer", str(copied), "--samples", "1", "--out", str(tmp_path / "p.h5")])
+    assert rc == 0, err                                  # the file named on purpose

@@ -84,6 +84,7 @@ def check_writable(d: str) -> None:
             raise ValueError(f"cannot write in {where}: {e.strerror or e}. The run needs to write "
                              f"its metrics and checkpoints there: make it writable (chmod u+w "
                              f"{where}) or choose another directory with --set run.dir=PATH") from None
+    check_replaceable(d)
     if os.path.isdir(d):
         need = max(MIN_FREE, 3 * newest_checkpoint_size(d))
         free = shutil.disk_usage(d).free
@@ -92,6 +93,27 @@ def check_writable(d: str) -> None:
                              f"MB its checkpoints need (three times the newest one, at least "
                              f"{MIN_FREE >> 20} MB): free some space or choose another directory "
                              f"with --set run.dir=PATH")
+
+
+# the run's files that a resume rewrites in place (by a temporary file renamed onto them)
+REWRITTEN = ("metrics.jsonl", "config.toml")
+
+
+def check_replaceable(d: str) -> None:
+    """ValueError where a file the run rewrites is not a file it can replace (a directory, an
+    immutable or read-only file): said at the start, not as a traceback at its first write."""
+    for name in REWRITTEN:
+        p = os.path.join(d, name)
+        if not os.path.lexists(p):
+            continue
+        if not os.path.isfile(p) or os.path.islink(p):
+            raise ValueError(f"{p} is not a regular file: the run writes its records there. "
+                             f"Move it out of the way, or choose another directory with "
+                             f"--set run.dir=PATH")
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"cannot replace {p}: it is read-only or immutable, and the run "
+                             f"rewrites it. Make it writable (chmod u+w, chattr -i) or choose "
+                             f"another directory with --set run.dir=PATH")
 
 
 def newest_checkpoint_size(d: str) -> int:

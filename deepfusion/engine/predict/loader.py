@@ -361,6 +361,20 @@ def load(path, *, grid=None, work_grid=None, options=None, notes: list | None = 
     ``notes``: the list the notes go to as they are found (then ``Loaded.notes``), so a caller
     that reports a refusal can say which checkpoint it was."""
     notes = [] if notes is None else notes
-    path = checkpoint_file(str(path), notes)
+    given, path = str(path), checkpoint_file(str(path), notes)
     model, problem, work, meta = load_model(path, grid, work_grid=work_grid, options=options)
+    if os.path.isdir(given):
+        check_own_run(given, path, meta)
     return Loaded(path, model, problem, work, meta, notes)
+
+
+def check_own_run(run_dir: str, path: str, meta: dict) -> None:
+    """ValueError where a run directory's checkpoint was written by another run (a copied
+    file): answers are the run's own, or the file is named on purpose."""
+    from deepfusion.engine.run.identity import run_identity
+
+    ours, theirs = run_identity(run_dir), meta.get("run_id")
+    if ours and theirs and ours != theirs:
+        raise ValueError(f"{run_dir}: {path} was written by another run (id {theirs}), not by "
+                         f"this one (id {ours}): remove that file to answer with the run's own "
+                         f"checkpoints, or give the file itself ({path}) to answer with it")
