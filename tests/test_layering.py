@@ -45,7 +45,7 @@ ROOMS = {
         "the one prediction service: a checkpoint loaded for prediction, the pipeline, the "
         "ranks' shares, the sinks; held-out evaluation, refinement, field figures",
         ("deepfusion.config", "deepfusion.engine.checkpoint", "deepfusion.engine.parallel",
-         "diffnet", "diffnet.problems")),
+         "deepfusion.engine.run", "diffnet", "diffnet.problems")),
     "deepfusion.engine.train": Room(
         "the trainer's loop, the global step, the optimisers, the level plan",
         ("deepfusion.config", "deepfusion.engine.errors", "deepfusion.engine.checkpoint",
