@@ -18,6 +18,17 @@ def train(cli, tmp_path, name, *sets):
     return run
 
 
+def with_anothers_checkpoint(cli, tmp_path, name: str, step: int):
+    """Runs a (seed 1) and ``name``, a's newest checkpoint copied into ``name``'s as step
+    ``step``: (a, the run, the copy)."""
+    a = train(cli, tmp_path, "a", "train.init_seed=1")
+    x = train(cli, tmp_path, name)
+    theirs, _ = ckpt.find_checkpoint(str(a))
+    copied = x / "checkpoints" / f"step_{step:08d}.h5"
+    shutil.copy(theirs, copied)
+    return a, x, copied
+
+
 def files(run):
     return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
 
@@ -33,11 +44,7 @@ def test_every_record_and_checkpoint_carries_the_run_id(tmp_path, cli):
 
 
 def test_another_runs_checkpoint_is_refused_naming_both(tmp_path, cli):
-    a = train(cli, tmp_path, "a", "train.init_seed=1")
-    x = train(cli, tmp_path, "x")
-    theirs, _ = ckpt.find_checkpoint(str(a))
-    copied = x / "checkpoints" / "step_00000008.h5"
-    shutil.copy(theirs, copied)
+    a, x, copied = with_anothers_checkpoint(cli, tmp_path, "x", 8)
     before = files(x)
     rc, _, err = cli(["train", "--resume", str(x), "--set", "train.max_steps=12"])
     assert rc == 2, err
@@ -102,12 +109,9 @@ def test_a_resume_reads_its_checkpoint_once_and_says_what_it_skipped(tmp_path, c
 
 def test_a_deleted_run_id_still_refuses_another_runs_checkpoint(tmp_path, cli):
     """The records carry the run's id: deleting run_id does not let another run's file in."""
-    a = train(cli, tmp_path, "a", "train.init_seed=1")
-    x = train(cli, tmp_path, "x")
+    _, x, _ = with_anothers_checkpoint(cli, tmp_path, "x", 12)
     ours = read_run_id(str(x))
     (x / RUN_ID).unlink()
-    theirs, _ = ckpt.find_checkpoint(str(a))
-    shutil.copy(theirs, x / "checkpoints" / "step_00000012.h5")
     before = files(x)
     rc, _, err = cli(["train", "--resume", str(x), "--set", "train.max_steps=14"])
     assert rc == 2 and f"not by this one (id {ours})" in err, err
@@ -144,10 +148,7 @@ def test_check_and_jobs_render_refuse_another_runs_checkpoint_as_train_does(tmp_
                                                                             capsys):
     from deepfusion.jobs import render
 
-    a = train(cli, tmp_path, "a", "train.init_seed=1")
-    y = train(cli, tmp_path, "y")
-    theirs, _ = ckpt.find_checkpoint(str(a))
-    shutil.copy(theirs, y / "checkpoints" / "step_00000012.h5")
+    _, y, _ = with_anothers_checkpoint(cli, tmp_path, "y", 12)
     rc, _, err = cli(["check", "--resume", str(y), "--ranks", "1", "--no-probe"])
     assert rc == 2 and "was written by another run" in err, err
     job = tmp_path / "job.sh"
@@ -159,11 +160,7 @@ def test_check_and_jobs_render_refuse_another_runs_checkpoint_as_train_does(tmp_
 
 
 def test_infer_on_a_run_directory_refuses_another_runs_checkpoint(tmp_path, cli):
-    a = train(cli, tmp_path, "a", "train.init_seed=1")
-    x = train(cli, tmp_path, "x")
-    theirs, _ = ckpt.find_checkpoint(str(a))
-    copied = x / "checkpoints" / "step_00000012.h5"
-    shutil.copy(theirs, copied)
+    _, x, copied = with_anothers_checkpoint(cli, tmp_path, "x", 12)
     rc, _, err = cli(["infer", str(x), "--samples", "1", "--out", str(tmp_path / "p.h5")])
     assert rc == 2 and "was written by another run" in err and str(copied) in err, err
     assert not (tmp_path / "p.h5").exists()

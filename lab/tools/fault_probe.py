@@ -109,19 +109,7 @@ def descendants(root: int) -> dict:
 
 def steps(run: str) -> list[int]:
     """The step numbers of metrics.jsonl's step records (damaged lines skipped)."""
-    out = []
-    try:
-        lines = open(os.path.join(run, "metrics.jsonl"), errors="replace").read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("kind") == "step":
-            out.append(rec.get("step"))
-    return out
+    return [rec.get("step") for rec in fault_probe_cases.parsed(run) if rec.get("kind") == "step"]
 
 
 class Probe:

@@ -117,20 +117,26 @@ def s3(p):
 
 
 # -- 4: damaged metrics.jsonl ----------------------------------------------------------------------
-def records(run: str) -> list[str]:
-    out = []
+def parsed(run: str) -> list[dict]:
+    """The records of ``run``'s metrics.jsonl that parse as JSON objects (damaged lines
+    skipped; none if the file cannot be read)."""
     try:
         lines = open(os.path.join(run, "metrics.jsonl"), errors="replace").read().splitlines()
     except OSError:
-        return out
+        return []
+    out = []
     for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict):
-            out.append(json.dumps(rec, sort_keys=True))
+            out.append(rec)
     return out
+
+
+def records(run: str) -> list[str]:
+    return [json.dumps(rec, sort_keys=True) for rec in parsed(run)]
 
 
 def kept(x: str, good: list, warn: bool):
