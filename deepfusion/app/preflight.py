@@ -153,19 +153,20 @@ def apply_resume(args) -> None:
         raise ValueError(f"--resume {args.resume} continues the run there and --overwrite "
                          f"starts it over: give one of them")
     if args.resume:
+        named = False       # a --set run.dir (a job script's) names the directory itself
         for item in args.set or []:
             key, _, value = str(item).partition("=")
             other = value.strip().strip("'\"")
+            named = named or key.strip() == "run.dir"
             if key.strip() == "run.dir" and os.path.abspath(other) != os.path.abspath(args.resume):
                 raise ValueError(f"--resume {args.resume} continues the run in {args.resume}, "
                                  f"but --set {item} names another directory. To continue it "
                                  f"there, drop --set run.dir; to start a new run from its "
                                  f"weights, use --set model.init_from=CHECKPOINT with "
                                  f"--set run.dir={other}")
-        named = any(str(item).partition("=")[0].strip() == "run.dir" for item in args.set or [])
         if args.config is None:
             args.config = os.path.join(args.resume, "config.toml")
-        elif not named:  # (a job script names the directory with --set run.dir as well)
+        elif not named:
             refuse_other_dir(args.config, args.resume)
         args.set = list(args.set or []) + [f"run.dir={args.resume}"]
 

@@ -371,10 +371,11 @@ def load(path, *, grid=None, work_grid=None, options=None, notes: list | None = 
 def check_own_run(run_dir: str, path: str, meta: dict) -> None:
     """ValueError where a run directory's checkpoint was written by another run (a copied
     file): answers are the run's own, or the file is named on purpose."""
-    from deepfusion.engine.run.identity import run_identity
+    from deepfusion.engine.run.identity import other_run
 
-    ours, theirs = run_identity(run_dir), meta.get("run_id")
-    if ours and theirs and ours != theirs:
+    ids = other_run(run_dir, meta)
+    if ids:
+        ours, theirs = ids
         raise ValueError(f"{run_dir}: {path} was written by another run (id {theirs}), not by "
                          f"this one (id {ours}): remove that file to answer with the run's own "
                          f"checkpoints, or give the file itself ({path}) to answer with it")

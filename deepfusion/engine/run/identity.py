@@ -47,6 +47,14 @@ def run_identity(run_dir: str) -> str | None:
     return read_run_id(run_dir) or recorded_run_id(run_dir)
 
 
+def other_run(run_dir: str, meta: dict) -> tuple[str, str] | None:
+    """(this run's id, the writer's) where the checkpoint of ``meta`` was written by another
+    run than ``run_dir``'s; None where it is the run's own, or either id is unknown (a run of
+    an earlier version)."""
+    ours, theirs = run_identity(run_dir), meta.get("run_id")
+    return (ours, theirs) if ours and theirs and ours != theirs else None
+
+
 def ensure_run_id(run_dir: str) -> str:
     """The run's id, written now if it has none: its records' id where ``run_id`` was lost,
     else a new one (its first start; a run of an earlier version takes one at its first

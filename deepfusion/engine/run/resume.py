@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deepfusion.engine.checkpoint import store as ckpt
 from deepfusion.engine.errors import InputError
-from deepfusion.engine.run.identity import run_identity
+from deepfusion.engine.run.identity import other_run
 
 
 def resume_refusal(run_dir, exc) -> InputError:
@@ -29,9 +29,9 @@ def check_own(run_dir, path: str, meta: dict) -> None:
     """ValueError unless the checkpoint ``path`` (its ``meta``) was written by the run of
     ``run_dir`` (its ``run_id``, else the id its records carry; a run of an earlier version
     with neither takes any): a resume continues its own run only."""
-    ours, theirs = run_identity(run_dir), meta.get("run_id")
-    if ours and theirs and ours != theirs:
-        where = (meta.get("config") or {}).get("run", {}).get("dir", "?")
+    ids = other_run(run_dir, meta)
+    if ids:
+        (ours, theirs), where = ids, (meta.get("config") or {}).get("run", {}).get("dir", "?")
         raise ValueError(f"--resume {run_dir}: {path} was written by another run (id {theirs}, "
                          f"run.dir {where!r}), not by this one (id {ours}): a resume continues "
                          f"its own run only. Remove that file to resume from this run's own "

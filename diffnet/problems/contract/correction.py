@@ -115,8 +115,9 @@ def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 
     """(B, 1, *grid) the answers ``u`` (B, 1, *grid) to ``inputs`` (B, C, *grid) corrected by
     the minimiser of ``problem``'s loss over their rescalings by the hats of a ``cells``^d
     coarse partition plus those hats (module docstring), in u's dtype; torch tensors on the
-    problem's whole grid. A non-finite answer is returned as it is. ValueError where the loss is not quadratic
-    in the answer. ``fields_per_pass`` bounds the fields one gradient pass takes (memory)."""
+    problem's whole grid. A non-finite answer is returned as it is. ValueError where the loss
+    is not quadratic in the answer. ``fields_per_pass`` bounds the fields one gradient pass
+    takes (memory)."""
     cells = check_cells(cells, problem.grid)
     with torch.inference_mode(False), torch.enable_grad():
         p = whole_copy(problem)
@@ -138,16 +139,16 @@ def correct_one(p, u, x, phi, cells: int, fields_per_pass: int) -> torch.Tensor:
     v = (u - lift) * free
     g = loss_gradient(p, u, x).detach() * free
     f = torch.cat([v * phi[:, None], free * phi[:, None]])              # (2J, 1, *grid)
-    j = len(f)
+    n = len(f)
     gram = coloured_gram(p, u, x, free, g, f, cells) if colours_pay(p, cells) else None
     if gram is None:
         hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
-                        for s in range(0, len(f), fields_per_pass)])
+                        for s in range(0, n, fields_per_pass)])
         check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hf)
-        gram = f.reshape(j, -1) @ hf.reshape(j, -1).T
+        gram = f.reshape(n, -1) @ hf.reshape(n, -1).T
     # (solve_gram's shift is relative to G's diagonal: the loss's units do not matter)
-    d = solve_gram(gram[None], -(f.reshape(j, -1) @ g.reshape(-1))[None])[0]
-    return u + (d.view(j, *([1] * (f.dim() - 1))) * f).sum(0, keepdim=True)
+    d = solve_gram(gram[None], -(f.reshape(n, -1) @ g.reshape(-1))[None])[0]
+    return u + (d.view(n, *([1] * (f.dim() - 1))) * f).sum(0, keepdim=True)
 
 
 def gradient_steps(p, u, x, free, g, f) -> torch.Tensor:
