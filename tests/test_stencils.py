@@ -256,7 +256,21 @@ def test_one_axis_exact_on_cubics_with_one_conv1d(kind, monkeypatch):
     torch.testing.assert_close(d[1], 6 * x - 4)
     d = FiniteDifference((h,), kind, ("c",))((3 * x**2 - x)[None, None])[0]
     torch.testing.assert_close(d[0], 6 * x - 1)
-    assert len(calls) == 2
+    assert calls == []      # float64: shifted views (valid_convolution), not ATen's im2col
+    FiniteDifference((h,), kind, ("c", "cc"))(x[None, None].float())
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 9), (2, 2, 7, 8), (2, 1, 5, 6, 7)])
+def test_float64_valid_convolution_is_atens(shape):
+    """The float64 shifted-view sum equals ATen's convolution to rounding, dense kernels and
+    several input channels included."""
+    dims = len(shape) - 2
+    p = torch.randn(shape, dtype=torch.float64)
+    w = torch.randn((4, shape[1]) + (3,) * dims, dtype=torch.float64)
+    w[0, 0].zero_()
+    want = getattr(F, f"conv{dims}d")(p, w)
+    torch.testing.assert_close(stencils.valid_convolution(p, w), want, rtol=1e-13, atol=1e-13)
 
 
 def test_one_axis_on_blocks_is_the_undivided_one():

@@ -65,23 +65,44 @@ AFFINE_RTOL = 1e-6
 # relative asymmetry of a coloured G above which the Hessian is taken to reach beyond a
 # node's neighbours (rounding: ~1e-13)
 SYMMETRY_RTOL = 1e-8
+# the nodes one gradient pass of the correction takes (fields x grid nodes): its memory, not
+# its speed, sets it (a 3-D loss's autograd graph holds several copies of every field)
+NODES_PER_PASS = 2 ** 21
 # the whole-grid problems whose Hessian was found to reach farther: J gradients from then on
 WIDE_HESSIANS: "weakref.WeakSet" = weakref.WeakSet()
 # problem -> the cells ``check_correction`` has passed for it (checked once per problem)
 CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def hat_lines(grid, cells: int) -> list:
+    """Per axis of ``grid`` the (cells + 1, n) float64 1-D hats whose tensor products are the
+    hats of a ``cells``^d coarse partition (``cells`` 0: one row of ones, the constant)."""
+    return [line_hats(n, coarse_lines(n, cells)) if cells else
+            torch.ones(1, n, dtype=torch.float64) for n in grid]
+
+
+def contract_hats(w: torch.Tensor, lines) -> torch.Tensor:
+    """(B, *(cells + 1,) * d) the products sum_nodes phi_a w of fields w (B, *grid) with every
+    hat phi_a of the partition ``lines``: one 1-D contraction per axis."""
+    for line in lines:
+        w = torch.tensordot(w, line, dims=([1], [1]))      # axis 1 contracted, hat axis last
+    return w
+
+
+def expand_hats(c: torch.Tensor, lines) -> torch.Tensor:
+    """(B, *grid) the fields sum_a c_a phi_a for coefficients c (B, *(cells + 1,) * d)."""
+    for line in lines:
+        c = torch.tensordot(c, line, dims=([1], [0]))      # hat axis 1 expanded, node axis last
+    return c
+
+
 def partition_hats(grid, cells: int) -> torch.Tensor:
     """(J, *grid) float64 tensor-product hats of a ``cells``^d coarse partition of ``grid``
     (J = (cells + 1)^d), summing to one at every node; ``cells`` 0: the one constant field."""
-    if cells == 0:
-        return torch.ones(1, *grid, dtype=torch.float64)
-    out = None
-    for n in grid:
-        h = line_hats(n, coarse_lines(n, cells))                    # (cells + 1, n)
-        out = h if out is None else (out[:, None, ..., None] * h.view(
-            1, h.shape[0], *([1] * (out.dim() - 1)), n)).reshape(-1, *out.shape[1:], n)
-    return out
+    lines = hat_lines(grid, cells)
+    sizes = [len(line) for line in lines]
+    j = int(np.prod(sizes))
+    return expand_hats(torch.eye(j, dtype=torch.float64).view(j, *sizes), lines)
 
 
 def check_cells(cells, grid) -> int:
@@ -111,51 +132,79 @@ def check_correction(problem, cells) -> int:
     return cells
 
 
-def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int = 512):
+def coarse_correction(problem, u, inputs, cells: int, *, fields_per_pass: int | None = None):
     """(B, 1, *grid) the answers ``u`` (B, 1, *grid) to ``inputs`` (B, C, *grid) corrected by
     the minimiser of ``problem``'s loss over their rescalings by the hats of a ``cells``^d
     coarse partition plus those hats (module docstring), in u's dtype; torch tensors on the
     problem's whole grid. A non-finite answer is returned as it is. ValueError where the loss
     is not quadratic in the answer. ``fields_per_pass`` bounds the fields one gradient pass
-    takes (memory)."""
+    takes (memory; default: ``NODES_PER_PASS`` nodes' worth)."""
     cells = check_cells(cells, problem.grid)
     with torch.inference_mode(False), torch.enable_grad():
         p = whole_copy(problem)
         # ordinary float64 tensors, whatever mode or dtype the caller's are in
         x = torch.from_numpy(np.array(inputs.detach().cpu().double().numpy()))
         w = torch.from_numpy(np.array(u.detach().cpu().double().numpy()))
-        phi = partition_hats(p.grid, cells)
-        out = [correct_one(p, w[i:i + 1], x[i:i + 1], phi, cells, fields_per_pass)
+        lines = hat_lines(p.grid, cells)
+        if fields_per_pass is None:
+            fields_per_pass = max(1, NODES_PER_PASS // int(np.prod(p.grid)))
+        out = [correct_one(p, w[i:i + 1], x[i:i + 1], lines, cells, fields_per_pass)
                for i in range(len(w))]
     return torch.cat(out).to(u.dtype) if out else u
 
 
-def correct_one(p, u, x, phi, cells: int, fields_per_pass: int) -> torch.Tensor:
+def correct_one(p, u, x, lines, cells: int, per_pass: int) -> torch.Tensor:
     """(1, 1, *grid) one answer corrected (float64), its system from the loss's gradients:
-    the fields phi_a v, then phi_a (module docstring)."""
+    the fields phi_a v, then phi_a (module docstring), never stored: ``kinds`` holds v and the
+    free nodes' indicator, field k J + a is kinds[k] phi_a, and every product with the fields
+    is a contraction with the 1-D hats."""
     if not bool(torch.isfinite(u).all()):
         return u
     free, lift = free_nodes(p, x)
-    v = (u - lift) * free
     g = loss_gradient(p, u, x).detach() * free
-    f = torch.cat([v * phi[:, None], free * phi[:, None]])              # (2J, 1, *grid)
-    n = len(f)
-    gram = coloured_gram(p, u, x, free, g, f, cells) if colours_pay(p, cells) else None
+    kinds = torch.cat([(u - lift) * free, free])[:, 0]                  # (2, *grid)
+    gram = (coloured_gram(p, u, x, free, g, kinds, lines, cells, per_pass)
+            if colours_pay(p, cells) else None)
     if gram is None:
-        hf = torch.cat([gradient_steps(p, u, x, free, g, f[s:s + fields_per_pass])
-                        for s in range(0, n, fields_per_pass)])
-        check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hf)
-        gram = f.reshape(n, -1) @ hf.reshape(n, -1).T
+        gram = field_gram(p, u, x, free, g, kinds, lines, per_pass)
     # (solve_gram's shift is relative to G's diagonal: the loss's units do not matter)
-    d = solve_gram(gram[None], -(f.reshape(n, -1) @ g.reshape(-1))[None])[0]
-    return u + (d.view(n, *([1] * (f.dim() - 1))) * f).sum(0, keepdim=True)
+    d = solve_gram(gram[None], -field_products(kinds, g[:, 0], lines)[:, 0][None])[0]
+    coefficients = d.view(len(kinds), *(len(line) for line in lines))
+    return u + (kinds * expand_hats(coefficients, lines)).sum(0)[None, None]
 
 
-def gradient_steps(p, u, x, free, g, f) -> torch.Tensor:
-    """H f = g(u + f) - g(u) at the free nodes for the fields f (k, 1, *grid)."""
-    k = len(f)
-    return (loss_gradient(p, u.expand(k, *u.shape[1:]) + f,
-                          x.expand(k, *x.shape[1:])).detach() * free) - g
+def field_products(kinds, h, lines) -> torch.Tensor:
+    """(2J, C) the products f_i . h_c of the fields f_{k J + a} = kinds[k] phi_a with the
+    fields h (C, *grid)."""
+    return torch.cat([contract_hats(w * h, lines).reshape(len(h), -1).T for w in kinds])
+
+
+def field_gram(p, u, x, free, g, kinds, lines, per_pass: int) -> torch.Tensor:
+    """(2J, 2J) G from one gradient per field, ``per_pass`` fields built at a time."""
+    sizes = [len(line) for line in lines]
+    j = int(np.prod(sizes))
+    columns, total, h_total = [], 0.0, 0.0
+    for s in range(0, len(kinds) * j, per_pass):
+        i = torch.arange(s, min(len(kinds) * j, s + per_pass))
+        one = torch.zeros(len(i), j, dtype=torch.float64)
+        one[torch.arange(len(i)), i % j] = 1.0
+        f = kinds[i // j] * expand_hats(one.view(len(i), *sizes), lines)
+        hf = gradient_steps(p, u, x, free, g, f[:, None], per_pass)
+        columns.append(field_products(kinds, hf[:, 0], lines))
+        total, h_total = total + f.sum(0), h_total + hf.sum(0, keepdim=True)
+    check_affine(p, u, x, free, g, total[None, None], h_total)
+    return torch.cat(columns, 1)
+
+
+def gradient_steps(p, u, x, free, g, f, per_pass: int) -> torch.Tensor:
+    """H f = g(u + f) - g(u) at the free nodes for the fields f (k, 1, *grid), ``per_pass``
+    fields to a gradient."""
+    out = []
+    for s in range(0, len(f), per_pass):
+        k = len(f[s:s + per_pass])
+        out.append((loss_gradient(p, u.expand(k, *u.shape[1:]) + f[s:s + per_pass],
+                                  x.expand(k, *x.shape[1:])).detach() * free) - g)
+    return torch.cat(out)
 
 
 def colours_pay(p, cells: int) -> bool:
@@ -167,22 +216,23 @@ def colours_pay(p, cells: int) -> bool:
             and p not in WIDE_HESSIANS)
 
 
-def coloured_gram(p, u, x, free, g, f, cells: int):
+def coloured_gram(p, u, x, free, g, kinds, lines, cells: int, per_pass: int):
     """(2J, 2J) G from one gradient per kind of field and colour class (module docstring), or
     None (remembered) where the result is not symmetric: the Hessian reaches beyond a node's
     neighbours."""
-    d, n, m1 = len(p.grid), len(f), cells + 1
-    j = m1 ** d                                                     # field i is of hat i mod J
+    d, m1 = len(lines), cells + 1
+    j = m1 ** d
+    n = len(kinds) * j                                              # field i is of hat i mod J
     hat = np.stack(np.unravel_index(np.arange(n) % j, (m1,) * d), axis=1)      # (2J, d)
-    kind = np.arange(n) // j                                        # 0: phi_a v, 1: phi_a
-    classes = [(k, np.array(q)) for k in range(n // j)
+    classes = [(k, np.array(q)) for k in range(len(kinds))
                for q in itertools.product(range(3), repeat=d)]
-    sums = torch.cat([f[torch.from_numpy((kind == k) & (hat % 3 == q).all(1))]
-                      .sum(0, keepdim=True) for k, q in classes])
-    hs = gradient_steps(p, u, x, free, g, sums)
-    check_affine(p, u, x, free, g, f.sum(0, keepdim=True), hs)
-    prods = f.reshape(n, -1) @ hs.reshape(len(classes), -1).T               # (2J, classes)
-    gram = torch.zeros(n, n, dtype=f.dtype)
+    members = torch.stack([torch.from_numpy((hat[:j] % 3 == q).all(1)).double()
+                           for _, q in classes]).view(len(classes), *(m1,) * d)
+    sums = kinds[[k for k, _ in classes]] * expand_hats(members, lines)    # (classes, *grid)
+    hs = gradient_steps(p, u, x, free, g, sums[:, None], per_pass)
+    check_affine(p, u, x, free, g, sums.sum(0)[None, None], hs)
+    prods = field_products(kinds, hs[:, 0], lines)                         # (2J, classes)
+    gram = torch.zeros(n, n, dtype=torch.float64)
     for c, (k, q) in enumerate(classes):
         partner = hat + (q - hat + 1) % 3 - 1      # the neighbour (or itself) in class q
         ok = ((partner >= 0) & (partner < m1)).all(1)
