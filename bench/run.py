@@ -41,10 +41,11 @@ from bench import (allocator_bench, comm_bench, domain_bench, memory_bench, refi
 from bench.common import ROOT, load, machine, run_json
 
 # The step's performance goals; each is printed as met / not met, never asserted.
-GOALS = {"gemm_ratio": 0.60,           # fp32 step's FLOP rate / fp32 GEMM rate, every grid
-         "speedup_vs_plain": 1.4,      # fp32 step against the plain PyTorch loop
+GOALS = {"gemm_ratio": 0.50,           # fp32 step's FLOP rate / fp32 GEMM rate, every grid
+         "speedup_vs_plain": 1.5,      # fp32 step against the plain PyTorch loop, one process
+         "speedup_vs_plain_as_run": 1.6,  # the same, each side in its own process
          "bf16_vs_plain_fp32": 2.0,    # bf16 step against the plain fp32 loop (AMX/AVX512-BF16)
-         "s_per_sample_1024": 3.0,     # fp32 1024^2 training step, 2 threads, seconds per sample
+         "s_per_sample_1024": 2.0,     # fp32 1024^2 training step, 2 threads, seconds per sample
          "p2x1_vs_p1x2": 1.0,          # P=2 x 1 thread against P=1 x 2 threads
          "exposed_allreduce_p2": 0.05,  # with overlap, whose step must also be faster
          "step_within_roofline": 1.5}  # fp32 step / its roofline bound (bench/roofline.py)
@@ -86,7 +87,7 @@ def _as_run_goals(alloc: dict) -> dict:
     for r in alloc.get("runs", []):
         tag, c = f"{r['grid']}_t{r['threads']}", r["configs"]
         out[f"speedup_vs_plain_as_run_{tag}"] = {
-            **_at_least(c["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain"),
+            **_at_least(c["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain_as_run"),
             "plain_with_reuse": c["plain_reuse"]["speedup_vs_plain"]}
         if "deepfusion_bf16" in c:
             out[f"bf16_vs_plain_fp32_as_run_{tag}"] = _at_least(
