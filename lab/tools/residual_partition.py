@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import deepfusion
+from deepfusion.engine.parallel.memory import peak_rss_mib, reuse_freed_memory
 from diffnet.problems import coarse_correction
 
 
@@ -37,6 +38,7 @@ def main(argv=None):
     ap.add_argument("--out", help="a JSON file for the rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    reuse_freed_memory(True)      # as evaluate and infer do: the cost is theirs
     solver = deepfusion.load(args.run, correction=0)     # the network's own answers
     p = solver.problem
     params = p.sample_params(args.seed, range(args.samples))
@@ -53,10 +55,12 @@ def main(argv=None):
     for name, e, s in rows:
         print(f"{name:10s} mean {e.mean():.4%} median {np.median(e):.4%} worst {e.max():.4%}"
               f"  {s:.3f} s per answer ({len(e)} draws, seed {args.seed})")
+    print(f"peak RSS of the process {peak_rss_mib():.0f} MiB")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"run": args.run, "seed": args.seed, "samples": args.samples,
                        "threads": args.threads, "step": solver.step,
+                       "peak_rss_mib": peak_rss_mib(),
                        "rows": [{"answer": name, "mean": float(e.mean()),
                                  "median": float(np.median(e)), "worst": float(e.max()),
                                  "seconds_per_answer": s} for name, e, s in rows]}, f, indent=1)
