@@ -35,7 +35,10 @@ f_i . H (sum of a class) is the one G_ij of i's neighbour j in that class: 18 gr
 54 in 3-D, whatever m. The Hessian of a loss is symmetric, and a Hessian that reaches farther
 (a multilevel norm, a squared residual) mixes the neighbours of a class into a non-symmetric
 G, so a G that is not symmetric to rounding falls back to the 2J gradients (remembered for the
-problem). It runs on the whole grid of one process.
+problem). It runs on the whole grid of one process. The fields are never all stored: each hat
+is a product of 1-D hats, so the products f_i . h of every field with a field h are one
+contraction per axis (``contract_hats``), the correction a prolongation of the coefficients
+(``expand_hats``), and fields are built only for the gradients, ``NODES_PER_PASS`` at a time.
 
 >>> import torch
 >>> from diffnet.problems import get_problem, coarse_correction
