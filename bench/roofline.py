@@ -2,7 +2,8 @@
 step (forward, answer and loss, backward, gradient sync and optimiser), its lower bound on this
 host, the step's bound, and the ops that lose most against their own bound.
 
-    python -m bench.roofline [--grids 64:16,256:2] [--threads 1,2] [--repeats 3] [--out F]
+    python -m bench.roofline [--grids 64:16,256:2] [--threads 1,2] [--repeats 3] [--rounds 5]
+                             [--out F]
 
 Per op (every aten call, seen by a TorchDispatchMode, so autograd's backward and the optimiser's
 foreach kernels are counted as well as the forward):
@@ -26,6 +27,14 @@ bandwidth): eager PyTorch runs one op at a time, each on all threads, so one op'
 cannot hide another's memory traffic; the max of sums is the bound of a step fused into one
 kernel, which also would not move the intermediates the sum counts. ``compute_floor_s`` (all
 FLOPs at the compute ceiling) is reported beside it as the floor no fusion gets under.
+
+**Rounds.** On a shared VM the host's own rate moves from one minute to the next (the 2-thread
+convolution ceiling 232 then 137 GF/s in two runs back to back: lab/notes/performance.md, round
+10), so a step and a ceiling timed minutes apart measure the drift as much as the step. Each
+configuration is therefore also timed in ``rounds`` rounds, each a median of three steps right
+beside a probe of the compute ceiling (torch.mm and the step's own convolutions, best of three,
+the same threads); ``step_over_bound_rounds`` holds each round's ratio (the bound with that
+round's compute ceiling) and ``step_over_bound_interleaved`` their median, which the goal reads.
 
 The step time is the median of ``repeats`` uninstrumented steps; the per-op times come from
 instrumented steps (median per op over them), so they sum to a little more than the plain step
@@ -273,36 +282,67 @@ def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator
         times.append(time.perf_counter() - t)
     rows = measure_ops(step, steps=repeats, network=type(model).__name__)
     return {"grid": grid, "batch": batch, "threads": threads, "step_s": statistics.median(times),
-            "step_s_all": times, "rows": rows}
+            "step_s_all": times, "rows": rows, "step": step}
+
+
+def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
+    """Step / bound of configuration ``c`` in each of ``rounds`` rounds: a median of three steps,
+    then the compute ceiling probed at once on the same threads (module docstring, Rounds)."""
+    import torch
+
+    from bench import host_probe
+
+    ratios = []
+    for _ in range(rounds):
+        torch.set_num_threads(c["threads"])
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            c["step"]()
+            times.append(time.perf_counter() - t)
+        convs = host_probe.conv_gflops(shapes, c["threads"], repeats=3)
+        compute = max([host_probe.gemm_gflops(c["threads"], repeats=3)]
+                      + [r["gflops"] for r in convs])
+        r = roofline(c["rows"], statistics.median(times), {**ceil, "compute_gflops": compute})
+        ratios.append(r["step_over_bound"])
+    return ratios
 
 
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
-        footprints_mib=None) -> dict:
+        footprints_mib=None, rounds=5) -> dict:
     """Measure every configuration, then probe the ceilings once per thread count (with the
-    union of the configurations' convolutions), then bound each. ``footprints_mib``: the
-    bandwidth probe's footprints (default host_probe's, up to 1 GiB)."""
+    union of the configurations' convolutions), then bound each, and time each in ``rounds``
+    rounds beside its compute ceiling (module docstring). ``footprints_mib``: the bandwidth
+    probe's footprints (default host_probe's, up to 1 GiB)."""
     from bench import host_probe
 
     footprints_mib = footprints_mib or host_probe.FOOTPRINTS_MIB
     load0, t0 = load(), time.perf_counter()
     configs = [measure_config(g, b, t, repeats) for t in threads for g, b in grids]
-    ceilings = {}
+    ceilings, shapes = {}, {}
     for t in threads:
-        shapes = {str(s): s for c in configs if c["threads"] == t for s in conv_shapes(c["rows"])}
-        ceilings[t] = host_probe.ceilings(t, list(shapes.values()),
-                                          footprints_mib=footprints_mib)
+        shapes[t] = list({str(s): s for c in configs if c["threads"] == t
+                          for s in conv_shapes(c["rows"])}.values())
+        ceilings[t] = host_probe.ceilings(t, shapes[t], footprints_mib=footprints_mib)
     out = {"isa": host_probe.isa(), "loadavg_before": load0, "ceilings": list(ceilings.values()),
            "runs": []}
     for c in configs:
+        ratios = interleaved(c, ceilings[c["threads"]], shapes[c["threads"]], rounds)
         r = {"grid": c["grid"], "batch": c["batch"], "threads": c["threads"],
              "step_s_all": c["step_s_all"],
-             **roofline(c["rows"], c["step_s"], ceilings[c["threads"]])}
+             **roofline(c["rows"], c["step_s"], ceilings[c["threads"]]),
+             "step_over_bound_rounds": ratios,
+             "step_over_bound_interleaved": statistics.median(ratios) if ratios else None}
         out["runs"].append(r)
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
             f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
-            f"(x{r['step_over_bound']:.2f}); load {load()[0]}")
+            f"(x{r['step_over_bound']:.2f}; in rounds {_ratios(ratios)}); load {load()[0]}")
     out["loadavg_after"], out["seconds"] = load(), time.perf_counter() - t0
     return out
+
+
+def _ratios(ratios) -> str:
+    return ", ".join(f"{x:.2f}" for x in ratios) or "none"
 
 
 def lines(res: dict) -> list[str]:
@@ -320,7 +360,8 @@ def lines(res: dict) -> list[str]:
         out.append(f"roofline {r['grid']}^2 b{r['batch']} t{r['threads']}: step "
                    f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms, step/bound "
                    f"{r['step_over_bound']:.2f} (compute floor {r['compute_floor_s'] * 1e3:.0f} "
-                   f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms)")
+                   f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms); in rounds beside the "
+                   f"compute ceiling {_ratios(r.get('step_over_bound_rounds', []))}")
         out.append(f"  {'phase':<9} {'layer':<22} {'op':<26} {'calls':>5} {'ms':>7} "
                    f"{'bound':>7} {'by':<7} {'gap':>7} {'%step':>6}")
         out.append("  by op over all layers (ms/bound ms): " + ", ".join(
@@ -340,9 +381,11 @@ def main(argv=None) -> int:
     p.add_argument("--grids", default="64:16,256:2", help="GRID:BATCH,...")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5,
+                   help="rounds of steps timed beside the compute ceiling (module docstring)")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats)
+    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats, rounds=a.rounds)
     print("\n".join(lines(res)))
     emit_json(res, a.out)
     return 0

@@ -133,13 +133,15 @@ def _comm_goals(comm: dict) -> dict:
 
 
 def _roofline_goals(roof: dict) -> dict:
-    """Step / bound per configuration: at most GOALS["step_within_roofline"]."""
+    """Step / bound per configuration, the median of its rounds: at most the goal."""
     g, out = GOALS["step_within_roofline"], {}
     for r in roof.get("runs", []):
-        v = r["step_over_bound"]
+        # the median of the rounds timed beside the ceiling, where the run has them
+        v = r.get("step_over_bound_interleaved") or r["step_over_bound"]
         out[f"step_within_1.5x_roofline_{r['grid']}_t{r['threads']}"] = {
             **_goal(v, g, v is not None and v <= g), "step_s": r["step_s"],
-            "bound_s": r["bound_s"]}
+            "bound_s": r["bound_s"], "single_probe": r["step_over_bound"],
+            "rounds": r.get("step_over_bound_rounds")}
     return out
 
 
@@ -320,7 +322,8 @@ def main(argv=None) -> int:
                                          infer_sizes=tuple(int(s) for s in a.infer_sizes.split(",") if s))
     if "roofline" not in skip:
         res["roofline"] = roofline.run(grids, threads, 1 if a.quick else a.roofline_repeats,
-                                       footprints_mib=(1, 4) if a.quick else None)
+                                       footprints_mib=(1, 4) if a.quick else None,
+                                       rounds=1 if a.quick else 5)
     if a.with_infer:
         path = os.path.join(a.out, "infer.json")
         r = run_json([sys.executable, "-m", "bench.infer_bench", "--out", path, "--sizes", "64",

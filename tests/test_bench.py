@@ -52,6 +52,10 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     (rr,) = roof["runs"]
     assert rr["bound_s"] > 0 and 0 < len(rr["top_ops"]) <= 10
     assert res["goals"]["step_within_1.5x_roofline_32_t1"]["goal"] == 1.5
+    # ... judged on the rounds timed beside the compute ceiling (one round in --quick)
+    assert len(rr["step_over_bound_rounds"]) == 1 and rr["step_over_bound_rounds"][0] > 0
+    assert (res["goals"]["step_within_1.5x_roofline_32_t1"]["value"]
+            == rr["step_over_bound_interleaved"] == rr["step_over_bound_rounds"][0])
     assert "roofline 32^2 b4 t1" in run.table(res)
 
 
