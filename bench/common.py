@@ -55,12 +55,17 @@ def median_seconds(fn, repeats: int) -> float:
     """Median wall seconds of ``repeats`` calls of fn, after one untimed warm-up call (oneDNN
     primitive creation, first-touch allocations)."""
     fn()
+    return median(wall_seconds(fn, repeats))
+
+
+def wall_seconds(fn, n: int) -> list[float]:
+    """Wall seconds of each of ``n`` calls of fn, one after the other (no warm-up)."""
     times = []
-    for _ in range(repeats):
+    for _ in range(n):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return median(times)
+    return times
 
 
 def rss_mb() -> float:

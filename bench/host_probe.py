@@ -123,16 +123,22 @@ def ceilings(threads: int, conv_shapes=(), repeats: int = 5,
     rate and the best of ``conv_shapes``' rates, with ``compute_source`` saying which),
     ``bandwidth`` (GB/s by footprint), ``dram_gbs`` (the largest footprint's)."""
     bw = stream(threads, footprints_mib, repeats)
+    return {"threads": threads, **compute_ceiling(threads, conv_shapes, repeats),
+            "bandwidth": bw, "dram_gbs": bw[-1]["gbs"]}
+
+
+def compute_ceiling(threads: int, conv_shapes=(), repeats: int = 5) -> dict:
+    """The compute part of :func:`ceilings`: the GEMM rate, each of ``conv_shapes``' rates,
+    and ``compute_gflops``, the larger of GEMM and the best convolution (``compute_source``)."""
     gemm = gemm_gflops(threads, repeats=repeats)
     convs = conv_gflops(conv_shapes, threads, repeats) if conv_shapes else []
     best_conv = max(convs, key=lambda r: r["gflops"], default=None)
     use_conv = best_conv is not None and best_conv["gflops"] > gemm
-    return {"threads": threads, "gemm_gflops": gemm, "conv": convs,
+    return {"gemm_gflops": gemm, "conv": convs,
             "conv_best_gflops": best_conv["gflops"] if best_conv else None,
             "compute_gflops": best_conv["gflops"] if use_conv else gemm,
             "compute_source": (f"conv x{list(best_conv['x'])} w{list(best_conv['w'])}"
-                               if use_conv else f"torch.mm {GEMM_N}^2"),
-            "bandwidth": bw, "dram_gbs": bw[-1]["gbs"]}
+                               if use_conv else f"torch.mm {GEMM_N}^2")}
 
 
 def main(argv=None) -> int:

@@ -48,7 +48,7 @@ import statistics
 import sys
 import time
 
-from bench.common import build, emit_json, inputs, load
+from bench.common import build, emit_json, inputs, load, wall_seconds
 
 TOP = 10
 # Allocation-only ops: no element of memory is read or written.
@@ -275,11 +275,7 @@ def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator
     prob, model = build(problem, grid, generator, channels_last=True)
     step = make_deepfusion(prob, model, inputs(prob, batch))
     step(), step()  # warm: oneDNN primitives, allocator
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
+    times = wall_seconds(step, repeats)
     rows = measure_ops(step, steps=repeats, network=type(model).__name__)
     return {"grid": grid, "batch": batch, "threads": threads, "step_s": statistics.median(times),
             "step_s_all": times, "rows": rows, "step": step}
@@ -295,15 +291,9 @@ def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
     ratios = []
     for _ in range(rounds):
         torch.set_num_threads(c["threads"])
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            c["step"]()
-            times.append(time.perf_counter() - t)
-        convs = host_probe.conv_gflops(shapes, c["threads"], repeats=3)
-        compute = max([host_probe.gemm_gflops(c["threads"], repeats=3)]
-                      + [r["gflops"] for r in convs])
-        r = roofline(c["rows"], statistics.median(times), {**ceil, "compute_gflops": compute})
+        step_s = statistics.median(wall_seconds(c["step"], 3))
+        compute = host_probe.compute_ceiling(c["threads"], shapes, repeats=3)["compute_gflops"]
+        r = roofline(c["rows"], step_s, {**ceil, "compute_gflops": compute})
         ratios.append(r["step_over_bound"])
     return ratios
 

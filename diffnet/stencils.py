@@ -243,23 +243,22 @@ class StencilConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (weight,) = ctx.saved_tensors
-        dims = weight.dim() - 2
-        flipped = weight.flip(tuple(range(2, 2 + dims))).transpose(0, 1)
-        pad = [k - 1 for k in weight.shape[2:]]
-        if g.dtype == torch.float64:
-            return valid_convolution(F.pad(g, [k for k in reversed(pad) for _ in (0, 1)]),
-                                     flipped), None
-        return getattr(F, f"conv{dims}d")(g, flipped, padding=pad), None
+        flipped = weight.flip(tuple(range(2, weight.dim()))).transpose(0, 1)
+        return valid_convolution(g, flipped, padding=[k - 1 for k in weight.shape[2:]]), None
 
 
-def valid_convolution(p: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The valid convolution (cross-correlation) of p (B, C, *n) by weight (K, C, *k). Float64
-    as a sum of shifted views over the kernel's non-zero taps: ATen has no oneDNN kernel for
-    float64 and its fallback unfolds every tap (im2col), several times slower for these sparse
-    3^d stencils (the coarse correction's float64 gradients spend most of their time here).
-    Other dtypes: ``F.conv*d`` (oneDNN). Equal to rounding; differentiable either way."""
+def valid_convolution(p: torch.Tensor, weight: torch.Tensor, padding=None) -> torch.Tensor:
+    """The convolution (cross-correlation) of p (B, C, *n), zero-padded by ``padding`` per
+    axis (default none: the valid part), by weight (K, C, *k). Float64 as a sum of shifted views
+    over the kernel's non-zero taps: ATen has no oneDNN kernel for float64 and its fallback
+    unfolds every tap (im2col), several times slower for these sparse 3^d stencils (the coarse
+    correction's float64 gradients spend most of their time here). Other dtypes: ``F.conv*d``
+    (oneDNN). Equal to rounding; differentiable either way."""
+    padding = list(padding or [0] * (weight.dim() - 2))
     if p.dtype != torch.float64:
-        return getattr(F, f"conv{weight.dim() - 2}d")(p, weight)
+        return getattr(F, f"conv{weight.dim() - 2}d")(p, weight, padding=padding)
+    if any(padding):
+        p = F.pad(p, [k for k in reversed(padding) for _ in (0, 1)])
     size = [n - k + 1 for n, k in zip(p.shape[2:], weight.shape[2:])]
     out = p.new_zeros(p.shape[0], weight.shape[0], *size)
     for k, c, *tap in torch.nonzero(weight).tolist():

@@ -166,7 +166,7 @@ def correct_one(p, u, x, lines, cells: int, per_pass: int) -> torch.Tensor:
     free, lift = free_nodes(p, x)
     g = loss_gradient(p, u, x).detach() * free
     kinds = torch.cat([(u - lift) * free, free])[:, 0]                  # (2, *grid)
-    gram = (coloured_gram(p, u, x, free, g, kinds, lines, cells, per_pass)
+    gram = (coloured_gram(p, u, x, free, g, kinds, lines, per_pass)
             if colours_pay(p, cells) else None)
     if gram is None:
         gram = field_gram(p, u, x, free, g, kinds, lines, per_pass)
@@ -219,11 +219,11 @@ def colours_pay(p, cells: int) -> bool:
             and p not in WIDE_HESSIANS)
 
 
-def coloured_gram(p, u, x, free, g, kinds, lines, cells: int, per_pass: int):
+def coloured_gram(p, u, x, free, g, kinds, lines, per_pass: int):
     """(2J, 2J) G from one gradient per kind of field and colour class (module docstring), or
     None (remembered) where the result is not symmetric: the Hessian reaches beyond a node's
     neighbours."""
-    d, m1 = len(lines), cells + 1
+    d, m1 = len(lines), len(lines[0])
     j = m1 ** d
     n = len(kinds) * j                                              # field i is of hat i mod J
     hat = np.stack(np.unravel_index(np.arange(n) % j, (m1,) * d), axis=1)      # (2J, d)
