@@ -264,7 +264,7 @@ class ParallelConfig(Section):
                                   "every step record of metrics.jsonl: waiting for the other "
                                   "ranks (allreduce_wait_s), moving the bytes (allreduce_move_s), "
                                   "what the step waits for after backward (allreduce_exposed_s); "
-                                  "they travel in the step's loss allreduce, 4 numbers per rank, "
+                                  "they travel in the step's loss allreduce, 5 numbers per rank, "
                                   "no extra collective; \"auto\" = on from 2 to 16 ranks (the "
                                   "record holds one number per rank)",
                                   choices=("auto", "on", "off"))

@@ -12,7 +12,9 @@ agree with another node's), in :class:`ReduceTimes` (``GradSync.times``):
             whichever bucket is not, not necessarily the first);
   inside    blocked in the reduction in all (``first`` included);
   progress  with overlap: in the backward hooks that start the buckets and poll them (MPI moves
-            a started all-reduce only inside MPI calls; this time lengthens the backward pass).
+            a started all-reduce only inside MPI calls; this time lengthens the backward pass);
+  arrive    from the last moment the ranks were in step (leaving the previous loss reduction,
+            :meth:`GradSync.synced`) to the start of the reduction: 0 before the first one.
 
 **Why waiting and moving can be told apart from durations alone.** No rank leaves an all-reduce
 before the last rank has entered it, and all ranks leave it within about one message time of
@@ -26,7 +28,10 @@ rank r::
     exposed_r = enter_r + inside_r                        the step waits this long after backward
 
 ``wait_r`` is 0 on the rank that arrived last; the error is the spread of the ranks' exits from
-one all-reduce (part of one bucket's transfer), never the skew itself.
+one all-reduce (part of one bucket's transfer), never the skew itself. ``arrive`` says why a rank
+waited: the ranks left the previous reduction together, so ``max_q arrive_q - arrive_r`` is how
+much earlier rank r arrived, whether the late rank was held up in its forward, its backward, its
+data or between steps, and it is what ``wait_r`` absorbs.
 
 **Rejected:** a one-element all-reduce (or Ibarrier) just before the data to time the arrival:
 as exact, but one more collective and one more synchronisation per step, and under overlap it
@@ -35,7 +40,7 @@ steps: they need clocks that agree across nodes (``MPI_WTIME_IS_GLOBAL`` is rare
 gather of their own.
 
 **Cost.** Each rank's four durations travel in the step's one fused all-reduce of the loss terms
-and flags (:mod:`deepfusion.engine.train.step`): 4 float64 per rank more in a message that is
+and flags (:mod:`deepfusion.engine.train.step`): 5 float64 per rank more in a message that is
 sent anyway, no extra collective and no extra synchronisation (``parallel.allreduce_stats``:
 "auto" is on from 2 to 16 ranks, where a step record's per-rank lists stay short).
 """
@@ -43,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FIELDS = ("enter", "first", "inside", "progress")
+FIELDS = ("enter", "first", "inside", "progress", "arrive")
 DIGITS = 6            # seconds rounded to microseconds in the record
 
 
@@ -55,6 +60,7 @@ class ReduceTimes:
     first: float = 0.0
     inside: float = 0.0
     progress: float = 0.0
+    arrive: float = 0.0
 
     def row(self) -> list[float]:
         return [getattr(self, k) for k in FIELDS]
@@ -63,7 +69,7 @@ class ReduceTimes:
 def attribute(rows: list[list[float]], *, nbytes: int, overlap: bool) -> dict:
     """The step record's ``allreduce_*`` fields from every rank's :meth:`ReduceTimes.row` (in
     rank order): per-rank lists of seconds, the bytes each rank reduced, whether it overlapped."""
-    enter, first, inside, progress = (list(col) for col in zip(*rows))
+    enter, first, inside, progress, arrive = (list(col) for col in zip(*rows))
     low = min(first)
     wait = [f - low for f in first]
     move = [i - w for i, w in zip(inside, wait)]
@@ -74,7 +80,7 @@ def attribute(rows: list[list[float]], *, nbytes: int, overlap: bool) -> dict:
     return {"allreduce_overlap": bool(overlap), "allreduce_bytes": int(nbytes),
             "allreduce_enter_s": r(enter), "allreduce_wait_s": r(wait),
             "allreduce_move_s": r(move), "allreduce_exposed_s": r(exposed),
-            "allreduce_progress_s": r(progress)}
+            "allreduce_progress_s": r(progress), "allreduce_arrive_s": r(arrive)}
 
 
 def combine(records: list[dict]) -> dict:

@@ -49,6 +49,7 @@ class GradSync:
         self.times = ReduceTimes()  # this rank's durations of the last reduce (commstats)
         self.nbytes = sum(b["flat"].numel() * b["flat"].element_size() for b in self.buckets)
         self._t_ready = None    # when backward ended (backward_done), for times.enter
+        self._t_sync = None     # when the ranks last left a reduction together, times.arrive
         self._progress = 0.0    # seconds in the overlap hooks since the step's zero_
         self._hooks = []
         self._enabled = True
@@ -157,6 +158,11 @@ class GradSync:
         (``times.enter``) runs from here to :meth:`reduce`."""
         self._t_ready = time.perf_counter()
 
+    def synced(self):
+        """Mark a moment every rank leaves together (the step's loss reduction): the next
+        reduction's ``times.arrive`` runs from here, so the ranks' arrivals compare."""
+        self._t_sync = time.perf_counter()
+
     def reduce(self):
         """Complete the global gradient sum on every rank; records blocked seconds and this
         rank's durations (``times``)."""
@@ -178,8 +184,9 @@ class GradSync:
                         first = time.perf_counter() - t0
         self.seconds = time.perf_counter() - t0
         enter = t0 - self._t_ready if self._t_ready is not None else 0.0
+        arrive = t0 - self._t_sync if self._t_sync is not None else 0.0
         self.times = ReduceTimes(enter=enter, first=self.seconds if first is None else first,
-                                 inside=self.seconds, progress=self._progress)
+                                 inside=self.seconds, progress=self._progress, arrive=arrive)
         self._t_ready, self._progress = None, 0.0
 
     def grad_norm(self) -> float:

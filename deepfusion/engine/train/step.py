@@ -141,6 +141,7 @@ class LossAndGrad:
             buf[self._head + k * r:self._head + k * (r + 1)] = torch.tensor(
                 self.gs.times.row(), dtype=torch.float64)
         self.comm.allreduce_(buf)
+        self.gs.synced()
         terms = {name: float(buf[i]) / self.global_batch for i, name in enumerate(self.term_names)}
         bad = [name for i, name in enumerate(self.term_names) if buf[n + i] > 0]
         flags = {k: float(buf[2 * n + i]) for i, k in enumerate(FLAGS)}
