@@ -189,6 +189,11 @@ def test_projections_are_combined_side_by_side(tmp_path, capsys):
     # named by the directories they were written to
     assert "`out`" in text and "`study (overlap)`" in text and (tmp_path / "sum" / "summary.png").exists()
     assert text.splitlines()[0].endswith("| 1 nodes | 4 nodes | 16 nodes | 64 nodes |")
+    # then what limits each at 16 nodes, one row per projection and cluster, as project.json says
+    limited = [ln for ln in text.splitlines() if ln.startswith("| `out` | stampede2 | 16 |")]
+    lim = json.loads((out / "project.json").read_text())["limits"]["stampede2"]
+    assert len(limited) == 1 and f"{lim['speedup']:.1f}x" in limited[0]
+    assert limited[0].rstrip(" |").endswith(lim["limited_by"] or "reaches the goal")
     (tmp_path / "bad.json").write_text("{}")
     assert project.main(["--combine", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 2
     assert "not a project.json" in capsys.readouterr().err

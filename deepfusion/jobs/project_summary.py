@@ -1,7 +1,8 @@
 """Several projections side by side: ``deepfusion jobs project --combine A/project.json
 B/project.json ... --out DIR`` writes ``summary.md`` (per projection and cluster: the time on
-the fewest nodes and the speed-up at each node count, with the layout chosen) and
-``summary.png`` (minutes to the target against nodes, one line per projection and cluster).
+the fewest nodes and the speed-up at each node count, with the layout chosen; then what limits
+each at 16 nodes, :mod:`deepfusion.jobs.project_limits`) and ``summary.png`` (minutes to the
+target against nodes, one line per projection and cluster).
 
 Nothing is projected anew: the figures are those of the ``project.json`` files, which say what
 in them is measured and what is modelled.
@@ -59,6 +60,29 @@ def summary_table(docs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def limits_table(docs: list[dict]) -> str:
+    """One row per projection and cluster: the speed-up at the node count its limits were taken
+    at (16 if projected), each part's share of the run there, the speed-up if every exchange
+    were free, and what limits it (``limits`` of project.json)."""
+    parts = ("compute", "halo", "allreduce", "skew")
+    head = ["projection", "cluster", "nodes", "speed-up", *parts, "with free exchanges",
+            "limited by"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in docs:
+        for cluster, lim in d.get("limits", {}).items():
+            if lim.get("speedup") is None:
+                cells = ["-"] * (len(parts) + 2) + ["no layout"]
+            else:
+                free = lim.get("speedup_if_free")
+                cells = [f"{lim['speedup']:.1f}x",
+                         *(f"{lim['shares'].get(k, 0.0):.0%}" for k in parts),
+                         f"{free:.1f}x" if free is not None else "-",
+                         lim["limited_by"] or "reaches the goal"]
+            lines.append("| " + " | ".join([f"`{d['name']}`", cluster, str(lim["nodes"]),
+                                            *cells]) + " |")
+    return "\n".join(lines)
+
+
 def summary_plot(docs: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -87,6 +111,8 @@ def combine(paths: list[str], out: Path) -> str:
     docs = load(paths)
     out.mkdir(parents=True, exist_ok=True)
     text = summary_table(docs)
+    if any(d.get("limits") for d in docs):
+        text += "\n\n" + limits_table(docs)
     (out / "summary.md").write_text(text + "\n")
     summary_plot(docs, out / "summary.png")
     return text
