@@ -3,18 +3,11 @@ step (forward, answer and loss, backward, gradient sync and optimiser), its lowe
 host, the step's bound, and the ops that lose most against their own bound.
 
     python -m bench.roofline [--grids 64:16,256:2] [--threads 1,2] [--repeats 3] [--rounds 5]
-                             [--out F]
+                             [--malloc-default] [--out F]
 
-Per op (every aten call, seen by a TorchDispatchMode, so autograd's backward and the optimiser's
-foreach kernels are counted as well as the forward):
-  * FLOPs: torch.utils.flop_counter's formulas (convolutions forward and backward, matmuls;
-    2 x multiply-adds); 0 for every other op (elementwise, reductions, copies), whose bound is
-    then its bytes alone;
-  * bytes: a lower bound on the traffic: every distinct tensor read once (the op's inputs, a
-    broadcast input counted once) and written once (its outputs and the arguments it mutates);
-    views and allocations move nothing;
-  * time: wall seconds of the call (inclusive of the kernels it dispatches to), on a step whose
-    oneDNN primitives and allocator are already warm;
+Per op, from bench/opmeter.py (every aten call's FLOPs, bytes and wall time, counted over
+instrumented steps whose oneDNN primitives and allocator are already warm; an op without FLOPs,
+elementwise, reductions, copies, is bound by its bytes alone):
   * bound = max(flops / compute ceiling, bytes / bandwidth at the op's footprint), with the
     ceilings of bench/host_probe.py at the step's thread count. The compute ceiling is the
     larger of torch.mm's rate and the best of the step's own convolutions run alone; the
@@ -36,7 +29,14 @@ beside a probe of the compute ceiling (torch.mm and the step's own convolutions,
 the same threads); ``step_over_bound_rounds`` holds each round's ratio (the bound with that
 round's compute ceiling) and ``step_over_bound_interleaved`` their median, which the goal reads.
 
-The step time is the median of ``repeats`` uninstrumented steps; the per-op times come from
+**Alone.** Each convolution call of the step is also run again alone (bench/alone.py): the
+step's convolutions in the step against alone, and ``best_eager_over_bound``, the step with every
+convolution as fast as alone and every other op at its bound, over the bound: how close to its
+bound a step can come without faster convolution kernels.
+
+Steps run as ``deepfusion train`` runs them, freed memory kept (``parallel.reuse_memory``;
+``--malloc-default`` leaves glibc's settings). The step time is the median of ``repeats``
+uninstrumented steps; the per-op times come from
 instrumented steps (median per op over them), so they sum to a little more than the plain step
 minus the time spent outside aten ops (Python, autograd's engine), which is reported as
 ``outside_ops_s`` = step - sum of op times (negative when the instrumented ops ran slower).
@@ -48,69 +48,11 @@ import statistics
 import sys
 import time
 
+from bench import alone
 from bench.common import build, emit_json, inputs, load, wall_seconds
+from bench.opmeter import measure_ops
 
 TOP = 10
-# Allocation-only ops: no element of memory is read or written.
-NO_TRAFFIC = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
-
-
-def tensor_bytes(t) -> int:
-    """Bytes of the distinct elements of t (a broadcast dimension, stride 0, counts once)."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size()
-
-
-def _tensors(values):
-    import torch
-
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            yield from _tensors(v)
-
-
-def _key(t):
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def _distinct_bytes(tensors) -> int:
-    return sum(tensor_bytes(t) for t in {_key(t): t for t in tensors}.values())
-
-
-def op_bytes(func, args, kwargs, out) -> int:
-    """Reads (inputs, ``out=`` excluded) + writes (outputs and mutated arguments), each distinct
-    tensor once; 0 for views (every output shares an input's storage, nothing mutated) and for
-    allocations."""
-    if func.__name__.split(".")[0] in NO_TRAFFIC:
-        return 0
-    schema = func._schema
-    mutated, reads = [], []
-    named = list(zip(schema.arguments, args)) + [
-        (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs]
-    for arg, value in named:
-        ts = list(_tensors([value]))
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            mutated += ts
-        if not (arg.kwarg_only and arg.name == "out"):
-            reads += ts
-    outs = list(_tensors([out]))
-    if not mutated and outs:
-        storages = {t.untyped_storage().data_ptr() for t in reads}
-        if all(t.untyped_storage().data_ptr() in storages for t in outs):
-            return 0  # a view of an input
-    return _distinct_bytes(reads) + _distinct_bytes(outs + mutated)
-
-
-def op_flops(func, args, kwargs, out) -> float:
-    from torch.utils.flop_counter import flop_registry
-
-    f = flop_registry.get(func.overloadpacket)
-    return float(f(*args, **kwargs, out_val=out)) if f is not None else 0.0
 
 
 def bandwidth_at(nbytes: float, curve: list[dict]) -> float:
@@ -132,86 +74,6 @@ def op_bound(flops: float, call_bytes: dict, ceil: dict):
     return (c, "compute") if c >= m else (m, "memory")
 
 
-class OpMeter:
-    """Context manager: every aten op run inside it, timed and counted, grouped by (phase,
-    layer, op). Phase: forward (inside the network) / loss (outside it, before backward: the
-    answer and the loss terms) / backward (the network's) / loss_backward (the rest of
-    backward) / optimiser (after backward: gradient sync, clipping, the update). Layer: the
-    innermost module running (its backward, in backward), '-' outside any module.
-    ``network``: the class name of the network's root module (ModuleTracker's name for it);
-    modules of other roots are the loss's."""
-
-    def __init__(self, network: str | None = None):
-        self.rows: dict = {}
-        self.after_backward = False
-        self.network = network
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils.module_tracker import ModuleTracker
-
-        meter, tracker = self, ModuleTracker()
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                t = time.perf_counter()
-                out = func(*args, **kwargs)
-                meter.add(func, args, kwargs, out, time.perf_counter() - t, tracker)
-                return out
-
-        self._tracker, self._mode = tracker.__enter__(), Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        self._tracker.__exit__(*exc)
-
-    def add(self, func, args, kwargs, out, seconds, tracker):
-        modules = [p for p in tracker.parents if p != "Global"]
-        layer = max(modules, key=lambda p: p.count(".")) if modules else "-"
-        # A module outside the network (the loss's stencils) counts to the loss.
-        in_network = self.network is None or layer.split(".")[0] == self.network
-        # Not grad mode: a custom autograd Function's forward (the NHWC norm) runs without it.
-        if tracker.is_bw:
-            phase = "backward" if modules and in_network else "loss_backward"
-            self.after_backward = True
-        elif self.after_backward:
-            phase, layer = "optimiser", "-"
-        else:
-            phase = "forward" if modules and in_network else "loss"
-        name = str(func.overloadpacket).replace("aten.", "")
-        row = self.rows.setdefault((phase, layer, name), {
-            "phase": phase, "layer": layer, "op": name, "calls": 0, "flops": 0.0,
-            "bytes": 0.0, "call_bytes": {}, "seconds": 0.0,
-            "shapes": [list(t.shape) for t in list(_tensors(args))[:3]]})
-        if name == "convolution" and "conv" not in row:  # stride, padding, groups: the probe's
-            row["conv"] = {"stride": list(args[3]), "padding": list(args[4]), "groups": args[8],
-                           "transposed": bool(args[6])}
-        nbytes = op_bytes(func, args, kwargs, out)
-        row["calls"] += 1
-        row["flops"] += op_flops(func, args, kwargs, out)
-        row["bytes"] += nbytes
-        row["call_bytes"][nbytes] = row["call_bytes"].get(nbytes, 0) + 1
-        row["seconds"] += seconds
-
-
-def measure_ops(step, steps: int = 3, network: str | None = None) -> list[dict]:
-    """Run ``step`` (warm) ``steps`` times under OpMeter: one row per (phase, layer, op), its
-    per-step calls, FLOPs and bytes, and the median over the steps of its seconds."""
-    runs = []
-    for _ in range(steps):
-        with OpMeter(network) as m:
-            step()
-        runs.append(m.rows)
-    rows = []
-    for key, row in runs[0].items():
-        secs = [r[key]["seconds"] if key in r else 0.0 for r in runs]
-        rows.append({**row, "seconds": statistics.median(secs)})
-    return rows
-
-
 def roofline(rows: list[dict], step_s: float, ceil: dict, top: int = TOP) -> dict:
     """The step's bound from per-op ``rows`` (flops, bytes, call_bytes, seconds) under
     ``ceil``; the ``top`` rows with the largest measured - bound, each with its share of the
@@ -219,7 +81,7 @@ def roofline(rows: list[dict], step_s: float, ceil: dict, top: int = TOP) -> dic
     out_rows = []
     for r in rows:
         bound, kind = op_bound(r["flops"], r["call_bytes"], ceil)
-        r = {k: v for k, v in r.items() if k != "call_bytes"}
+        r = {k: v for k, v in r.items() if k not in ("call_bytes", "replays")}
         out_rows.append({**r, "bound_s": bound, "bound_by": kind, "gap_s": r["seconds"] - bound,
                          "share_of_step": r["seconds"] / step_s,
                          "gap_share_of_step": (r["seconds"] - bound) / step_s})
@@ -299,12 +161,17 @@ def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
 
 
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
-        footprints_mib=None, rounds=5) -> dict:
+        footprints_mib=None, rounds=5, reuse_memory=True) -> dict:
     """Measure every configuration, then probe the ceilings once per thread count (with the
     union of the configurations' convolutions), then bound each, and time each in ``rounds``
     rounds beside its compute ceiling (module docstring). ``footprints_mib``: the bandwidth
-    probe's footprints (default host_probe's, up to 1 GiB)."""
+    probe's footprints (default host_probe's, up to 1 GiB). ``reuse_memory``: freed memory kept
+    in the process, as ``deepfusion train`` runs without a domain split
+    (``parallel.reuse_memory``); the setting stays for the rest of the process."""
     from bench import host_probe
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
+
+    reuse_freed_memory(reuse_memory)
 
     footprints_mib = footprints_mib or host_probe.FOOTPRINTS_MIB
     load0, t0 = load(), time.perf_counter()
@@ -315,7 +182,7 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
                           for s in conv_shapes(c["rows"])}.values())
         ceilings[t] = host_probe.ceilings(t, shapes[t], footprints_mib=footprints_mib)
     out = {"isa": host_probe.isa(), "loadavg_before": load0, "ceilings": list(ceilings.values()),
-           "runs": []}
+           "reuse_memory": reuse_memory, "runs": []}
     for c in configs:
         ratios = interleaved(c, ceilings[c["threads"]], shapes[c["threads"]], rounds)
         r = {"grid": c["grid"], "batch": c["batch"], "threads": c["threads"],
@@ -323,12 +190,25 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
              **roofline(c["rows"], c["step_s"], ceilings[c["threads"]]),
              "step_over_bound_rounds": ratios,
              "step_over_bound_interleaved": statistics.median(ratios) if ratios else None}
+        r["alone"] = alone.conv_alone(c["rows"], {
+            (o["phase"], o["layer"], o["op"]): op_bound(o["flops"], o["call_bytes"],
+                                                        ceilings[c["threads"]])[0]
+            for o in c["rows"]})
+        r["best_eager_over_bound"] = r["alone"]["best_eager_s"] / r["bound_s"]
         out["runs"].append(r)
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
             f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
-            f"(x{r['step_over_bound']:.2f}; in rounds {_ratios(ratios)}); load {load()[0]}")
+            f"(x{r['step_over_bound']:.2f}; in rounds {_ratios(ratios)}); {_alone(r)}; "
+            f"load {load()[0]}")
     out["loadavg_after"], out["seconds"] = load(), time.perf_counter() - t0
     return out
+
+
+def _alone(r: dict) -> str:
+    a = r["alone"]
+    return (f"convolutions {a['conv_in_step_s'] * 1e3:.0f} ms in the step, "
+            f"{a['conv_alone_s'] * 1e3:.0f} ms alone; with them as alone and the rest at its "
+            f"bound the step would be x{r['best_eager_over_bound']:.2f} its bound")
 
 
 def _ratios(ratios) -> str:
@@ -352,6 +232,8 @@ def lines(res: dict) -> list[str]:
                    f"{r['step_over_bound']:.2f} (compute floor {r['compute_floor_s'] * 1e3:.0f} "
                    f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms); in rounds beside the "
                    f"compute ceiling {_ratios(r.get('step_over_bound_rounds', []))}")
+        if "alone" in r:
+            out.append(f"  {_alone(r)}")
         out.append(f"  {'phase':<9} {'layer':<22} {'op':<26} {'calls':>5} {'ms':>7} "
                    f"{'bound':>7} {'by':<7} {'gap':>7} {'%step':>6}")
         out.append("  by op over all layers (ms/bound ms): " + ", ".join(
@@ -373,9 +255,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=5,
                    help="rounds of steps timed beside the compute ceiling (module docstring)")
+    p.add_argument("--malloc-default", action="store_true",
+                   help="leave glibc's malloc settings (default: freed memory kept, as trained)")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats, rounds=a.rounds)
+    res = run(parse_grids(a.grids), parse_threads(a.threads), a.repeats, rounds=a.rounds,
+              reuse_memory=not a.malloc_default)
     print("\n".join(lines(res)))
     emit_json(res, a.out)
     return 0

@@ -1,10 +1,12 @@
 """The roofline of the training step (bench/roofline.py, bench/host_probe.py): FLOPs and bytes
 of single ops against their formulas, the bound from given ceilings, the table's fields, and
 the bench's roofline section and goal lines. Never a timing assertion."""
+import json
+
 import pytest
 import torch
 
-from bench import host_probe, roofline, run
+from bench import host_probe, opmeter, roofline, run
 
 CEIL = {"compute_gflops": 100.0, "compute_source": "given", "dram_gbs": 10.0,
         "bandwidth": [{"footprint_mib": 1, "gbs": 100.0}, {"footprint_mib": 64, "gbs": 10.0}]}
@@ -22,7 +24,7 @@ def test_conv_flops_forward_and_backward_equal_the_formula(input_grad):
     n, c_in, c_out, h, w = 2, 3, 8, 12, 10
     conv = torch.nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
     x = torch.randn(n, c_in, h, w, requires_grad=input_grad)
-    with roofline.OpMeter(network="Conv2d") as m:
+    with opmeter.OpMeter(network="Conv2d") as m:
         conv(x).sum().backward()
     macs = n * c_out * h * w * c_in * 9
     ops = _rows_by_op(m)
@@ -40,7 +42,7 @@ def test_conv_flops_forward_and_backward_equal_the_formula(input_grad):
 def test_bytes_count_each_distinct_tensor_once_and_views_nothing():
     a, b = torch.ones(1000), torch.ones(1000)
     row = torch.ones(1, 1000)
-    with roofline.OpMeter() as m:
+    with opmeter.OpMeter() as m:
         a + b                      # read 2, write 1
         a.view(10, 100)            # a view: nothing moves
         a.mul_(2.0)                # read a, write a
@@ -102,7 +104,7 @@ def test_step_phases_and_the_probes_convolutions_on_a_tiny_unet():
     prob, model = build("burgers", 16, "unet", {"depth": 1, "base_width": 4})
     step = make_deepfusion(prob, model, inputs(prob, 2))
     step()
-    rows = roofline.measure_ops(step, steps=1, network=type(model).__name__)
+    rows = opmeter.measure_ops(step, steps=1, network=type(model).__name__)
     phases = {r["phase"] for r in rows}
     assert phases == {"forward", "loss", "backward", "loss_backward", "optimiser"}
     assert all(r["layer"].startswith("UNet") for r in rows if r["phase"] == "forward")
@@ -135,9 +137,11 @@ def test_goal_lines_and_table_of_a_roofline_section():
 
 
 def test_roofline_run_tiny_has_ceilings_runs_and_top_ops():
+    # reuse_memory off: mallopt's settings would stay for the rest of this test process
     res = roofline.run(grids=((32, 2),), threads=(1,), repeats=1, log=lambda *a: None,
-                       footprints_mib=(1, 4))
+                       footprints_mib=(1, 4), reuse_memory=False)
     assert {"isa", "ceilings", "runs", "loadavg_before", "loadavg_after"} <= set(res)
+    assert res["reuse_memory"] is False
     (c,) = res["ceilings"]
     assert c["threads"] == 1 and c["gemm_gflops"] > 0 and c["conv"]
     assert c["compute_gflops"] == max(c["gemm_gflops"], c["conv_best_gflops"])
@@ -145,4 +149,38 @@ def test_roofline_run_tiny_has_ceilings_runs_and_top_ops():
     (r,) = res["runs"]
     assert r["bound_s"] > 0 and r["step_over_bound"] == pytest.approx(r["step_s"] / r["bound_s"])
     assert 0 < len(r["top_ops"]) <= 10
-    assert "roofline 32^2 b2 t1" in "\n".join(roofline.lines(res))
+    a = r["alone"]  # the step's convolutions run again alone (bench/alone.py)
+    assert a["conv_in_step_s"] > 0 and a["conv_alone_s"] > 0 and a["others_at_bound_s"] > 0
+    assert a["best_eager_s"] == pytest.approx(a["conv_alone_s"] + a["others_at_bound_s"])
+    assert r["best_eager_over_bound"] == pytest.approx(a["best_eager_s"] / r["bound_s"])
+    assert not any("replays" in o for o in r["top_ops"])   # the specs stay out of the JSON
+    text = "\n".join(roofline.lines(res))
+    assert "roofline 32^2 b2 t1" in text and "ms alone" in text
+
+
+def test_a_recorded_convolution_replays_alone_with_its_layout_and_arguments():
+    import torch
+    import torch.nn.functional as F
+
+    from bench import alone
+
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    calls = []
+
+    def record(args):
+        calls.append(alone.spec("convolution", args))
+        return torch.ops.aten.convolution.default(*args)
+    args = (x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+    assert torch.equal(record(args), F.conv2d(x, w, stride=2, padding=1))
+    name, encoded = json.loads(calls[0])
+    assert name == "convolution" and encoded[0]["t"] == [[2, 3, 8, 8], list(x.stride()), "float32"]
+    assert encoded[2] is None and encoded[3] == [2, 2] and encoded[6] is False
+    assert alone.replay_seconds(calls[0], repeats=2) > 0
+    rows = [{"phase": "forward", "layer": "L", "op": "convolution", "seconds": 0.5,
+             "replays": {calls[0]: 3}},
+            {"phase": "forward", "layer": "L", "op": "gelu", "seconds": 0.2}]
+    got = alone.conv_alone(rows, {("forward", "L", "convolution"): 0.1,
+                                  ("forward", "L", "gelu"): 0.05})
+    assert got["conv_in_step_s"] == 0.5 and got["others_at_bound_s"] == 0.05
+    assert 0 < got["conv_alone_s"] < 0.5 and got["best_eager_s"] == got["conv_alone_s"] + 0.05
