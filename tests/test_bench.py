@@ -57,6 +57,10 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert (res["goals"]["step_within_1.5x_roofline_32_t1"]["value"]
             == rr["step_over_bound_interleaved"] == rr["step_over_bound_rounds"][0])
     assert "roofline 32^2 b4 t1" in run.table(res)
+    # ... beside what the step would be with its convolutions as fast as alone (bench/alone.py)
+    goal = res["goals"]["step_within_1.5x_roofline_32_t1"]
+    assert goal["best_eager"] == rr["best_eager_over_bound"] > 0
+    assert "with the convolutions as alone" in run.table(res)
 
 
 def _cfg(gemm, speedup):
