@@ -16,6 +16,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
                    the concatenation instead of diffnet.generators.DenseGrad (isolates it)
   deepfusion_conv_stencil_grad  deepfusion with the loss's stencils differentiated by ATen's
                    convolution backward instead of diffnet.stencils.StencilConv (isolates it)
+  deepfusion_foreach_adam  deepfusion with Adam's foreach update instead of ATen's fused kernel
+                   (isolates it; ``optimizer_s`` of a row is its step's optimiser phase)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
   deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32 instead of
                    diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)
@@ -66,6 +68,21 @@ def sliced_grad(model):
         if type(mod) is Up:
             mod.forward = types.MethodType(forward, mod)
     return model
+
+
+def foreach_adam(step):
+    """``step`` (make_deepfusion's) with Adam's foreach update instead of ATen's fused kernel
+    (an ablation): the kernel is switched off around each call."""
+    from deepfusion.engine.train import firstorder
+
+    def run():
+        kernel, firstorder.FUSED_ADAM = firstorder.FUSED_ADAM, None
+        try:
+            return step()
+        finally:
+            firstorder.FUSED_ADAM = kernel
+    run.times, run.comm = step.times, step.comm
+    return run
 
 
 def conv_stencil_grad(problem):
@@ -191,6 +208,7 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion_sliced_grad"] = make_deepfusion(prob, sliced_grad(fresh(True)), x)
     configs["deepfusion_conv_stencil_grad"] = make_deepfusion(
         conv_stencil_grad(build(problem, grid, generator)[0]), fresh(True), x)
+    configs["deepfusion_foreach_adam"] = foreach_adam(make_deepfusion(prob, fresh(True), x))
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(prob, fresh(True), x, precision="bf16")
         configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(prob, fp32_norms(fresh(True)), x,
@@ -207,6 +225,7 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
         f()
     wall = {k: [] for k in configs}
     cpu = {k: [] for k in configs}
+    optimizer = {k: [] for k in configs}  # the engine's optimiser phase (step.times)
     gw, gc = [], []
     load0 = load()
     for r in range(repeats):
@@ -216,6 +235,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
             with Timer() as t:
                 f()
             wall[k].append(t.wall), cpu[k].append(t.cpu)
+            if "optimizer" in getattr(f, "times", {}):
+                optimizer[k].append(f.times["optimizer"])
     gemm_w = gemm_flops(gemm_n) / median(gw)
     gemm_c = gemm_flops(gemm_n) / (median(gc) / threads)
     out = {"grid": grid, "batch": batch, "threads": threads, "repeats": repeats,
@@ -228,7 +249,8 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
             "step_s": w, "cpu_s": c, "samples_per_s": batch / w,
             "gflops": flops / w / 1e9, "gemm_ratio": flops / w / gemm_w,
             # CPU-time based: the work rate while the process actually ran (load-robust at 1 thread)
-            "gemm_ratio_cpu": flops / (c / threads) / gemm_c, "step_s_all": wall[k]}
+            "gemm_ratio_cpu": flops / (c / threads) / gemm_c, "step_s_all": wall[k],
+            "optimizer_s": median(optimizer[k]) if optimizer[k] else None}
     base_w = out["configs"]["plain"]["step_s"]
     base_c = out["configs"]["plain"]["cpu_s"]
     for k, v in out["configs"].items():

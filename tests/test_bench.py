@@ -14,6 +14,7 @@ from statistics import median
 import pytest
 
 from bench import comm_bench, run
+from deepfusion.engine.train import firstorder
 
 
 @pytest.mark.bench
@@ -25,7 +26,12 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     assert len(res["machine"]["loadavg"]) == 3
     (r,) = res["step"]["runs"]
     assert r["flops_per_step"] > 0 and r["gemm_gflops"] > 0
-    assert {"plain", "deepfusion", "deepfusion_nchw"} <= set(r["configs"])
+    assert {"plain", "deepfusion", "deepfusion_nchw", "deepfusion_foreach_adam"} <= set(r["configs"])
+    # the optimiser phase of the engine's rows (the foreach ablation beside the fused kernel)
+    assert r["configs"]["plain"]["optimizer_s"] is None
+    assert r["configs"]["deepfusion"]["optimizer_s"] > 0
+    assert r["configs"]["deepfusion_foreach_adam"]["optimizer_s"] > 0
+    assert firstorder.FUSED_ADAM is not None   # the ablation switched the kernel back on
     for v in r["configs"].values():
         assert {"step_s", "cpu_s", "samples_per_s", "gflops", "gemm_ratio", "gemm_ratio_cpu",
                 "speedup_vs_plain"} <= set(v)

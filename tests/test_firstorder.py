@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from deepfusion.engine.train import firstorder
 from deepfusion.engine.train.firstorder import SGD, Adam, Lamb
 
 CASES = [(Adam, torch.optim.Adam, dict(lr=1e-2, betas=(0.9, 0.99))),
@@ -41,6 +42,39 @@ def test_the_steps_are_torch_optims(ours, theirs, kw, dtype):
     for p, q in zip(a, b):
         torch.testing.assert_close(p, q, rtol=2e-6 if dtype == torch.float32 else 1e-14,
                                    atol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(lr=1e-2, betas=(0.9, 0.99)),
+                                dict(lr=3e-3, betas=(0.8, 0.999), weight_decay=1e-2)])
+def test_adam_is_atens_fused_kernel_bit_for_bit_on_channels_last_gradient_views(kw, monkeypatch):
+    """float32 Adam runs torch.optim.Adam(fused=True)'s kernel: the same parameters bit for bit,
+    with channels_last weights whose gradients are strided views of one flat buffer (as
+    GradSync makes them); the foreach path (no fused kernel) within rounding of it."""
+    def weights():
+        g = torch.Generator().manual_seed(0)
+        ws = [torch.randn(s, generator=g) for s in ((8, 4, 3, 3), (8,), (1, 8, 1, 1))]
+        return [torch.nn.Parameter(w.contiguous(memory_format=torch.channels_last)
+                                   if w.dim() == 4 else w) for w in ws]
+
+    def steps(opt, ps):
+        g = torch.Generator().manual_seed(1)
+        flat = torch.zeros(sum(p.numel() for p in ps))
+        off = 0
+        for p in ps:
+            p.grad = flat.as_strided(p.shape, p.stride(), off)
+            off += p.numel()
+        for _ in range(5):
+            flat.copy_(torch.randn(flat.shape, generator=g))
+            opt.step()
+
+    a, b, c = weights(), weights(), weights()
+    steps(Adam(a, **kw), a)
+    steps(torch.optim.Adam(b, fused=True, **kw), b)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    monkeypatch.setattr(firstorder, "FUSED_ADAM", None)
+    steps(Adam(c, **kw), c)
+    for p, q in zip(c, a):
+        torch.testing.assert_close(p, q, rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("ours,theirs,kw", CASES)
