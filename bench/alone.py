@@ -2,7 +2,7 @@
 format, arguments) with nothing around it, against its time inside the step; and the step's best
 case in eager PyTorch, every convolution as fast as alone and every other op at its bound.
 
-    from bench.alone import conv_alone      # rows of bench.roofline.measure_ops
+    from bench.alone import conv_alone      # rows of bench.opmeter.measure_ops
 
 Why: the roofline's compute ceiling is the best rate of the step's convolutions alone, the
 largest-channel one's. The small-channel, full-resolution convolutions run below it even alone,
