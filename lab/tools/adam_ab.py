@@ -20,27 +20,21 @@ def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
     import torch
 
     from bench.common import build, inputs
-    from bench.step_bench import make_deepfusion
-    from deepfusion.engine.train import firstorder
+    from bench.step_bench import foreach_adam, make_deepfusion
 
     torch.set_num_threads(threads)
     prob, model = build("burgers", grid, "unet", channels_last=True)
-    step = make_deepfusion(prob, model, inputs(prob, batch))
-    kernels = {"foreach": None, "fused": firstorder.FUSED_ADAM}
-    times = {k: {"optimizer": [], "step": []} for k in kernels}
-    try:
-        for k in kernels:  # warm both paths
-            firstorder.FUSED_ADAM = kernels[k]
-            step(), step()
-        for r in range(rounds):
-            for k in (list(kernels) if r % 2 == 0 else list(kernels)[::-1]):
-                firstorder.FUSED_ADAM = kernels[k]
-                t0 = time.perf_counter()
-                step()
-                times[k]["step"].append(time.perf_counter() - t0)
-                times[k]["optimizer"].append(step.times["optimizer"])
-    finally:
-        firstorder.FUSED_ADAM = kernels["fused"]
+    fused = make_deepfusion(prob, model, inputs(prob, batch))
+    steps = {"foreach": foreach_adam(fused), "fused": fused}   # one model, either update
+    times = {k: {"optimizer": [], "step": []} for k in steps}
+    for step in steps.values():  # warm both paths
+        step(), step()
+    for r in range(rounds):
+        for k in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            t0 = time.perf_counter()
+            steps[k]()
+            times[k]["step"].append(time.perf_counter() - t0)
+            times[k]["optimizer"].append(steps[k].times["optimizer"])
     med = {k: {p: statistics.median(v) for p, v in t.items()} for k, t in times.items()}
     faster = sum(a > b for a, b in zip(times["foreach"]["optimizer"], times["fused"]["optimizer"]))
     return {"grid": grid, "batch": batch, "threads": threads, "rounds": rounds, "median_s": med,
