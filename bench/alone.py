@@ -65,16 +65,16 @@ def replay_seconds(call: str, repeats: int = 3) -> float:
     return best
 
 
-def conv_alone(rows: list[dict], bound_s: dict) -> dict:
+def conv_alone(rows: list[dict], bound) -> dict:
     """The convolutions of ``rows`` (measure_ops rows with ``replays``: {spec: calls per step})
-    in the step and alone, and the step's eager best case: ``bound_s`` maps each row's (phase,
-    layer, op) to its bound; every row without replays counts at its bound."""
+    in the step and alone, and the step's eager best case: every row without replays counts at
+    ``bound(row)``, its lower bound in seconds."""
     in_step = alone = others = 0.0
     for r in rows:
         if r.get("replays"):
             in_step += r["seconds"]
             alone += sum(n * replay_seconds(call) for call, n in r["replays"].items())
         else:
-            others += bound_s[(r["phase"], r["layer"], r["op"])]
+            others += bound(r)
     return {"conv_in_step_s": in_step, "conv_alone_s": alone, "others_at_bound_s": others,
             "best_eager_s": alone + others}

@@ -190,10 +190,9 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
              **roofline(c["rows"], c["step_s"], ceilings[c["threads"]]),
              "step_over_bound_rounds": ratios,
              "step_over_bound_interleaved": statistics.median(ratios) if ratios else None}
-        r["alone"] = alone.conv_alone(c["rows"], {
-            (o["phase"], o["layer"], o["op"]): op_bound(o["flops"], o["call_bytes"],
-                                                        ceilings[c["threads"]])[0]
-            for o in c["rows"]})
+        ceil = ceilings[c["threads"]]
+        r["alone"] = alone.conv_alone(
+            c["rows"], lambda o: op_bound(o["flops"], o["call_bytes"], ceil)[0])
         r["best_eager_over_bound"] = r["alone"]["best_eager_s"] / r["bound_s"]
         out["runs"].append(r)
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "

@@ -180,7 +180,7 @@ def test_a_recorded_convolution_replays_alone_with_its_layout_and_arguments():
     rows = [{"phase": "forward", "layer": "L", "op": "convolution", "seconds": 0.5,
              "replays": {calls[0]: 3}},
             {"phase": "forward", "layer": "L", "op": "gelu", "seconds": 0.2}]
-    got = alone.conv_alone(rows, {("forward", "L", "convolution"): 0.1,
-                                  ("forward", "L", "gelu"): 0.05})
+    bounds = {"convolution": 0.1, "gelu": 0.05}
+    got = alone.conv_alone(rows, lambda r: bounds[r["op"]])
     assert got["conv_in_step_s"] == 0.5 and got["others_at_bound_s"] == 0.05
     assert 0 < got["conv_alone_s"] < 0.5 and got["best_eager_s"] == got["conv_alone_s"] + 0.05
