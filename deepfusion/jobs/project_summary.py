@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from deepfusion.jobs import project_limits
+
 
 def load(paths: list[str]) -> list[dict]:
     """The projections, each with its ``name``: the directory of its project.json (else the
@@ -64,7 +66,7 @@ def limits_table(docs: list[dict]) -> str:
     """One row per projection and cluster: the speed-up at the node count its limits were taken
     at (16 if projected), each part's share of the run there, the speed-up if every exchange
     were free, and what limits it (``limits`` of project.json)."""
-    parts = ("compute", "halo", "allreduce", "skew")
+    parts = project_limits.PARTS
     head = ["projection", "cluster", "nodes", "speed-up", *parts, "with free exchanges",
             "limited by"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
