@@ -16,6 +16,7 @@ import os
 import torch
 
 from diffnet.generators import build_generator
+from diffnet.kernels import KernelUnavailable, fuse_norm_gelu
 from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
@@ -106,12 +107,27 @@ def build_model(cfg, problem):
     check_grids(model, cfg, problem, model_grower(cfg, problem))
     if cfg.model.init_from:
         init_from(model, cfg.model.name, cfg.model.init_from)
-    model = convert_model(model, cfg.model.channels_last)
+    model = fuse_kernels(convert_model(model, cfg.model.channels_last), cfg)
     specs = {"model": {"name": cfg.model.name, "kwargs": model.config()},
              # the name that finds the problem again in a new process: a registered name,
              # 'module:Class' or 'entry-point:NAME' (diffnet.problems.problem_spec)
              "problem": {"name": problem_spec(type(problem)), "kwargs": problem.config()}}
     return model, specs
+
+
+def fuse_kernels(model, cfg):
+    """``model`` with the compiled norm + GELU kernel in place of its eager pairs when
+    ``train.fused_kernels`` is set (in place, returned); a host that cannot build the kernel
+    is refused with the reason and the fix."""
+    if cfg.train.fused_kernels:
+        if cfg.train.compile:
+            raise ValueError("train.fused_kernels = true with train.compile = true: both fuse "
+                             "the norm and the activation; set one of them to false")
+        try:
+            fuse_norm_gelu(model)
+        except KernelUnavailable as e:
+            raise ValueError(f"train.fused_kernels = true: {e}") from None
+    return model
 
 
 def model_grower(cfg, problem):
@@ -128,7 +144,8 @@ def model_grower(cfg, problem):
                                     out_channels=problem.output_channels,
                                     correction=visit.correction,
                                     train_inner=visit.train_inner)
-        grown = convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last)
+        grown = fuse_kernels(convert_model(grown.to(torch_dtype(cfg)), cfg.model.channels_last),
+                             cfg)
         return grown, {"name": "prolonged", "kwargs": grown.config()}
     return grow
 
@@ -203,6 +220,11 @@ def check_domain(cfg) -> None:
         raise ValueError(f"train.compile = true with parallel.domain = {cfg.parallel.domain}: "
                          f"the halo exchange is MPI inside autograd, which torch.compile cannot "
                          f"trace; set train.compile = false or parallel.domain = []")
+    if cfg.train.fused_kernels:
+        raise ValueError(f"train.fused_kernels = true with parallel.domain = "
+                         f"{cfg.parallel.domain}: the fused norm takes its statistics over one "
+                         f"block, not the whole field; set train.fused_kernels = false or "
+                         f"parallel.domain = []")
 
 
 def init_from(model, name: str, path: str) -> None:

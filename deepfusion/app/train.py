@@ -105,6 +105,10 @@ def train_locked(args, comm, cfg) -> int:
         for w in warns:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
+    if cfg.train.fused_kernels:
+        from diffnet.kernels import LIBRARY, describe
+
+        say_once(comm, f"fused kernels: instance norm + GELU from {describe(LIBRARY)}", err=False)
     if not args.resume:  # a known trap of this problem with this network, said once
         from deepfusion.app.traps import instance_norm_warning
 
