@@ -143,6 +143,19 @@ def build(problem: str = "burgers", grid: int = 64, generator: str = "unet",
     return task, convert_model(model, channels_last)
 
 
+def fused(model):
+    """``model`` with the compiled norm + GELU kernel (train.fused_kernels), or None with the
+    reason printed where this host cannot build it (the fused rows are then left out)."""
+    from diffnet.kernels import KernelUnavailable, fuse_norm_gelu
+
+    try:
+        fuse_norm_gelu(model)
+    except KernelUnavailable as e:
+        print(f"  no fused rows: {e}", flush=True)
+        return None
+    return model
+
+
 def inputs(task, batch: int, seed: int = 0):
     import numpy as np
 

@@ -5,8 +5,8 @@ checkpointing (model option checkpoint_levels = true), and of inference on large
                                  [--infer-sizes 1024,2048]
                                  [--problem burgers --model unet --model-options '{...}']
 
-Each (grid, checkpointing) configuration runs in its own subprocess, so high-water marks do
-not mix: the worker builds the generator (default: the default ``unet``) and the problem
+Each (grid, checkpointing) configuration, and each grid with ``train.fused_kernels``, runs in
+its own subprocess, so high-water marks do not mix: the worker builds the generator (default: the default ``unet``) and the problem
 (default: Burgers) at N x N (N x N x N for a 3-D problem such as ``poisson3d``, with e.g.
 ``--model unet3d``), records its RSS after setup, runs one DeepFusion training step (forward,
 backward, Adam) and reports VmHWM from /proc/self/status, the increase over the set-up RSS,
@@ -30,7 +30,7 @@ def worker(a) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from bench.common import build, inputs
+    from bench.common import build, fused, inputs
     from bench.step_bench import make_deepfusion
     from deepfusion.engine.parallel.memory import reuse_freed_memory
 
@@ -38,6 +38,8 @@ def worker(a) -> int:
 
     opts = {**json.loads(a.model_options), "checkpoint_levels": bool(a.checkpoint)}
     task, model = build(a.problem, a.size, a.model, opts)
+    if a.fused and fused(model) is None:
+        return 1
     x = inputs(task, a.batch)
     step = make_deepfusion(task, model, x)
     base = rss_mb()
@@ -49,6 +51,7 @@ def worker(a) -> int:
     peak = peak_rss_mb()
     print(json.dumps({"size": a.size, "grid": list(task.grid), "problem": a.problem,
                       "model": a.model, "batch": a.batch, "checkpoint_levels": bool(a.checkpoint),
+                      "fused_kernels": bool(a.fused),
                       "threads": a.threads, "setup_rss_mb": base, "peak_rss_mb": peak,
                       "step_increase_mb": peak - base, "step_s": times[0], "step_s_all": times,
                       "step_s_steady": times[-1] if len(times) > 1 else None,
@@ -112,15 +115,17 @@ def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print, infer_sizes=(),
     which = ["--problem", model[0], "--model", model[1], "--model-options", model[2]]
     dims = _dims(model[0])
     for n in sizes:
-        for ck in (0, 1):
+        for ck, fuse in ((0, 0), (1, 0), (0, 1)):  # the last: train.fused_kernels
             r = run_json([sys.executable, "-m", "bench.memory_bench", "--worker", "--size", str(n),
                           "--batch", str(batch), "--threads", str(threads), "--checkpoint", str(ck),
-                          "--steps", str(steps), *which])
-            rows.append(r if "error" not in r else {"size": n, "checkpoint_levels": bool(ck), **r})
+                          "--steps", str(steps), "--fused", str(fuse), *which])
+            rows.append(r if "error" not in r else
+                        {"size": n, "checkpoint_levels": bool(ck), "fused_kernels": bool(fuse), **r})
+            what = f"{n}^{dims} b{batch} ckpt={bool(ck)}{' fused' if fuse else ''}"
             if "error" in r:
-                log(f"  memory {n}^{dims} ckpt={bool(ck)}: failed: {r['error'][-300:]}")
+                log(f"  memory {what}: failed: {r['error'][-300:]}")
             else:
-                log(f"  memory {n}^{dims} b{batch} ckpt={bool(ck)}: peak {r['peak_rss_mb']:.0f} MiB "
+                log(f"  memory {what}: peak {r['peak_rss_mb']:.0f} MiB "
                     f"(+{r['step_increase_mb']:.0f} over setup), {step_times(r)}")
     return {"batch": batch, "threads": threads, "problem": model[0], "model": model[1],
             "model_options": json.loads(model[2]), "rows": rows,
@@ -132,6 +137,7 @@ def main(argv=None):
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--checkpoint", type=int, default=0)
+    p.add_argument("--fused", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--infer", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--infer-sizes", default="1024,2048")
     p.add_argument("--sizes", default="256,512,1024")

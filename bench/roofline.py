@@ -28,6 +28,8 @@ configuration is therefore also timed in ``rounds`` rounds, each a median of thr
 beside a probe of the compute ceiling (torch.mm and the step's own convolutions, best of three,
 the same threads); ``step_over_bound_rounds`` holds each round's ratio (the bound with that
 round's compute ceiling) and ``step_over_bound_interleaved`` their median, which the goal reads.
+The step with ``train.fused_kernels`` (the compiled norm + GELU) is timed in the same rounds
+against the same bound (``fused_step_over_bound_*``): it computes the same step.
 
 **Alone.** Each convolution call of the step is also run again alone (bench/alone.py): the
 step's convolutions in the step against alone, and ``best_eager_over_bound``, the step with every
@@ -49,7 +51,7 @@ import sys
 import time
 
 from bench import alone
-from bench.common import build, emit_json, inputs, load, wall_seconds
+from bench.common import build, emit_json, fused, inputs, load, wall_seconds
 from bench.opmeter import measure_ops
 
 TOP = 10
@@ -139,8 +141,14 @@ def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator
     step(), step()  # warm: oneDNN primitives, allocator
     times = wall_seconds(step, repeats)
     rows = measure_ops(step, steps=repeats, network=type(model).__name__)
+    # train.fused_kernels: the same network and step with the compiled norm + GELU, timed
+    # against the same bound (its rows would hide the kernel's work from the op count)
+    kernel = fused(build(problem, grid, generator, channels_last=True)[1])
+    fused_step = None if kernel is None else make_deepfusion(prob, kernel, inputs(prob, batch))
+    if fused_step is not None:
+        fused_step(), fused_step()
     return {"grid": grid, "batch": batch, "threads": threads, "step_s": statistics.median(times),
-            "step_s_all": times, "rows": rows, "step": step}
+            "step_s_all": times, "rows": rows, "step": step, "fused_step": fused_step}
 
 
 def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
@@ -150,14 +158,17 @@ def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
 
     from bench import host_probe
 
-    ratios = []
+    ratios, fused_ratios = [], []
     for _ in range(rounds):
         torch.set_num_threads(c["threads"])
         step_s = statistics.median(wall_seconds(c["step"], 3))
+        fused_s = c["fused_step"] and statistics.median(wall_seconds(c["fused_step"], 3))
         compute = host_probe.compute_ceiling(c["threads"], shapes, repeats=3)["compute_gflops"]
-        r = roofline(c["rows"], step_s, {**ceil, "compute_gflops": compute})
-        ratios.append(r["step_over_bound"])
-    return ratios
+        for s, out in ((step_s, ratios), (fused_s, fused_ratios)):
+            if s:
+                out.append(roofline(c["rows"], s, {**ceil, "compute_gflops": compute})
+                           ["step_over_bound"])
+    return ratios, fused_ratios
 
 
 def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
@@ -184,12 +195,16 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
     out = {"isa": host_probe.isa(), "loadavg_before": load0, "ceilings": list(ceilings.values()),
            "reuse_memory": reuse_memory, "runs": []}
     for c in configs:
-        ratios = interleaved(c, ceilings[c["threads"]], shapes[c["threads"]], rounds)
+        ratios, fused_ratios = interleaved(c, ceilings[c["threads"]], shapes[c["threads"]],
+                                           rounds)
         r = {"grid": c["grid"], "batch": c["batch"], "threads": c["threads"],
              "step_s_all": c["step_s_all"],
              **roofline(c["rows"], c["step_s"], ceilings[c["threads"]]),
              "step_over_bound_rounds": ratios,
-             "step_over_bound_interleaved": statistics.median(ratios) if ratios else None}
+             "step_over_bound_interleaved": statistics.median(ratios) if ratios else None,
+             "fused_step_over_bound_rounds": fused_ratios,
+             "fused_step_over_bound_interleaved":
+                 statistics.median(fused_ratios) if fused_ratios else None}
         ceil = ceilings[c["threads"]]
         r["alone"] = alone.conv_alone(
             c["rows"], lambda o: op_bound(o["flops"], o["call_bytes"], ceil)[0])
@@ -197,7 +212,8 @@ def run(grids=((64, 16), (256, 2)), threads=(1, 2), repeats=3, log=print,
         out["runs"].append(r)
         log(f"  roofline {c['grid']}^2 b{c['batch']} t{c['threads']}: step "
             f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms "
-            f"(x{r['step_over_bound']:.2f}; in rounds {_ratios(ratios)}); {_alone(r)}; "
+            f"(x{r['step_over_bound']:.2f}; in rounds {_ratios(ratios)}; fused kernels "
+            f"{_ratios(fused_ratios)}); {_alone(r)}; "
             f"load {load()[0]}")
     out["loadavg_after"], out["seconds"] = load(), time.perf_counter() - t0
     return out
@@ -230,7 +246,8 @@ def lines(res: dict) -> list[str]:
                    f"{r['step_s'] * 1e3:.0f} ms, bound {r['bound_s'] * 1e3:.0f} ms, step/bound "
                    f"{r['step_over_bound']:.2f} (compute floor {r['compute_floor_s'] * 1e3:.0f} "
                    f"ms, outside ops {r['outside_ops_s'] * 1e3:.0f} ms); in rounds beside the "
-                   f"compute ceiling {_ratios(r.get('step_over_bound_rounds', []))}")
+                   f"compute ceiling {_ratios(r.get('step_over_bound_rounds', []))}; with "
+                   f"train.fused_kernels {_ratios(r.get('fused_step_over_bound_rounds', []))}")
         if "alone" in r:
             out.append(f"  {_alone(r)}")
         out.append(f"  {'phase':<9} {'layer':<22} {'op':<26} {'calls':>5} {'ms':>7} "

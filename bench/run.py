@@ -73,6 +73,11 @@ def _step_goals(runs: list) -> dict:
                                     "value_cpu_time": df["gemm_ratio_cpu"]}
         out[f"speedup_vs_plain_{tag}"] = {**_at_least(df["speedup_vs_plain"], "speedup_vs_plain"),
                                           "value_cpu_time": df["speedup_vs_plain_cpu"]}
+        fu = r["configs"].get("deepfusion_fused")  # train.fused_kernels, where it builds
+        if fu is not None:
+            out[f"speedup_vs_plain_fused_{tag}"] = {
+                **_at_least(fu["speedup_vs_plain"], "speedup_vs_plain"),
+                "value_cpu_time": fu["speedup_vs_plain_cpu"]}
         bf = r["configs"].get("deepfusion_bf16")
         if bf is not None:
             out[f"bf16_vs_plain_fp32_{tag}"] = _at_least(bf["speedup_vs_plain"],
@@ -145,22 +150,28 @@ def _roofline_goals(roof: dict) -> dict:
             # the step with its convolutions as fast as alone and the rest at its bound
             # (bench/alone.py): above the goal, no change around the kernels meets it
             "best_eager": r.get("best_eager_over_bound")}
+        v = r.get("fused_step_over_bound_interleaved")
+        if v is not None:
+            out[f"step_within_1.5x_roofline_fused_{r['grid']}_t{r['threads']}"] = {
+                **_goal(v, g, v <= g), "rounds": r["fused_step_over_bound_rounds"]}
     return out
 
 
 def _memory_goals(mem: dict) -> dict:
-    rows = [r for r in mem.get("rows", []) if r.get("size") == 1024 and "step_s" in r
-            and not r.get("checkpoint_levels")]
-    if not rows:
-        return {}
-    r, g = rows[0], GOALS["s_per_sample_1024"]
-    # The step a run repeats: the second of the process (the first pays one-off set-up costs).
-    step = r["step_s_steady"] if r.get("step_s_steady") is not None else r["step_s"]
-    v = step / r["batch"]
-    return {"s_per_sample_1024_fp32": {**_goal(v, g, v <= g), "peak_rss_mb": r["peak_rss_mb"],
-                                       "threads": r.get("threads"), "batch": r["batch"],
-                                       "first_step_s": r["step_s"],
-                                       "reuse_memory": r.get("reuse_memory")}}
+    out = {}
+    for fused, name in ((False, "s_per_sample_1024_fp32"), (True, "s_per_sample_1024_fp32_fused")):
+        rows = [r for r in mem.get("rows", []) if r.get("size") == 1024 and "step_s" in r
+                and not r.get("checkpoint_levels") and bool(r.get("fused_kernels")) == fused]
+        if not rows:
+            continue
+        r, g = rows[0], GOALS["s_per_sample_1024"]
+        # The step a run repeats: the second of the process (the first pays one-off costs).
+        step = r["step_s_steady"] if r.get("step_s_steady") is not None else r["step_s"]
+        v = step / r["batch"]
+        out[name] = {**_goal(v, g, v <= g), "peak_rss_mb": r["peak_rss_mb"],
+                     "threads": r.get("threads"), "batch": r["batch"],
+                     "first_step_s": r["step_s"], "reuse_memory": r.get("reuse_memory")}
+    return out
 
 
 def goals(res: dict) -> dict:
@@ -223,7 +234,8 @@ def table(res: dict) -> str:
     for r in res.get("memory", {}).get("rows", []):
         if "peak_rss_mb" in r:
             lines.append(f"memory {r['size']}^2 b{r['batch']} checkpoint_levels="
-                         f"{str(r['checkpoint_levels']).lower():5}: peak RSS "
+                         f"{str(r['checkpoint_levels']).lower():5}"
+                         f"{' fused_kernels' if r.get('fused_kernels') else ''}: peak RSS "
                          f"{r['peak_rss_mb']:.0f} MiB (+{r['step_increase_mb']:.0f}), "
                          f"{memory_bench.step_times(r)}")
     for r in res.get("memory", {}).get("inference", []):

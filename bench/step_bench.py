@@ -18,6 +18,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
                    convolution backward instead of diffnet.stencils.StencilConv (isolates it)
   deepfusion_foreach_adam  deepfusion with Adam's foreach update instead of ATen's fused kernel
                    (isolates it; ``optimizer_s`` of a row is its step's optimiser phase)
+  deepfusion_fused  deepfusion with train.fused_kernels = true: the instance norm + GELU pairs
+                   as one compiled kernel (diffnet.kernels; left out where it cannot be built)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
   deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32 instead of
                    diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)
@@ -33,8 +35,8 @@ import os
 import sys
 import time
 
-from bench.common import (Timer, build, emit_json, gemm_flops, gemm_seconds, inputs, load, median,
-                          step_flops)
+from bench.common import (Timer, build, emit_json, fused, gemm_flops, gemm_seconds, inputs, load,
+                          median, step_flops)
 
 
 def stock_norms(model):
@@ -209,6 +211,9 @@ def bench_grid(grid, batch, threads, repeats, *, compile_=False, generator="unet
     configs["deepfusion_conv_stencil_grad"] = make_deepfusion(
         conv_stencil_grad(build(problem, grid, generator)[0]), fresh(True), x)
     configs["deepfusion_foreach_adam"] = foreach_adam(make_deepfusion(prob, fresh(True), x))
+    with_kernel = fused(fresh(True))
+    if with_kernel is not None:
+        configs["deepfusion_fused"] = make_deepfusion(prob, with_kernel, x)
     if bf16:  # train.precision = "bf16" (autocast; the FLOP ratio is still against fp32 GEMM)
         configs["deepfusion_bf16"] = make_deepfusion(prob, fresh(True), x, precision="bf16")
         configs["deepfusion_bf16_fp32_norm"] = make_deepfusion(prob, fp32_norms(fresh(True)), x,

@@ -9,6 +9,7 @@ harness's own arithmetic (goals, records) runs in ``make test``.
 import json
 import math
 import os
+import shutil
 from statistics import median
 
 import pytest
@@ -67,6 +68,13 @@ def test_bench_run_quick_writes_json_with_fields(tmp_path):
     goal = res["goals"]["step_within_1.5x_roofline_32_t1"]
     assert goal["best_eager"] == rr["best_eager_over_bound"] > 0
     assert "with the convolutions as alone" in run.table(res)
+    # train.fused_kernels beside the eager step, where GCC can build the kernel
+    if shutil.which("gcc"):
+        assert "deepfusion_fused" in r["configs"] and "speedup_vs_plain_fused_32_t1" in res["goals"]
+        assert {row.get("fused_kernels") for row in rows} == {False, True}
+        assert len(rr["fused_step_over_bound_rounds"]) == 1
+        assert (res["goals"]["step_within_1.5x_roofline_fused_32_t1"]["value"]
+                == rr["fused_step_over_bound_interleaved"] > 0)
 
 
 def _cfg(gemm, speedup):
