@@ -10,7 +10,8 @@ user runs it: each in its own process, with its own C allocator setting.
 which hands large blocks out as fresh mmaps and so faults a step's activations in again every
 step (the page faults per step are reported). A process's allocator can
 be set once, so each configuration runs in its own worker process: ``plain`` (default malloc),
-``deepfusion`` (reuse, as trained), with ``--bf16`` also ``deepfusion_bf16`` (``train.precision =
+``deepfusion`` (reuse, as trained), ``deepfusion_fused`` (the same with
+``train.fused_kernels``, where GCC can build the kernel), with ``--bf16`` also ``deepfusion_bf16`` (``train.precision =
 "bf16"``, reuse), and, to separate the two effects, ``plain_reuse``. Workers
 take turns (``--repeats`` rounds), each warms up 2 steps and reports the median of ``--steps``
 steps and its page faults per step; the result per configuration is the median over rounds.
@@ -28,6 +29,7 @@ from bench.common import emit_json, load, median, run_json
 # name -> (step maker, keep freed memory, train.precision of the deepfusion step)
 CONFIGS = {"plain": ("plain", False, None), "plain_reuse": ("plain", True, None),
            "deepfusion": ("deepfusion", True, "fp32"),
+           "deepfusion_fused": ("deepfusion_fused", True, "fp32"),  # train.fused_kernels
            "deepfusion_bf16": ("deepfusion", True, "bf16")}
 
 
@@ -39,11 +41,14 @@ def worker(a) -> int:
 
     kind, reuse, precision = CONFIGS[a.config]
     reuse_freed_memory(reuse)
-    from bench.common import build, inputs
+    from bench.common import build, fused, inputs
     from bench.step_bench import make_deepfusion, make_plain, stock_norms
 
     task, model = build("burgers", a.grid, "unet", channels_last=False)
     x = inputs(task, a.batch)
+    if kind == "deepfusion_fused" and fused(model.to(memory_format=torch.channels_last)) is None:
+        print(json.dumps({"skipped": "the fused kernel cannot be built here"}), flush=True)
+        return 0
     if kind == "plain":
         step = make_plain(task, stock_norms(model), x)
     else:
@@ -72,6 +77,7 @@ def bench_grid(grid, batch, threads, repeats, steps, bf16=False, log=print) -> d
             if "error" in r:
                 raise RuntimeError(f"allocator bench worker {k} {grid}^2 failed: {r['error'][-300:]}")
             rounds[k].append(r)
+    rounds = {k: v for k, v in rounds.items() if not any("skipped" in r for r in v)}
     out = {"grid": grid, "batch": batch, "threads": threads, "repeats": repeats, "steps": steps,
            "configs": {k: {"step_s": median([r["step_s"] for r in v]),
                            "faults_per_step": median([r["faults_per_step"] for r in v]),

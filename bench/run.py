@@ -94,6 +94,9 @@ def _as_run_goals(alloc: dict) -> dict:
         out[f"speedup_vs_plain_as_run_{tag}"] = {
             **_at_least(c["deepfusion"]["speedup_vs_plain"], "speedup_vs_plain_as_run"),
             "plain_with_reuse": c["plain_reuse"]["speedup_vs_plain"]}
+        if "deepfusion_fused" in c:
+            out[f"speedup_vs_plain_as_run_fused_{tag}"] = _at_least(
+                c["deepfusion_fused"]["speedup_vs_plain"], "speedup_vs_plain_as_run")
         if "deepfusion_bf16" in c:
             out[f"bf16_vs_plain_fp32_as_run_{tag}"] = _at_least(
                 c["deepfusion_bf16"]["speedup_vs_plain"], "bf16_vs_plain_fp32")

@@ -251,3 +251,15 @@ def test_the_package_example_runs():
 
     result = doctest.testmod(diffnet.kernels)
     assert result.attempted and not result.failed
+
+
+def test_deepfusion_check_refuses_a_host_without_gcc_before_the_queue(tmp_path):
+    cfg = tmp_path / "fused.toml"
+    cfg.write_text(FUSED)
+    env = dict(os.environ, CC="/nonexistent/gcc", DEEPFUSION_KERNEL_CACHE=str(tmp_path / "kc"),
+               PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-m", "deepfusion", "check", str(cfg), "--ranks", "2"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "train.fused_kernels = true: cannot run the C compiler" in p.stderr
+    assert "module load gcc" in p.stderr and "train.fused_kernels = false" in p.stderr

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
+
+from lab.tools.alternate import alternate, faster_rounds, medians
 
 
 def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
@@ -26,17 +26,9 @@ def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
     prob, model = build("burgers", grid, "unet", channels_last=True)
     fused = make_deepfusion(prob, model, inputs(prob, batch))
     steps = {"foreach": foreach_adam(fused), "fused": fused}   # one model, either update
-    times = {k: {"optimizer": [], "step": []} for k in steps}
-    for step in steps.values():  # warm both paths
-        step(), step()
-    for r in range(rounds):
-        for k in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
-            t0 = time.perf_counter()
-            steps[k]()
-            times[k]["step"].append(time.perf_counter() - t0)
-            times[k]["optimizer"].append(steps[k].times["optimizer"])
-    med = {k: {p: statistics.median(v) for p, v in t.items()} for k, t in times.items()}
-    faster = sum(a > b for a, b in zip(times["foreach"]["optimizer"], times["fused"]["optimizer"]))
+    times = alternate(steps, rounds, phases=("optimizer",))
+    med = medians(times)
+    faster = faster_rounds(times, "foreach", "fused", "optimizer")
     return {"grid": grid, "batch": batch, "threads": threads, "rounds": rounds, "median_s": med,
             "fused_optimizer_faster_rounds": faster, "times_s": times}
 
