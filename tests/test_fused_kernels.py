@@ -215,7 +215,7 @@ def test_training_with_fused_kernels_on_1_and_2_ranks(tmp_path):
         runs[n] = str(tmp_path / f"p{n}")
         p = deepfusion(n, ["train", str(cfg), "--set", f"run.dir={runs[n]}"])
         assert p.returncode == 0, p.stderr
-        assert "fused kernels: instance norm + GELU from" in p.stdout
+        assert "fused kernels: 10 instance norm + GELU pair(s) from" in p.stdout
     assert step_losses(runs[2]) == pytest.approx(step_losses(runs[0]), rel=1e-5)
     plain = str(tmp_path / "plain")
     p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={plain}",

@@ -106,9 +106,12 @@ def train_locked(args, comm, cfg) -> int:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     if cfg.train.fused_kernels:
-        from diffnet.kernels import LIBRARY, describe
+        from diffnet.kernels import LIBRARY, FusedNormGELU, describe
 
-        say_once(comm, f"fused kernels: instance norm + GELU from {describe(LIBRARY)}", err=False)
+        pairs = sum(isinstance(m, FusedNormGELU) for m in model.modules())
+        say_once(comm, f"fused kernels: {pairs} instance norm + GELU pair(s) from "
+                       f"{describe(LIBRARY)}" + ("" if pairs else "; this network has none, so "
+                                                 "train.fused_kernels changes nothing"), err=False)
     if not args.resume:  # a known trap of this problem with this network, said once
         from deepfusion.app.traps import instance_norm_warning
 
