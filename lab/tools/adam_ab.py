@@ -9,11 +9,9 @@ a shared host between two runs; rounds that alternate the order see the same hos
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-from lab.tools.alternate import alternate, faster_rounds, medians
+from lab.tools.alternate import ab_main, alternate, faster_rounds, medians
 
 
 def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
@@ -33,32 +31,16 @@ def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
             "fused_optimizer_faster_rounds": faster, "times_s": times}
 
 
-def main(argv=None) -> int:
-    from bench.step_bench import parse_grids, parse_threads
-    from deepfusion.engine.parallel.memory import reuse_freed_memory
+def line(r: dict) -> str:
+    m = r["median_s"]
+    return (f"{r['grid']}^2 b{r['batch']} t{r['threads']}: optimiser "
+            f"{m['foreach']['optimizer'] * 1e3:.2f} -> {m['fused']['optimizer'] * 1e3:.2f} ms "
+            f"(fused faster in {r['fused_optimizer_faster_rounds']}/{r['rounds']} rounds); step "
+            f"{m['foreach']['step'] * 1e3:.0f} -> {m['fused']['step'] * 1e3:.0f} ms")
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grids", default="64:16,256:2")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--out")
-    a = p.parse_args(argv)
-    reuse_freed_memory(True)
-    runs = []
-    for t in parse_threads(a.threads):
-        for g, b in parse_grids(a.grids):
-            r = measure(g, b, t, a.rounds)
-            m = r["median_s"]
-            print(f"{g}^2 b{b} t{t}: optimiser {m['foreach']['optimizer'] * 1e3:.2f} -> "
-                  f"{m['fused']['optimizer'] * 1e3:.2f} ms (fused faster in "
-                  f"{r['fused_optimizer_faster_rounds']}/{a.rounds} rounds); step "
-                  f"{m['foreach']['step'] * 1e3:.0f} -> {m['fused']['step'] * 1e3:.0f} ms",
-                  flush=True)
-            runs.append(r)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"runs": runs}, f, indent=1)
-    return 0
+
+def main(argv=None) -> int:
+    return ab_main(argv, __doc__, measure, line, rounds=12)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,31 @@ def medians(times: dict) -> dict:
 def faster_rounds(times: dict, slow: str, fast: str, phase: str = "step") -> int:
     """In how many rounds ``fast`` took less time than ``slow``."""
     return sum(a > b for a, b in zip(times[slow][phase], times[fast][phase]))
+
+
+def ab_main(argv, doc: str, measure, line, rounds: int) -> int:
+    """The command line of an A/B tool: ``--grids``, ``--threads``, ``--rounds``, ``--out``;
+    ``measure(grid, batch, threads, rounds)`` per configuration, as ``deepfusion train`` runs
+    (freed memory kept), ``line(run)`` printed for each, the runs written to ``--out``."""
+    import argparse
+    import json
+
+    from bench.step_bench import parse_grids, parse_threads
+    from deepfusion.engine.parallel.memory import reuse_freed_memory
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--grids", default="64:16,256:2")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    reuse_freed_memory(True)
+    runs = []
+    for t in parse_threads(a.threads):
+        for g, b in parse_grids(a.grids):
+            runs.append(measure(g, b, t, a.rounds))
+            print(line(runs[-1]), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"runs": runs}, f, indent=1)
+    return 0

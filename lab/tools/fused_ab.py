@@ -6,11 +6,9 @@ kept), round by round on the same weights and inputs; and the two networks' loss
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-from lab.tools.alternate import alternate, faster_rounds, medians
+from lab.tools.alternate import ab_main, alternate, faster_rounds, medians
 
 PHASES = ("forward", "backward")
 
@@ -36,32 +34,17 @@ def measure(grid: int, batch: int, threads: int, rounds: int) -> dict:
             "fused_faster_rounds": faster_rounds(times, "eager", "fused"), "times_s": times}
 
 
-def main(argv=None) -> int:
-    from bench.step_bench import parse_grids, parse_threads
-    from deepfusion.engine.parallel.memory import reuse_freed_memory
+def line(r: dict) -> str:
+    m = r["median_s"]
+    phases = "; ".join(f"{ph} {m['eager'][ph] * 1e3:.0f} -> {m['fused'][ph] * 1e3:.0f} ms"
+                       for ph in ("step",) + PHASES)
+    return (f"{r['grid']}^2 b{r['batch']} t{r['threads']}: {phases} (fused faster in "
+            f"{r['fused_faster_rounds']}/{r['rounds']} rounds); first loss "
+            f"{r['first_loss']['eager']:.6g} / {r['first_loss']['fused']:.6g}")
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grids", default="64:16,256:2")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--out")
-    a = p.parse_args(argv)
-    reuse_freed_memory(True)
-    runs = []
-    for t in parse_threads(a.threads):
-        for g, b in parse_grids(a.grids):
-            r = measure(g, b, t, a.rounds)
-            m = r["median_s"]
-            print(f"{g}^2 b{b} t{t}: " + "; ".join(
-                f"{ph} {m['eager'][ph] * 1e3:.0f} -> {m['fused'][ph] * 1e3:.0f} ms"
-                for ph in ("step",) + PHASES) +
-                f" (fused faster in {r['fused_faster_rounds']}/{a.rounds} rounds); first loss "
-                f"{r['first_loss']['eager']:.6g} / {r['first_loss']['fused']:.6g}", flush=True)
-            runs.append(r)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"runs": runs}, f, indent=1)
-    return 0
+
+def main(argv=None) -> int:
+    return ab_main(argv, __doc__, measure, line, rounds=10)
 
 
 if __name__ == "__main__":
