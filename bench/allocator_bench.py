@@ -11,8 +11,9 @@ which hands large blocks out as fresh mmaps and so faults a step's activations i
 step (the page faults per step are reported). A process's allocator can
 be set once, so each configuration runs in its own worker process: ``plain`` (default malloc),
 ``deepfusion`` (reuse, as trained), ``deepfusion_fused`` (the same with
-``train.fused_kernels``, where GCC can build the kernel), with ``--bf16`` also ``deepfusion_bf16`` (``train.precision =
-"bf16"``, reuse), and, to separate the two effects, ``plain_reuse``. Workers
+``train.fused_kernels``, where GCC can build the kernel), with ``--bf16`` also
+``deepfusion_bf16`` (``train.precision = "bf16"``, reuse), and, to separate the two effects,
+``plain_reuse``. Workers
 take turns (``--repeats`` rounds), each warms up 2 steps and reports the median of ``--steps``
 steps and its page faults per step; the result per configuration is the median over rounds.
 """

@@ -151,9 +151,11 @@ def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator
             "step_s_all": times, "rows": rows, "step": step, "fused_step": fused_step}
 
 
-def interleaved(c: dict, ceil: dict, shapes: list, rounds: int) -> list[float]:
+def interleaved(c: dict, ceil: dict, shapes: list,
+                rounds: int) -> tuple[list[float], list[float]]:
     """Step / bound of configuration ``c`` in each of ``rounds`` rounds: a median of three steps,
-    then the compute ceiling probed at once on the same threads (module docstring, Rounds)."""
+    then the compute ceiling probed at once on the same threads (module docstring, Rounds); and
+    the same of its fused step (``train.fused_kernels``; empty where it cannot be built)."""
     import torch
 
     from bench import host_probe

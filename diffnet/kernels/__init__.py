@@ -1,9 +1,9 @@
 """Compiled kernels for the training step, built from C source at first use (``build``): the
 instance norm + GELU pair of the U-Nets as one kernel (``norm_gelu``).
 
-They are optional: a host without GCC trains with the eager modules, which compute the same
-function. ``fuse_norm_gelu(model)`` puts the kernel into a built network; the engine calls it
-when ``train.fused_kernels`` is set.
+They are optional: ``train.fused_kernels`` is off by default, and the eager modules compute the
+same function. ``fuse_norm_gelu(model)`` puts the kernel into a built network; the engine calls
+it when ``train.fused_kernels`` is set (and refuses a host without GCC).
 
 >>> import torch
 >>> from diffnet.generators import UNet

@@ -77,6 +77,22 @@ static inline float erf_rational(float x) {
 
 static int64_t blocks_of(int64_t n) { return (n + ROWS - 1) / ROWS; }
 
+/* One past the last row of block k. */
+static int64_t block_end(int64_t k, int64_t n) { return (k + 1) * ROWS < n ? (k + 1) * ROWS : n; }
+
+/* Sample b's totals over its nb blocks of the two per-block sums of channel c (part holds, per
+ * (sample, block), C first sums then C second sums), added in block order. */
+static void block_totals(const double *part, int64_t b, int64_t nb, int64_t C, int64_t c,
+                         double *first, double *second) {
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t k = 0; k < nb; k++) {
+        s1 += part[(b * nb + k) * 2 * C + c];
+        s2 += part[(b * nb + k) * 2 * C + C + c];
+    }
+    *first = s1;
+    *second = s2;
+}
+
 /* Per (sample, block): sums of (x - shift) and (x - shift)^2 over the block's rows, shift =
  * the sample's first row. */
 static void moments(const float *x, int64_t B, int64_t N, int64_t C, double *part, int nt) {
@@ -87,7 +103,7 @@ static void moments(const float *x, int64_t B, int64_t N, int64_t C, double *par
         const float *xs = x + b * N * C, *shift = xs;
         double *s1 = part + task * 2 * C, *s2 = s1 + C;
         memset(s1, 0, 2 * C * sizeof(double));
-        const int64_t end = (k + 1) * ROWS < N ? (k + 1) * ROWS : N;
+        const int64_t end = block_end(k, N);
         for (int64_t i = k * ROWS; i < end; i++) {
             const float *row = xs + i * C;
             for (int64_t c = 0; c < C; c++) {
@@ -113,11 +129,8 @@ int norm_gelu_forward(const float *x, const float *weight, const float *bias, fl
     moments(x, B, N, C, part, nt);
     for (int64_t b = 0; b < B; b++)
         for (int64_t c = 0; c < C; c++) {
-            double s1 = 0.0, s2 = 0.0;
-            for (int64_t k = 0; k < nb; k++) {
-                s1 += part[(b * nb + k) * 2 * C + c];
-                s2 += part[(b * nb + k) * 2 * C + C + c];
-            }
+            double s1, s2;
+            block_totals(part, b, nb, C, c, &s1, &s2);
             const double d = s1 / N, var = fmax(s2 / N - d * d, 0.0);
             const double r = 1.0 / sqrt(var + eps);
             m1[b * C + c] = (float)d;
@@ -129,7 +142,7 @@ int norm_gelu_forward(const float *x, const float *weight, const float *bias, fl
     for (int64_t task = 0; task < B * nb; task++) {
         const int64_t b = task / nb, k = task % nb;
         const float *a = coef + b * 2 * C, *shift = x + b * N * C, *mu = m1 + b * C;
-        const int64_t end = (k + 1) * ROWS < N ? (k + 1) * ROWS : N;
+        const int64_t end = block_end(k, N);
         for (int64_t i = k * ROWS; i < end; i++) {
             const float *row = x + (b * N + i) * C;
             float *out = y + (b * N + i) * C;
@@ -167,7 +180,7 @@ int norm_gelu_backward(const float *x, const float *gy, const float *weight, con
         const float *a = coef + b * 4 * C, *shift = x + b * N * C, *mu = m1 + b * C;
         double *sg = part + task * 2 * C, *sgd = sg + C;
         memset(sg, 0, 2 * C * sizeof(double));
-        const int64_t end = (k + 1) * ROWS < N ? (k + 1) * ROWS : N;
+        const int64_t end = block_end(k, N);
         for (int64_t i = k * ROWS; i < end; i++) {
             const float *row = x + (b * N + i) * C, *grow = gy + (b * N + i) * C;
             float *gzrow = gx ? gx + (b * N + i) * C : NULL;
@@ -183,11 +196,8 @@ int norm_gelu_backward(const float *x, const float *gy, const float *weight, con
     for (int64_t c = 0; c < C; c++) {
         double sum_w = 0.0, sum_b = 0.0;
         for (int64_t b = 0; b < B; b++) {
-            double sg = 0.0, sgd = 0.0;
-            for (int64_t k = 0; k < nb; k++) {
-                sg += part[(b * nb + k) * 2 * C + c];
-                sgd += part[(b * nb + k) * 2 * C + C + c];
-            }
+            double sg, sgd;
+            block_totals(part, b, nb, C, c, &sg, &sgd);
             const double r = rstd[b * C + c], sgxh = sgd * r, a = weight[c] * r;
             sum_w += sgxh;
             sum_b += sg;
@@ -204,7 +214,7 @@ int norm_gelu_backward(const float *x, const float *gy, const float *weight, con
         const int64_t b = task / nb, k = task % nb;
         const float *a = coef + b * 4 * C, *k1 = a + 2 * C, *k0 = a + 3 * C;
         const float *shift = x + b * N * C, *mu = m1 + b * C;
-        const int64_t end = (k + 1) * ROWS < N ? (k + 1) * ROWS : N;
+        const int64_t end = block_end(k, N);
         for (int64_t i = k * ROWS; i < end; i++) {
             const float *row = x + (b * N + i) * C;
             float *out = gx + (b * N + i) * C;
