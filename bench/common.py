@@ -144,12 +144,12 @@ def build(problem: str = "burgers", grid: int = 64, generator: str = "unet",
 
 
 def fused(model):
-    """``model`` with the compiled norm + GELU kernel (train.fused_kernels), or None with the
-    reason printed where this host cannot build it (the fused rows are then left out)."""
-    from diffnet.kernels import KernelUnavailable, fuse_norm_gelu
+    """``model`` with the compiled kernels (train.fused_kernels), or None with the reason
+    printed where this host cannot build them (the fused rows are then left out)."""
+    from diffnet.kernels import KernelUnavailable, fuse
 
     try:
-        fuse_norm_gelu(model)
+        fuse(model)
     except KernelUnavailable as e:
         print(f"  no fused rows: {e}", flush=True)
         return None

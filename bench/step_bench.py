@@ -18,8 +18,8 @@ Configurations (same problem, generator, global batch, initial weights), timed i
                    convolution backward instead of diffnet.stencils.StencilConv (isolates it)
   deepfusion_foreach_adam  deepfusion with Adam's foreach update instead of ATen's fused kernel
                    (isolates it; ``optimizer_s`` of a row is its step's optimiser phase)
-  deepfusion_fused  deepfusion with train.fused_kernels = true: the instance norm + GELU pairs
-                   as one compiled kernel (diffnet.kernels; left out where it cannot be built)
+  deepfusion_fused  deepfusion with train.fused_kernels = true: the compiled kernels
+                   (diffnet.kernels; left out where they cannot be built)
   deepfusion_bf16  (--bf16) deepfusion under train.precision = "bf16"
   deepfusion_bf16_fp32_norm  (--bf16) the same with the norms in float32 instead of
                    diffnet.norms.InstanceNormNHWCLowPrecision (isolates it)

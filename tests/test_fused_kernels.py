@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffnet.generators import UNet
-from diffnet.kernels import FusedNormGELU, KernelUnavailable, NormGELU, fuse_norm_gelu
+from diffnet.kernels import FusedNormGELU, KernelUnavailable, NormGELU, fuse, fuse_norm_gelu
 from diffnet.kernels import build
 from diffnet.norms import InstanceNorm
 from tests.in_process import deepfusion_here
@@ -97,8 +97,9 @@ def test_a_nan_reaches_the_output_and_the_gradient():
 
 
 def fused_net():
+    """A small U-Net with every kernel in it; the number of norm + GELU pairs fused."""
     net = channels_last_net()
-    return net, fuse_norm_gelu(net)
+    return net, fuse(net)["norm_gelu"]
 
 
 def channels_last_net(**kw):
@@ -216,6 +217,7 @@ def test_training_with_fused_kernels_on_1_and_2_ranks(tmp_path):
         p = deepfusion(n, ["train", str(cfg), "--set", f"run.dir={runs[n]}"])
         assert p.returncode == 0, p.stderr
         assert "fused kernels: 10 instance norm + GELU pair(s) from" in p.stdout
+        assert "; 2 bilinear upsampling + skip concatenation(s) from" in p.stdout
     assert step_losses(runs[2]) == pytest.approx(step_losses(runs[0]), rel=1e-5)
     plain = str(tmp_path / "plain")
     p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={plain}",

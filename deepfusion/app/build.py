@@ -16,7 +16,7 @@ import os
 import torch
 
 from diffnet.generators import build_generator
-from diffnet.kernels import KernelUnavailable, fuse_norm_gelu
+from diffnet.kernels import KernelUnavailable, fuse
 from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
@@ -116,15 +116,15 @@ def build_model(cfg, problem):
 
 
 def fuse_kernels(model, cfg):
-    """``model`` with the compiled norm + GELU kernel in place of its eager pairs when
-    ``train.fused_kernels`` is set (in place, returned); a host that cannot build the kernel
-    is refused with the reason and the fix."""
+    """``model`` with the compiled kernels (norm + GELU, upsampling + concatenation) in place
+    of their eager modules when ``train.fused_kernels`` is set (in place, returned); a host
+    that cannot build them is refused with the reason and the fix."""
     if cfg.train.fused_kernels:
         if cfg.train.compile:
             raise ValueError("train.fused_kernels = true with train.compile = true: both fuse "
                              "the norm and the activation; set one of them to false")
         try:
-            fuse_norm_gelu(model)
+            fuse(model)
         except KernelUnavailable as e:
             raise ValueError(f"train.fused_kernels = true: {e}") from None
     return model

@@ -1,22 +1,58 @@
 """Compiled kernels for the training step, built from C source at first use (``build``): the
-instance norm + GELU pair of the U-Nets as one kernel (``norm_gelu``).
+instance norm + GELU pair of the U-Nets as one kernel (``norm_gelu``), and the decoder's
+bilinear upsampling + skip concatenation as another (``upcat``).
 
 They are optional: ``train.fused_kernels`` is off by default, and the eager modules compute the
-same function. ``fuse_norm_gelu(model)`` puts the kernel into a built network; the engine calls
-it when ``train.fused_kernels`` is set (and refuses a host without GCC).
+same function. ``fuse(model)`` puts every kernel into a built network; the engine calls it
+when ``train.fused_kernels`` is set (and refuses a host without GCC).
 
 >>> import torch
 >>> from diffnet.generators import UNet
->>> from diffnet.kernels import fuse_norm_gelu
+>>> from diffnet.kernels import fuse
 >>> net = UNet(in_channels=1, depth=2).to(memory_format=torch.channels_last)
->>> fuse_norm_gelu(net)
-10
+>>> fuse(net)
+{'norm_gelu': 10, 'upcat': 2}
 >>> x = torch.rand(2, 1, 16, 16).contiguous(memory_format=torch.channels_last)
 >>> net(x).shape
 torch.Size([2, 1, 16, 16])
 """
-from diffnet.kernels.build import KernelUnavailable, describe
-from diffnet.kernels.norm_gelu import LIBRARY, FusedNormGELU, NormGELU, fuse_norm_gelu
+from __future__ import annotations
 
-__all__ = ["KernelUnavailable", "FusedNormGELU", "NormGELU", "fuse_norm_gelu", "describe",
-           "LIBRARY"]
+from torch import nn
+
+from diffnet.kernels import norm_gelu, upcat
+from diffnet.kernels.build import KernelUnavailable, describe
+from diffnet.kernels.norm_gelu import FusedNormGELU, NormGELU, fuse_norm_gelu
+from diffnet.kernels.upcat import FusedUp, UpsampleCat, fuse_upsample_cat
+
+# library name -> (what it fuses, its loader, the function that fuses it, the fused module)
+KERNELS = {
+    norm_gelu.LIBRARY: ("instance norm + GELU pair(s)", norm_gelu.kernels, fuse_norm_gelu,
+                        FusedNormGELU),
+    upcat.LIBRARY: ("bilinear upsampling + skip concatenation(s)", upcat.kernels,
+                    fuse_upsample_cat, FusedUp),
+}
+
+
+def fuse(model: nn.Module) -> dict[str, int]:
+    """Every kernel into ``model``, in place: {library: how many places it took}. All the
+    libraries are loaded (or built) first, so a host that cannot build one raises
+    :class:`KernelUnavailable` before anything is changed."""
+    for _, load, _, _ in KERNELS.values():
+        load()
+    return {name: fn(model) for name, (_, _, fn, _) in KERNELS.items()}
+
+
+def summary(model: nn.Module) -> str:
+    """The start-up line's account of a fused ``model``: what each kernel took and from
+    which library."""
+    parts = []
+    for name, (what, _, _, module) in KERNELS.items():
+        n = sum(isinstance(m, module) for m in model.modules())
+        parts.append(f"{n} {what} from {describe(name)}")
+    return "; ".join(parts)
+
+
+__all__ = ["KERNELS", "KernelUnavailable", "FusedNormGELU", "FusedUp", "NormGELU",
+           "UpsampleCat", "describe", "fuse", "fuse_norm_gelu", "fuse_upsample_cat",
+           "summary"]

@@ -12,27 +12,30 @@ thread count; they differ from the eager pair's by float32 rounding.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 from torch import nn
 
 from diffnet.kernels.build import load
+from diffnet.kernels.calls import address, eager_only
 from diffnet.norms import InstanceNorm
 
 LIBRARY = "norm_gelu"
 
 
 def kernels() -> ctypes.CDLL:
-    lib = load(LIBRARY)
+    """The loaded library with its functions' signatures (set once per load)."""
+    return typed(load(LIBRARY))
+
+
+@functools.cache
+def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     f, i64, i32, p = ctypes.c_float, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.norm_gelu_forward.argtypes = [p, p, p, f, i64, i64, i64, p, p, p, i32]
     lib.norm_gelu_backward.argtypes = [p, p, p, p, p, p, i64, i64, i64, p, p, p, i32]
     lib.norm_gelu_forward.restype = lib.norm_gelu_backward.restype = i32
     return lib
-
-
-def address(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def check(status: int) -> None:
@@ -76,10 +79,7 @@ def takes(x: torch.Tensor, norm: nn.Module) -> bool:
     not traced, scripted or compiled (those see the eager modules)."""
     return (x.dim() == 4 and x.dtype == torch.float32 and x.device.type == "cpu"
             and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-            and norm.weight.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.jit.is_tracing() and not torch.jit.is_scripting()
-            and not torch.compiler.is_compiling())
+            and norm.weight.dtype == torch.float32 and eager_only())
 
 
 class FusedNormGELU(InstanceNorm):
