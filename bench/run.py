@@ -168,8 +168,8 @@ def _memory_goals(mem: dict) -> dict:
         if not rows:
             continue
         r, g = rows[0], GOALS["s_per_sample_1024"]
-        # The step a run repeats: the median of the process's later steps (the first pays
-        # one-off costs).
+        # The step a run repeats: the median of the second half of the process's steps (the
+        # first few pay one-off costs).
         step = r["step_s_steady"] if r.get("step_s_steady") is not None else r["step_s"]
         v = step / r["batch"]
         out[name] = {**_goal(v, g, v <= g), "peak_rss_mb": r["peak_rss_mb"],

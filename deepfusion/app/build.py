@@ -122,7 +122,7 @@ def fuse_kernels(model, cfg):
     if cfg.train.fused_kernels:
         if cfg.train.compile:
             raise ValueError("train.fused_kernels = true with train.compile = true: both fuse "
-                             "the norm and the activation; set one of them to false")
+                             "the step's elementwise work; set one of them to false")
         try:
             fuse(model)
         except KernelUnavailable as e:

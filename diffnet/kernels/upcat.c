@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16 /* floats in one AVX-512 register */
+#define LANES 16 /* floats in one 512-bit vector */
 #define READ 5   /* output rows (columns) that read one input row (column), at most */
 
 /* Source rows (columns) of output row o of a x2 upsampling from n, and their weights: ATen's
@@ -134,23 +134,13 @@ static inline void gather(const float *restrict g, const int64_t *off, const flo
 static inline int terms(const reader_t *rows, int nr, const reader_t *cols, int nc,
                         int64_t row_stride, int64_t c, int64_t *off, float *wt) {
     int n = 0;
-    for (int a = 0; a < nr; a++) {
-        const int64_t base = rows[a].o * row_stride;
-        if (rows[a].n == 1) { /* every row but the last */
-            for (int e = 0; e < nc; e++)
-                for (int t = 0; t < cols[e].n; t++) {
-                    off[n] = base + cols[e].o * c;
-                    wt[n++] = rows[a].l[0] * cols[e].l[t];
-                }
-            continue;
-        }
+    for (int a = 0; a < nr; a++)
         for (int e = 0; e < nc; e++)
             for (int s = 0; s < rows[a].n; s++)
                 for (int t = 0; t < cols[e].n; t++) {
-                    off[n] = base + cols[e].o * c;
+                    off[n] = rows[a].o * row_stride + cols[e].o * c;
                     wt[n++] = rows[a].l[s] * cols[e].l[t];
                 }
-    }
     return n;
 }
 
@@ -163,13 +153,24 @@ int upcat_backward(const float *restrict g, int64_t batch, int64_t h, int64_t w,
     const int64_t H = 2 * h, W = 2 * w, c = cu + cs;
     reader_t *cols = malloc((size_t)w * READ * sizeof *cols);
     int *ncols = malloc((size_t)w * sizeof *ncols);
-    if (!cols || !ncols) {
-        free(cols);
-        free(ncols);
+    /* an interior row i (2 <= i < h - 1) is read by output rows 2i-1 .. 2i+2, one corner each,
+     * so its pixels' terms are the same but for the row's offset: built once per column */
+    int *nmid = malloc((size_t)w * sizeof *nmid);
+    int64_t *offmid = malloc((size_t)w * READ * READ * sizeof *offmid);
+    float *wtmid = malloc((size_t)w * READ * READ * sizeof *wtmid);
+    if (!cols || !ncols || !nmid || !offmid || !wtmid) {
+        free(cols), free(ncols), free(nmid), free(offmid), free(wtmid);
         return 1;
     }
-    for (int64_t j = 0; j < w; j++)
+    reader_t mid[READ];
+    const int nm = h >= 4 ? readers(2, h, mid) : 0;
+    for (int m = 0; m < nm; m++)
+        mid[m].o -= 3; /* output rows relative to 2i - 1, i = 2 */
+    for (int64_t j = 0; j < w; j++) {
         ncols[j] = readers(j, w, cols + j * READ);
+        nmid[j] = terms(mid, nm, cols + j * READ, ncols[j], W * c, c, offmid + j * READ * READ,
+                        wtmid + j * READ * READ);
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t row = 0; row < batch * h; row++) {
         const int64_t b = row / h, i = row % h;
@@ -183,6 +184,13 @@ int upcat_backward(const float *restrict g, int64_t batch, int64_t h, int64_t w,
             }
         if (!gx)
             continue;
+        if (i >= 2 && i < h - 1 && nm == 4) {
+            const float *first = gb + (2 * i - 1) * W * c;
+            for (int64_t j = 0; j < w; j++)
+                gather(first, offmid + j * READ * READ, wtmid + j * READ * READ, nmid[j], cu,
+                       gx + (row * w + j) * cu);
+            continue;
+        }
         reader_t rows[READ];
         const int nr = readers(i, h, rows);
         for (int64_t j = 0; j < w; j++) {
@@ -192,7 +200,6 @@ int upcat_backward(const float *restrict g, int64_t batch, int64_t h, int64_t w,
             gather(gb, off, wt, n, cu, gx + (row * w + j) * cu);
         }
     }
-    free(cols);
-    free(ncols);
+    free(cols), free(ncols), free(nmid), free(offmid), free(wtmid);
     return 0;
 }
