@@ -92,11 +92,9 @@ static int readers(int64_t i, int64_t n, reader_t *r) {
 
 typedef float vec_t __attribute__((vector_size(4 * LANES)));
 
-static inline vec_t load(const float *p) {
-    vec_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+/* v = LANES floats from p, unaligned (a macro: a function returning a vector would change
+ * the ABI where the host has no 512-bit registers) */
+#define LOAD(v, p) memcpy(&(v), (p), sizeof(v))
 
 /* One input pixel's cu channels of gradient from its n terms (offset into g, weight), added in
  * the order given, each with one fused multiply-add (a * w + acc on vectors is contracted to
@@ -106,18 +104,22 @@ static inline void gather(const float *restrict g, const int64_t *off, const flo
                           int64_t cu, float *restrict gx) {
     int64_t k0 = 0;
     for (; k0 + 2 * LANES <= cu; k0 += 2 * LANES) {
-        vec_t a = {0}, b = {0};
+        vec_t a = {0}, b = {0}, ga, gb;
         for (int m = 0; m < n; m++) {
-            a = load(g + off[m] + k0) * wt[m] + a;
-            b = load(g + off[m] + k0 + LANES) * wt[m] + b;
+            LOAD(ga, g + off[m] + k0);
+            LOAD(gb, g + off[m] + k0 + LANES);
+            a = ga * wt[m] + a;
+            b = gb * wt[m] + b;
         }
         memcpy(gx + k0, &a, sizeof a);
         memcpy(gx + k0 + LANES, &b, sizeof b);
     }
     for (; k0 + LANES <= cu; k0 += LANES) {
-        vec_t a = {0};
-        for (int m = 0; m < n; m++)
-            a = load(g + off[m] + k0) * wt[m] + a;
+        vec_t a = {0}, ga;
+        for (int m = 0; m < n; m++) {
+            LOAD(ga, g + off[m] + k0);
+            a = ga * wt[m] + a;
+        }
         memcpy(gx + k0, &a, sizeof a);
     }
     for (int64_t k = k0; k < cu; k++) {
