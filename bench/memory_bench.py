@@ -28,6 +28,8 @@ import time
 
 from bench.common import emit_json, load, peak_rss_mb, rss_mb, run_json
 
+STEPS = 6  # training steps timed per configuration; the steady step is the second half's median
+
 
 def worker(a) -> int:
     import torch
@@ -115,7 +117,7 @@ def run_infer(sizes=(1024, 2048), threads=2, log=print) -> list:
 
 
 def run(sizes=(256, 512, 1024), batch=1, threads=2, log=print, infer_sizes=(),
-        model=("burgers", "unet", "{}"), steps=6) -> dict:
+        model=("burgers", "unet", "{}"), steps=STEPS) -> dict:
     """``model`` is (problem, generator, generator options as JSON)."""
     rows = []
     which = ["--problem", model[0], "--model", model[1], "--model-options", model[2]]
@@ -151,7 +153,7 @@ def main(argv=None):
     p.add_argument("--sizes", default="256,512,1024")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6,
+    p.add_argument("--steps", type=int, default=STEPS,
                    help="training steps timed per configuration (the median of the second half "
                         "is the steady step)")
     p.add_argument("--malloc-default", action="store_true",

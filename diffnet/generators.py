@@ -115,10 +115,14 @@ class Up(nn.Module):
         self.block = ConvBlock(c_in + c_skip, c_out, norm, activation, dims)
 
     def forward(self, x, skip):
+        return self.block(self.merge(x, skip))
+
+    def merge(self, x, skip):
+        """The upsampled ``x`` and the skip, concatenated: the ConvBlock's input."""
         up = self.up(x)
         if torch.is_grad_enabled():  # only a backward needs it; a traced forward stays Python-free
             up = DenseGrad.apply(up)
-        return self.block(torch.cat([up, skip], dim=1))
+        return torch.cat([up, skip], dim=1)
 
 
 class UNet(nn.Module):

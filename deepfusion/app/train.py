@@ -106,12 +106,12 @@ def train_locked(args, comm, cfg) -> int:
             print(f"warning: {w}", file=sys.stderr, flush=True)
     problem, model, specs, problems = build_checked(cfg, on_every_rank(comm))
     if cfg.train.fused_kernels:
-        from diffnet.kernels import FusedNormGELU, FusedUp, summary
+        from diffnet.kernels import counts, summary
 
-        took = any(isinstance(m, (FusedNormGELU, FusedUp)) for m in model.modules())
         say_once(comm, f"fused kernels: {summary(model)}" + (
-            "" if took else "; this network has none of them, so train.fused_kernels changes "
-                            "nothing"), err=False)
+            "" if any(counts(model).values()) else "; this network has none of them, so "
+                                                   "train.fused_kernels changes nothing"),
+                 err=False)
     if not args.resume:  # a known trap of this problem with this network, said once
         from deepfusion.app.traps import instance_norm_warning
 

@@ -43,16 +43,19 @@ def fuse(model: nn.Module) -> dict[str, int]:
     return {name: fn(model) for name, (_, _, fn, _) in KERNELS.items()}
 
 
+def counts(model: nn.Module) -> dict[str, int]:
+    """{library: how many of ``model``'s modules run it} (all 0 on an unfused network)."""
+    return {name: sum(isinstance(m, module) for m in model.modules())
+            for name, (_, _, _, module) in KERNELS.items()}
+
+
 def summary(model: nn.Module) -> str:
     """The start-up line's account of a fused ``model``: what each kernel took and from
     which library."""
-    parts = []
-    for name, (what, _, _, module) in KERNELS.items():
-        n = sum(isinstance(m, module) for m in model.modules())
-        parts.append(f"{n} {what} from {describe(name)}")
-    return "; ".join(parts)
+    return "; ".join(f"{n} {KERNELS[name][0]} from {describe(name)}"
+                     for name, n in counts(model).items())
 
 
 __all__ = ["KERNELS", "KernelUnavailable", "FusedNormGELU", "FusedUp", "NormGELU",
-           "UpsampleCat", "describe", "fuse", "fuse_norm_gelu", "fuse_upsample_cat",
+           "UpsampleCat", "counts", "describe", "fuse", "fuse_norm_gelu", "fuse_upsample_cat",
            "summary"]

@@ -10,6 +10,12 @@ def address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def check(status: int, kernel: str) -> None:
+    """Raise MemoryError if a kernel returned non-zero: it could not allocate its work buffers."""
+    if status:
+        raise MemoryError(f"the {kernel} kernel could not allocate its work buffers")
+
+
 def eager_only() -> bool:
     """Not under autocast and not traced, scripted or compiled: those see the eager modules
     (autocast computes in bf16, and an exported or compiled graph cannot call into ctypes)."""

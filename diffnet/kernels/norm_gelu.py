@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from diffnet.kernels.build import load
-from diffnet.kernels.calls import address, eager_only
+from diffnet.kernels.calls import address, check, eager_only
 from diffnet.norms import InstanceNorm
 
 LIBRARY = "norm_gelu"
+KERNEL = "fused norm + GELU"  # in error messages
 
 
 def kernels() -> ctypes.CDLL:
@@ -38,11 +39,6 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def check(status: int) -> None:
-    if status:
-        raise MemoryError("the fused norm + GELU kernel could not allocate its work buffers")
-
-
 class NormGELU(torch.autograd.Function):
     """gelu(instance_norm(x) * weight + bias) for float32 channels_last (B, C, H, W) ``x``."""
 
@@ -54,7 +50,7 @@ class NormGELU(torch.autograd.Function):
         weight, bias = weight.contiguous(), bias.contiguous()
         check(kernels().norm_gelu_forward(
             address(x), address(weight), address(bias), eps, b, h * w, c,
-            address(y), address(m1), address(rstd), torch.get_num_threads()))
+            address(y), address(m1), address(rstd), torch.get_num_threads()), KERNEL)
         ctx.save_for_backward(x, weight, bias, m1, rstd)
         return y
 
@@ -69,7 +65,7 @@ class NormGELU(torch.autograd.Function):
         check(kernels().norm_gelu_backward(
             address(x), address(g), address(weight), address(bias), address(m1),
             address(rstd), b, h * w, c, address(gx), address(gw), address(gb),
-            torch.get_num_threads()))
+            torch.get_num_threads()), KERNEL)
         return (gx, gw if ctx.needs_input_grad[1] else None,
                 gb if ctx.needs_input_grad[2] else None, None)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from diffnet.generators import Up
 from diffnet.kernels.build import load
-from diffnet.kernels.calls import address, eager_only
+from diffnet.kernels.calls import address, check, eager_only
 
 LIBRARY = "upcat"
 
@@ -67,10 +67,9 @@ class UpsampleCat(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gskip = torch.empty(b, cs, 2 * h, 2 * w, dtype=g.dtype,
                                 memory_format=torch.channels_last)
-        if kernels().upcat_backward(address(g), b, h, w, cu, cs, address(gx), address(gskip),
-                                    torch.get_num_threads()):
-            raise MemoryError("the upsampling + concatenation kernel could not allocate its "
-                              "work buffers")
+        check(kernels().upcat_backward(address(g), b, h, w, cu, cs, address(gx),
+                                       address(gskip), torch.get_num_threads()),
+              "upsampling + concatenation")
         return gx, gskip
 
 
@@ -86,18 +85,18 @@ def takes(x: torch.Tensor, skip: torch.Tensor) -> bool:
 
 
 class FusedUp(Up):
-    """An :class:`diffnet.generators.Up` with bilinear upsampling whose upsampling and
-    concatenation run as the kernel where it applies (:func:`takes`), as the eager module
+    """An :class:`diffnet.generators.Up` with bilinear upsampling whose merge (upsampling and
+    concatenation) runs as the kernel where it applies (:func:`takes`), as the eager module's
     otherwise. It holds the same submodules (the same state-dict keys)."""
 
     def __init__(self, up: Up):
         nn.Module.__init__(self)
         self.up, self.block = up.up, up.block
 
-    def forward(self, x, skip):
+    def merge(self, x, skip):
         if takes(x, skip):
-            return self.block(UpsampleCat.apply(x, skip))
-        return super().forward(x, skip)
+            return UpsampleCat.apply(x, skip)
+        return super().merge(x, skip)
 
 
 def fusable(m: nn.Module) -> bool:
