@@ -194,8 +194,10 @@ def test_one_openmp_runtime_in_the_process():
     assert out.count("gomp") == 1, out
 
 
+# width 16, so that the Winograd kernel takes the 16x16 and 8x8 levels' convolutions
 FUSED = variant(TINY, "train.dtype=\"float32\"", "model.channels_last=true",
-                "train.fused_kernels=true", "train.epochs=2")
+                "train.fused_kernels=true", "train.epochs=2",
+                "model.options={depth = 2, base_width = 16}")
 
 
 def step_losses(d):
@@ -218,6 +220,7 @@ def test_training_with_fused_kernels_on_1_and_2_ranks(tmp_path):
         assert p.returncode == 0, p.stderr
         assert "fused kernels: 10 instance norm + GELU pair(s) from" in p.stdout
         assert "; 2 bilinear upsampling + skip concatenation(s) from" in p.stdout
+        assert "; 9 3x3 convolution(s) by Winograd F(2x2, 3x3) from" in p.stdout
     assert step_losses(runs[2]) == pytest.approx(step_losses(runs[0]), rel=1e-5)
     plain = str(tmp_path / "plain")
     p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={plain}",

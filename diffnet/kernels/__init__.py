@@ -1,9 +1,10 @@
 """Compiled kernels for the training step, built from C source at first use (``build``): the
-instance norm + GELU pair of the U-Nets as one kernel (``norm_gelu``), and the decoder's
-bilinear upsampling + skip concatenation as another (``upcat``).
+instance norm + GELU pair of the U-Nets as one kernel (``norm_gelu``), the decoder's bilinear
+upsampling + skip concatenation as another (``upcat``), and the 3x3 stride-1 convolutions by
+Winograd's algorithm (``winograd``).
 
 They are optional: ``train.fused_kernels`` is off by default, and the eager modules compute the
-same function. ``fuse(model)`` puts every kernel into a built network; the engine calls it
+same function (to float32 rounding). ``fuse(model)`` puts every kernel into a built network; the engine calls it
 when ``train.fused_kernels`` is set (and refuses a host without GCC).
 
 >>> import torch
@@ -11,7 +12,7 @@ when ``train.fused_kernels`` is set (and refuses a host without GCC).
 >>> from diffnet.kernels import fuse
 >>> net = UNet(in_channels=1, depth=2).to(memory_format=torch.channels_last)
 >>> fuse(net)
-{'norm_gelu': 10, 'upcat': 2}
+{'norm_gelu': 10, 'upcat': 2, 'winograd': 9}
 >>> x = torch.rand(2, 1, 16, 16).contiguous(memory_format=torch.channels_last)
 >>> net(x).shape
 torch.Size([2, 1, 16, 16])
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from diffnet.kernels import norm_gelu, upcat
+from diffnet.kernels import norm_gelu, upcat, winograd
 from diffnet.kernels.build import KernelUnavailable, describe
 from diffnet.kernels.norm_gelu import FusedNormGELU, NormGELU, fuse_norm_gelu
 from diffnet.kernels.upcat import FusedUp, UpsampleCat, fuse_upsample_cat
+from diffnet.kernels.winograd import WinogradConv, WinogradConv2d, fuse_winograd
 
 # library name -> (what it fuses, its loader, the function that fuses it, the fused module)
 KERNELS = {
@@ -31,6 +33,8 @@ KERNELS = {
                         FusedNormGELU),
     upcat.LIBRARY: ("bilinear upsampling + skip concatenation(s)", upcat.kernels,
                     fuse_upsample_cat, FusedUp),
+    winograd.LIBRARY: ("3x3 convolution(s) by Winograd F(2x2, 3x3)", winograd.kernels,
+                       fuse_winograd, WinogradConv2d),
 }
 
 
@@ -57,5 +61,5 @@ def summary(model: nn.Module) -> str:
 
 
 __all__ = ["KERNELS", "KernelUnavailable", "FusedNormGELU", "FusedUp", "NormGELU",
-           "UpsampleCat", "counts", "describe", "fuse", "fuse_norm_gelu", "fuse_upsample_cat",
-           "summary"]
+           "UpsampleCat", "WinogradConv", "WinogradConv2d", "counts", "describe", "fuse",
+           "fuse_norm_gelu", "fuse_upsample_cat", "fuse_winograd", "summary"]

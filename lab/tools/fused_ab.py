@@ -1,5 +1,5 @@
-"""train.fused_kernels against the eager norm + GELU inside the trained step, alternated in one
-process: the forward, backward and whole step, as ``deepfusion train`` runs it (freed memory
+"""train.fused_kernels (every compiled kernel) against the eager modules inside the trained
+step, alternated in one process: the forward, backward and whole step, as ``deepfusion train`` runs it (freed memory
 kept), round by round on the same weights and inputs; and the two networks' losses.
 
     python -m lab.tools.fused_ab [--grids 64:16,256:2] [--threads 1,2] [--rounds 10] [--out F]
