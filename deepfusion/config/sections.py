@@ -171,9 +171,10 @@ class TrainConfig(Section):
     compile_cache: str = option("", "TorchInductor cache directory kept across runs; empty = "
                                 "RUN_DIR/compile_cache")
     fused_kernels: bool = option(False, "run each instance norm + GELU pair, and each decoder "
-                                 "upsampling + skip concatenation, as one C kernel built with "
-                                 "the host's GCC at first use (2-D float32 channels_last "
-                                 "steps; docs/performance.md, \"Fused kernels\")")
+                                 "upsampling + skip concatenation, as one C kernel, and the 3x3 "
+                                 "convolutions by Winograd's algorithm, built with the host's "
+                                 "GCC at first use (2-D float32 channels_last steps; "
+                                 "docs/performance.md, \"Fused kernels\")")
     init_seed: int = option(0, "seed of the network initialisation (identical on every rank)", ge=0)
     micro_batch: int = option(0, "samples per forward/backward (gradient accumulation); "
                              "0 = the whole local batch at once", ge=0)

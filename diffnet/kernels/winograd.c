@@ -19,8 +19,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+/* One vector register of floats: the code is written in GCC's vector extension at the
+ * register's own width (a wider type would be split into several registers by the compiler,
+ * and spilled in the register blocks below). */
+#if defined(__AVX512F__)
 #define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+typedef float vec __attribute__((vector_size(LANES * 4), aligned(4), may_alias));
 #define TILES 48 /* tiles per block: a multiple of every register block's rows */
 
 /* U[p][ci][co] = (G g G^T)[p], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], from the kernel
@@ -30,10 +39,10 @@ void wino_weights(const float *k, int64_t cin, int64_t cout, float *u) {
     const int64_t plane = cin * cout;
     for (int64_t ci = 0; ci < cin; ci++)
         for (int64_t co = 0; co < cout; co += LANES) {
-            v16 g[3][3], t[4][3];
+            vec g[3][3], t[4][3];
             for (int i = 0; i < 3; i++)
                 for (int j = 0; j < 3; j++)
-                    g[i][j] = *(const v16 *)(k + (i * 3 + j) * plane + ci * cout + co);
+                    g[i][j] = *(const vec *)(k + (i * 3 + j) * plane + ci * cout + co);
             for (int j = 0; j < 3; j++) {
                 t[0][j] = g[0][j];
                 t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
@@ -42,10 +51,10 @@ void wino_weights(const float *k, int64_t cin, int64_t cout, float *u) {
             }
             for (int i = 0; i < 4; i++) {
                 float *o = u + (i * 4) * plane + ci * cout + co;
-                *(v16 *)(o) = t[i][0];
-                *(v16 *)(o + plane) = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-                *(v16 *)(o + 2 * plane) = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-                *(v16 *)(o + 3 * plane) = t[i][2];
+                *(vec *)(o) = t[i][0];
+                *(vec *)(o + plane) = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+                *(vec *)(o + 2 * plane) = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+                *(vec *)(o + 3 * plane) = t[i][2];
             }
         }
 }
@@ -55,7 +64,7 @@ void wino_weights(const float *k, int64_t cin, int64_t cout, float *u) {
 static void transform_input(const float *x, int64_t n, int64_t h, int64_t w, int64_t c,
                             int64_t first, float *vb) {
     const int64_t th = h / 2, tw = w / 2, total = n * th * tw;
-    const v16 zero = {0};
+    const vec zero = {0};
     for (int64_t t = 0; t < TILES; t++) {
         const int64_t tile = first + t;
         if (tile >= total) {
@@ -72,11 +81,11 @@ static void transform_input(const float *x, int64_t n, int64_t h, int64_t w, int
             cols[i] = xx >= 0 && xx < w;
         }
         for (int64_t k = 0; k < c; k += LANES) {
-            v16 d[4][4], e[4][4];
+            vec d[4][4], e[4][4];
             for (int i = 0; i < 4; i++)
                 for (int j = 0; j < 4; j++)
                     d[i][j] = rows[i] && cols[j]
-                                  ? *(const v16 *)(rows[i] + (2 * tx - 1 + j) * c + k) : zero;
+                                  ? *(const vec *)(rows[i] + (2 * tx - 1 + j) * c + k) : zero;
             for (int j = 0; j < 4; j++) {
                 e[0][j] = d[0][j] - d[2][j];
                 e[1][j] = d[1][j] + d[2][j];
@@ -86,10 +95,10 @@ static void transform_input(const float *x, int64_t n, int64_t h, int64_t w, int
             for (int i = 0; i < 4; i++) {
                 float *o = vb + ((i * 4) * TILES + t) * c + k;
                 const int64_t step = TILES * c;
-                *(v16 *)(o) = e[i][0] - e[i][2];
-                *(v16 *)(o + step) = e[i][1] + e[i][2];
-                *(v16 *)(o + 2 * step) = e[i][2] - e[i][1];
-                *(v16 *)(o + 3 * step) = e[i][1] - e[i][3];
+                *(vec *)(o) = e[i][0] - e[i][2];
+                *(vec *)(o + step) = e[i][1] + e[i][2];
+                *(vec *)(o + 2 * step) = e[i][2] - e[i][1];
+                *(vec *)(o + 3 * step) = e[i][1] - e[i][3];
             }
         }
     }
@@ -101,14 +110,14 @@ static void transform_input(const float *x, int64_t n, int64_t h, int64_t w, int
                                 int64_t cout) {                                            \
         for (int64_t co = 0; co < cout; co += NV * LANES)                                  \
             for (int64_t t = 0; t < TILES; t += R) {                                       \
-                v16 acc[R][NV];                                                            \
+                vec acc[R][NV];                                                            \
                 for (int r = 0; r < R; r++)                                                \
                     for (int q = 0; q < NV; q++)                                           \
-                        acc[r][q] = (v16){0};                                              \
+                        acc[r][q] = (vec){0};                                              \
                 for (int64_t ci = 0; ci < cin; ci++) {                                     \
-                    v16 b[NV];                                                             \
+                    vec b[NV];                                                             \
                     for (int q = 0; q < NV; q++)                                           \
-                        b[q] = *(const v16 *)(u + ci * cout + co + q * LANES);             \
+                        b[q] = *(const vec *)(u + ci * cout + co + q * LANES);             \
                     for (int r = 0; r < R; r++) {                                          \
                         const float a = v[(t + r) * cin + ci];                             \
                         for (int q = 0; q < NV; q++)                                       \
@@ -117,12 +126,11 @@ static void transform_input(const float *x, int64_t n, int64_t h, int64_t w, int
                 }                                                                          \
                 for (int r = 0; r < R; r++)                                                \
                     for (int q = 0; q < NV; q++)                                           \
-                        *(v16 *)(m + (t + r) * cout + co + q * LANES) = acc[r][q];         \
+                        *(vec *)(m + (t + r) * cout + co + q * LANES) = acc[r][q];         \
             }                                                                              \
     }
-/* Register blocks: AVX-512 has 32 vector registers of 16 floats; with 16 registers of 8 floats
- * (AVX2) each 16-float vector takes two, so the blocks are smaller. TILES is a multiple of
- * every block's rows. */
+/* Register blocks: AVX-512 has 32 vector registers, AVX2 and SSE 16, so the blocks of
+ * accumulators (rows x vectors) are smaller there. TILES is a multiple of every block's rows. */
 #ifdef __AVX512F__
 GEMM_BLOCK(16, 1)
 GEMM_BLOCK(12, 2)
@@ -137,10 +145,10 @@ static void gemm(const float *v, const float *u, float *m, int64_t cin, int64_t 
         gemm_16_1(v, u, m, cin, cout);
 }
 #else
-GEMM_BLOCK(6, 1)
+GEMM_BLOCK(6, 2) /* channels are multiples of 16, so of 2 * LANES */
 
 static void gemm(const float *v, const float *u, float *m, int64_t cin, int64_t cout) {
-    gemm_6_1(v, u, m, cin, cout);
+    gemm_6_2(v, u, m, cin, cout);
 }
 #endif
 
@@ -153,17 +161,17 @@ static void transform_output(const float *mb, const float *bias, int64_t n, int6
         const int64_t b = tile / (th * tw), ty = tile / tw % th, tx = tile % tw;
         float *o = y + ((b * h + 2 * ty) * w + 2 * tx) * c;
         for (int64_t k = 0; k < c; k += LANES) {
-            v16 m[4][4], e[2][4];
+            vec m[4][4], e[2][4];
             for (int p = 0; p < 16; p++)
-                m[p / 4][p % 4] = *(const v16 *)(mb + (p * TILES + t) * c + k);
+                m[p / 4][p % 4] = *(const vec *)(mb + (p * TILES + t) * c + k);
             for (int j = 0; j < 4; j++) {
                 e[0][j] = m[0][j] + m[1][j] + m[2][j];
                 e[1][j] = m[1][j] - m[2][j] - m[3][j];
             }
-            const v16 bb = bias ? *(const v16 *)(bias + k) : (v16){0};
+            const vec bb = bias ? *(const vec *)(bias + k) : (vec){0};
             for (int i = 0; i < 2; i++) {
-                *(v16 *)(o + i * w * c + k) = e[i][0] + e[i][1] + e[i][2] + bb;
-                *(v16 *)(o + (i * w + 1) * c + k) = e[i][1] - e[i][2] - e[i][3] + bb;
+                *(vec *)(o + i * w * c + k) = e[i][0] + e[i][1] + e[i][2] + bb;
+                *(vec *)(o + (i * w + 1) * c + k) = e[i][1] - e[i][2] - e[i][3] + bb;
             }
         }
     }
@@ -215,10 +223,10 @@ static void transform_grad(const float *g, int64_t n, int64_t h, int64_t w, int6
         const int64_t b = tile / (th * tw), ty = tile / tw % th, tx = tile % tw;
         const float *o = g + ((b * h + 2 * ty) * w + 2 * tx) * c;
         for (int64_t k = 0; k < c; k += LANES) {
-            v16 d[2][2], e[4][2];
+            vec d[2][2], e[4][2];
             for (int i = 0; i < 2; i++)
                 for (int j = 0; j < 2; j++)
-                    d[i][j] = *(const v16 *)(o + (i * w + j) * c + k);
+                    d[i][j] = *(const vec *)(o + (i * w + j) * c + k);
             for (int j = 0; j < 2; j++) {
                 e[0][j] = d[0][j];
                 e[1][j] = d[0][j] + d[1][j];
@@ -228,10 +236,10 @@ static void transform_grad(const float *g, int64_t n, int64_t h, int64_t w, int6
             for (int i = 0; i < 4; i++) {
                 float *q = gb + ((i * 4) * TILES + t) * c + k;
                 const int64_t step = TILES * c;
-                *(v16 *)(q) = e[i][0];
-                *(v16 *)(q + step) = e[i][0] + e[i][1];
-                *(v16 *)(q + 2 * step) = e[i][0] - e[i][1];
-                *(v16 *)(q + 3 * step) = -e[i][1];
+                *(vec *)(q) = e[i][0];
+                *(vec *)(q + step) = e[i][0] + e[i][1];
+                *(vec *)(q + 2 * step) = e[i][0] - e[i][1];
+                *(vec *)(q + 3 * step) = -e[i][1];
             }
         }
     }
@@ -243,14 +251,14 @@ static void transform_grad(const float *g, int64_t n, int64_t h, int64_t w, int6
                                   int64_t cout) {                                          \
         for (int64_t co = 0; co < cout; co += NV * LANES)                                  \
             for (int64_t ci = 0; ci < cin; ci += R) {                                      \
-                v16 acc[R][NV];                                                            \
+                vec acc[R][NV];                                                            \
                 for (int r = 0; r < R; r++)                                                \
                     for (int q = 0; q < NV; q++)                                           \
-                        acc[r][q] = *(const v16 *)(du + (ci + r) * cout + co + q * LANES); \
+                        acc[r][q] = *(const vec *)(du + (ci + r) * cout + co + q * LANES); \
                 for (int64_t t = 0; t < TILES; t++) {                                      \
-                    v16 b[NV];                                                             \
+                    vec b[NV];                                                             \
                     for (int q = 0; q < NV; q++)                                           \
-                        b[q] = *(const v16 *)(g + t * cout + co + q * LANES);              \
+                        b[q] = *(const vec *)(g + t * cout + co + q * LANES);              \
                     for (int r = 0; r < R; r++) {                                          \
                         const float a = v[t * cin + ci + r];                               \
                         for (int q = 0; q < NV; q++)                                       \
@@ -259,7 +267,7 @@ static void transform_grad(const float *g, int64_t n, int64_t h, int64_t w, int6
                 }                                                                          \
                 for (int r = 0; r < R; r++)                                                \
                     for (int q = 0; q < NV; q++)                                           \
-                        *(v16 *)(du + (ci + r) * cout + co + q * LANES) = acc[r][q];       \
+                        *(vec *)(du + (ci + r) * cout + co + q * LANES) = acc[r][q];       \
             }                                                                              \
     }
 #ifdef __AVX512F__
@@ -276,10 +284,10 @@ static void gemm_t(const float *v, const float *g, float *du, int64_t cin, int64
         gemm_t_16_1(v, g, du, cin, cout);
 }
 #else
-GEMM_T_BLOCK(4, 1)
+GEMM_T_BLOCK(4, 2)
 
 static void gemm_t(const float *v, const float *g, float *du, int64_t cin, int64_t cout) {
-    gemm_t_4_1(v, g, du, cin, cout);
+    gemm_t_4_2(v, g, du, cin, cout);
 }
 #endif
 
