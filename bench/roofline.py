@@ -28,8 +28,9 @@ configuration is therefore also timed in ``rounds`` rounds, each a median of thr
 beside a probe of the compute ceiling (torch.mm and the step's own convolutions, best of three,
 the same threads); ``step_over_bound_rounds`` holds each round's ratio (the bound with that
 round's compute ceiling) and ``step_over_bound_interleaved`` their median, which the goal reads.
-The step with ``train.fused_kernels`` (the compiled norm + GELU) is timed in the same rounds
-against the same bound (``fused_step_over_bound_*``): it computes the same step.
+The step with ``train.fused_kernels`` (the compiled kernels) is timed in the same rounds
+against the same bound (``fused_step_over_bound_*``): it computes the same step, though its
+Winograd convolutions multiply fewer times than the bound counts.
 
 **Alone.** Each convolution call of the step is also run again alone (bench/alone.py): the
 step's convolutions in the step against alone, and ``best_eager_over_bound``, the step with every
@@ -141,8 +142,8 @@ def measure_config(grid, batch, threads, repeats=3, problem="burgers", generator
     step(), step()  # warm: oneDNN primitives, allocator
     times = wall_seconds(step, repeats)
     rows = measure_ops(step, steps=repeats, network=type(model).__name__)
-    # train.fused_kernels: the same network and step with the compiled norm + GELU, timed
-    # against the same bound (its rows would hide the kernel's work from the op count)
+    # train.fused_kernels: the same network and step with the compiled kernels, timed
+    # against the same bound (its rows would hide the kernels' work from the op count)
     kernel = fused(build(problem, grid, generator, channels_last=True)[1])
     fused_step = None if kernel is None else make_deepfusion(prob, kernel, inputs(prob, batch))
     if fused_step is not None:
