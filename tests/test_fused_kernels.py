@@ -226,6 +226,7 @@ def test_training_with_fused_kernels_on_1_and_2_ranks(tmp_path):
     p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={plain}",
                          "--set", "train.fused_kernels=false"])
     assert p.returncode == 0, p.stderr
+    assert "fused kernels: off; train.fused_kernels = true runs this step" in p.stdout
     assert step_losses(plain) == pytest.approx(step_losses(runs[0]), rel=1e-4)
     cut = str(tmp_path / "cut")
     p = deepfusion_here(["train", str(cfg), "--set", f"run.dir={cut}",
@@ -234,6 +235,21 @@ def test_training_with_fused_kernels_on_1_and_2_ranks(tmp_path):
     p = deepfusion_here(["train", "--resume", cut, "--set", "train.time_limit_minutes=0"])
     assert p.returncode == 0, p.stderr
     assert step_losses(cut) == step_losses(runs[0])
+
+
+@pytest.mark.parametrize("extra,hint", [
+    ("train.fused_kernels=false", True), ("train.fused_kernels=true", False),
+    ("train.dtype=\"float64\"", False), ("model.channels_last=false", False),
+    ("train.precision=\"bf16\"", False), ("parallel.domain=[2, 1]", False)])
+def test_the_start_up_hint_only_where_the_kernels_would_take_the_step(tmp_path, extra, hint):
+    from deepfusion.app.build import build_checked, fused_kernels_hint
+    from deepfusion.config import load_config
+
+    cfg = tmp_path / "fused.toml"
+    cfg.write_text(FUSED)
+    c = load_config(str(cfg), ["train.fused_kernels=false", extra])
+    model = build_checked(c, lambda f, *a, per_rank=False: f(*a, 0) if per_rank else f(*a))[1]
+    assert bool(fused_kernels_hint(c, model, c.train.precision)) is hint
 
 
 @pytest.mark.parametrize("extra,message", [

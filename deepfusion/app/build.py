@@ -16,7 +16,7 @@ import os
 import torch
 
 from diffnet.generators import build_generator
-from diffnet.kernels import KernelUnavailable, fuse
+from diffnet.kernels import KernelUnavailable, fusable, fuse
 from diffnet.split_layers import check_generator_split
 from diffnet.problems import available_text, get_problem, problem_spec, resolve
 
@@ -116,9 +116,9 @@ def build_model(cfg, problem):
 
 
 def fuse_kernels(model, cfg):
-    """``model`` with the compiled kernels (norm + GELU, upsampling + concatenation) in place
-    of their eager modules when ``train.fused_kernels`` is set (in place, returned); a host
-    that cannot build them is refused with the reason and the fix."""
+    """``model`` with the compiled kernels (norm + GELU, upsampling + concatenation, Winograd
+    convolutions) in place of their eager modules when ``train.fused_kernels`` is set (in place,
+    returned); a host that cannot build them is refused with the reason and the fix."""
     if cfg.train.fused_kernels:
         if cfg.train.compile:
             raise ValueError("train.fused_kernels = true with train.compile = true: both fuse "
@@ -128,6 +128,20 @@ def fuse_kernels(model, cfg):
         except KernelUnavailable as e:
             raise ValueError(f"train.fused_kernels = true: {e}") from None
     return model
+
+
+def fused_kernels_hint(cfg, model, precision: str) -> str:
+    """The start-up note that ``train.fused_kernels`` would take this run's step, which runs
+    without it; "" where the kernels would not apply (bf16, float64, NCHW, 3-D, a split domain,
+    torch.compile) or are already on. Builds nothing: a host without GCC learns of it only if
+    it turns the option on."""
+    if (cfg.train.fused_kernels or cfg.train.compile or cfg.parallel.blocks() > 1
+            or precision != "fp32" or cfg.train.dtype != "float32"
+            or not cfg.model.channels_last or len(cfg.problem.grid) != 2 or not fusable(model)):
+        return ""
+    return ("fused kernels: off; train.fused_kernels = true runs this step 1.3-1.6x faster on "
+            "the hosts measured, at a different float32 rounding (needs GCC; "
+            "docs/performance.md, \"Fused kernels\")")
 
 
 def model_grower(cfg, problem):

@@ -94,8 +94,8 @@ def train_locked(args, comm, cfg) -> int:
     # torch comes in with these: after the thread layout is set (OpenMP reads it once)
     from deepfusion.engine.parallel.parallelize import parallelize
     from deepfusion.engine.train.trainer import Trainer
-    from deepfusion.app.build import (build_checked, check_resume, first_grid, model_grower,
-                                      prepare_run_dir, torch_dtype)
+    from deepfusion.app.build import (build_checked, check_resume, first_grid, fused_kernels_hint,
+                                      model_grower, prepare_run_dir, torch_dtype)
 
     layouts = comm.gather_obj(layout)
     if layouts is not None:  # rank 0 prints the layout
@@ -112,6 +112,8 @@ def train_locked(args, comm, cfg) -> int:
             "" if any(counts(model).values()) else "; this network has none of them, so "
                                                    "train.fused_kernels changes nothing"),
                  err=False)
+    elif hint := fused_kernels_hint(cfg, model, precision):
+        say_once(comm, hint, err=False)
     if not args.resume:  # a known trap of this problem with this network, said once
         from deepfusion.app.traps import instance_norm_warning
 

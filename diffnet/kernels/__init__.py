@@ -47,6 +47,13 @@ def fuse(model: nn.Module) -> dict[str, int]:
     return {name: fn(model) for name, (_, _, fn, _) in KERNELS.items()}
 
 
+def fusable(model: nn.Module) -> bool:
+    """Whether :func:`fuse` would put any kernel into ``model`` (nothing is built or changed)."""
+    return any(upcat.fusable(m) or winograd.fusable(m)
+               or (isinstance(m, nn.Sequential) and bool(norm_gelu.pairs(m)))
+               for m in model.modules())
+
+
 def counts(model: nn.Module) -> dict[str, int]:
     """{library: how many of ``model``'s modules run it} (all 0 on an unfused network)."""
     return {name: sum(isinstance(m, module) for m in model.modules())
@@ -61,5 +68,5 @@ def summary(model: nn.Module) -> str:
 
 
 __all__ = ["KERNELS", "KernelUnavailable", "FusedNormGELU", "FusedUp", "NormGELU",
-           "UpsampleCat", "WinogradConv", "WinogradConv2d", "counts", "describe", "fuse",
+           "UpsampleCat", "WinogradConv", "WinogradConv2d", "counts", "describe", "fusable", "fuse",
            "fuse_norm_gelu", "fuse_upsample_cat", "fuse_winograd", "summary"]
