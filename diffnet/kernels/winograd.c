@@ -31,6 +31,7 @@
 #endif
 typedef float vec __attribute__((vector_size(LANES * 4), aligned(4), may_alias));
 #define TILES 48 /* tiles per block: a multiple of every register block's rows */
+_Static_assert(TILES % 16 == 0 && TILES % 12 == 0, "a register block's rows must divide TILES");
 
 /* U[p][ci][co] = (G g G^T)[p], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], from the kernel
  * g laid out as k[i][j][ci][co] (3, 3, cin, cout): the forward's from w.permute(2, 3, 1, 0),
