@@ -104,6 +104,11 @@ def pairs(seq: nn.Sequential) -> list[int]:
             and kids[i + 1].approximate == "none"]
 
 
+def fusable(m: nn.Module) -> bool:
+    """An nn.Sequential holding at least one (InstanceNorm, exact GELU) pair."""
+    return isinstance(m, nn.Sequential) and bool(pairs(m))
+
+
 def fuse_norm_gelu(model: nn.Module) -> int:
     """Put the compiled kernel in place of every (InstanceNorm, exact GELU) pair of ``model``'s
     nn.Sequential blocks, in place; returns the number of pairs fused (0 again on a fused

@@ -5,10 +5,10 @@ a built network.
 oneDNN computes these convolutions directly: 36 multiplications per 2x2 outputs and channel
 pair. Winograd's transforms combine the input patch and the kernel first, so the product takes
 16, at the cost of a few additions per tile and a different rounding (about what another
-summation order gives; tested against a float64 reference). A convolution runs the kernel when both its channel counts are multiples
-of 16 and the field is float32 channels_last with even sides of at least 8; anything else (the
-first layer's one or two input channels, the coarsest levels, NCHW, float64, autocast, tracing)
-runs oneDNN. The weights and their state-dict keys are the ``nn.Conv2d``'s.
+summation order gives; tested against a float64 reference). A convolution runs the kernel when
+both its channel counts are multiples of 16 and the field is float32 channels_last with even
+sides of at least 8; anything else (the first layer's one or two input channels, the coarsest
+levels, NCHW, float64, autocast, tracing) runs oneDNN. The weights and their state-dict keys are the ``nn.Conv2d``'s.
 """
 from __future__ import annotations
 
